@@ -1,0 +1,99 @@
+"""The committable: everything another process needs to finish a prepared transaction."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Committable:
+    """A prepared (flushed, not committed) Kafka transaction.
+
+    It carries no secrets and no connection settings: those come from the committing side.
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    records: int
+    bytes: int
+    topic_partitions: tuple[TopicPartition, ...]
+    first_write_ms: int  # wall-clock ms before the first record; the broker's timer starts later
+    transaction_timeout_ms: int
+    counts_by_topic: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def deadline_ms(self) -> int:
+        """After this instant the broker has aborted the transaction (or is about to)."""
+        return self.first_write_ms + self.transaction_timeout_ms
+
+    def remaining_ms(self, now_ms: int | None = None) -> int:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return self.deadline_ms - now
+
+    def describe_partitions(self) -> tuple[str, ...]:
+        return tuple(f"{t}-{p}" for t, p in self.topic_partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["topic_partitions"] = [[t, p] for t, p in self.topic_partitions]
+        d["counts_by_topic"] = dict(self.counts_by_topic)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Committable:
+        try:
+            tps = tuple((str(t), _int(p, "partition")) for t, p in data["topic_partitions"])
+            c = cls(
+                transactional_id=_str(data["transactional_id"], "transactional_id"),
+                producer_id=_int(data["producer_id"], "producer_id"),
+                producer_epoch=_int(data["producer_epoch"], "producer_epoch"),
+                records=_int(data["records"], "records"),
+                bytes=_int(data["bytes"], "bytes"),
+                topic_partitions=tps,
+                first_write_ms=_int(data["first_write_ms"], "first_write_ms"),
+                transaction_timeout_ms=_int(data["transaction_timeout_ms"], "transaction_timeout_ms"),
+                counts_by_topic={str(k): _int(v, "count") for k, v in data.get("counts_by_topic", {}).items()},
+            )
+        except MalformedCommittableError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise MalformedCommittableError(f"malformed committable {dict(data)!r}: {e!r}") from e
+        if c.producer_id < 0 or not 0 <= c.producer_epoch < 32767 or c.records < 0:
+            raise MalformedCommittableError(f"committable {c.transactional_id!r} has no valid producer id/epoch")
+        if c.transaction_timeout_ms <= 0:
+            raise MalformedCommittableError(f"committable {c.transactional_id!r} has no transaction timeout")
+        return c
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Committable:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise MalformedCommittableError(f"committable is not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise MalformedCommittableError(f"committable is not a JSON object: {text!r}")
+        return cls.from_dict(data)
+
+
+def _int(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise MalformedCommittableError(f"committable field {name!r} must be an integer, got {v!r}")
+    return v
+
+
+def _str(v: Any, name: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise MalformedCommittableError(f"committable field {name!r} must be a non-empty string, got {v!r}")
+    return v

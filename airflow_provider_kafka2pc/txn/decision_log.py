@@ -1,0 +1,274 @@
+"""The durable decision log: a compacted Kafka topic keyed by transactional id.
+
+COMMIT is written and flushed (acks=all) before the first EndTxn of a run; COMMITTED, ABORTED
+or LOST after. Records carry ids and counts only, never connection settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.config import connection_only
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.naming import validate_prefix
+from airflow_provider_kafka2pc.txn.outcome import TxnRef
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DECISION_TOPIC = "kafka2pc_decisions"
+# A prefix claim lives in the same topic; ':' never occurs in a transactional id we write.
+_CLAIM_KEY = "kafka2pc.prefix:{}"
+
+
+class Decision(StrEnum):
+    COMMIT = "COMMIT"  # the coordinator decided; written before any EndTxn
+    COMMITTED = "COMMITTED"  # EndTxn(commit) done, or the broker showed it committed
+    ABORTED = "ABORTED"
+    LOST = "LOST"
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    decision: Decision
+    run: str
+    at_ms: int
+    records: int = 0
+    reason: str = ""
+
+    def is_for(self, ref: TxnRef) -> bool:
+        return (self.transactional_id, self.producer_id, self.producer_epoch) == (
+            ref.transactional_id,
+            ref.producer_id,
+            ref.producer_epoch,
+        )
+
+    def to_json(self) -> bytes:
+        d: dict[str, Any] = {
+            "tid": self.transactional_id,
+            "pid": self.producer_id,
+            "epoch": self.producer_epoch,
+            "decision": self.decision.value,
+            "run": self.run,
+            "at_ms": self.at_ms,
+            "records": self.records,
+        }
+        if self.reason:
+            d["reason"] = self.reason
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> DecisionRecord:
+        d = json.loads(raw)
+        return cls(
+            d["tid"],
+            int(d["pid"]),
+            int(d["epoch"]),
+            Decision(d["decision"]),
+            str(d.get("run", "")),
+            int(d.get("at_ms", 0)),
+            int(d.get("records", 0)),
+            str(d.get("reason", "")),
+        )
+
+
+class DecisionSnapshot:
+    """The latest decision per transactional id, as read from the log."""
+
+    def __init__(self, latest: Mapping[str, DecisionRecord], claims: Mapping[str, str]) -> None:
+        self.latest = dict(latest)
+        self.claims = dict(claims)
+
+    def get(self, ref: TxnRef) -> DecisionRecord | None:
+        rec = self.latest.get(ref.transactional_id)
+        return rec if rec is not None and rec.is_for(ref) else None
+
+    def decided_commit(self, ref: TxnRef) -> bool:
+        rec = self.get(ref)
+        return rec is not None and rec.decision in (Decision.COMMIT, Decision.COMMITTED)
+
+    def committed(self, ref: TxnRef) -> bool:
+        rec = self.get(ref)
+        return rec is not None and rec.decision is Decision.COMMITTED
+
+
+class DecisionLogError(Kafka2PCError):
+    pass
+
+
+class DecisionLog:
+    """Reads and writes the decision topic with confluent-kafka."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topic: str = DEFAULT_DECISION_TOPIC,
+        replication_factor: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._config = {k: v for k, v in config.items() if not k.startswith(("transactional.", "transaction."))}
+        self.topic = topic
+        self._replication_factor = replication_factor
+        self._timeout_s = timeout_s
+        self._producer: Any = None
+        self._ready = False
+
+    # -- topic --------------------------------------------------------------
+    def ensure_topic(self) -> None:
+        if self._ready:
+            return
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(connection_only(self._config))
+        md = admin.list_topics(timeout=self._timeout_s)
+        if self.topic not in md.topics:
+            rf = self._replication_factor or min(3, len(md.brokers))
+            new = NewTopic(
+                self.topic,
+                num_partitions=1,  # one partition reads back fastest; compaction keeps it small
+                replication_factor=rf,
+                config={"cleanup.policy": "compact", "min.insync.replicas": str(min(2, rf))},
+            )
+            try:
+                admin.create_topics([new], operation_timeout=self._timeout_s)[self.topic].result()
+                log.info("created decision log topic %s (replication factor %d)", self.topic, rf)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise DecisionLogError(f"cannot create decision log topic {self.topic!r}: {e}") from e
+        self._ready = True
+
+    # -- write --------------------------------------------------------------
+    def _get_producer(self) -> Any:
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            conf = dict(self._config)
+            conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 0})
+            self._producer = Producer(conf)
+        return self._producer
+
+    def write(self, records: Iterable[DecisionRecord]) -> None:
+        """Append and flush; returns only when every record is acknowledged by all in-sync replicas."""
+        self.ensure_topic()
+        producer = self._get_producer()
+        errors: list[str] = []
+        count = 0
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for rec in records:
+            producer.produce(
+                self.topic, key=rec.transactional_id.encode(), value=rec.to_json(), on_delivery=on_delivery
+            )
+            count += 1
+            producer.poll(0)
+        remaining = producer.flush(self._timeout_s)
+        if remaining or errors:
+            raise DecisionLogError(
+                f"decision log write to {self.topic!r} failed: {remaining} unacknowledged, errors {errors[:3]}"
+            )
+        log.debug("wrote %d decision(s) to %s", count, self.topic)
+
+    def record(
+        self,
+        refs: Iterable[TxnRef],
+        decision: Decision,
+        run: str,
+        reasons: Mapping[str, str] | None = None,
+        counts: Mapping[str, int] | None = None,
+    ) -> None:
+        now = int(time.time() * 1000)
+        self.write(
+            DecisionRecord(
+                r.transactional_id,
+                r.producer_id,
+                r.producer_epoch,
+                decision,
+                run,
+                now,
+                (counts or {}).get(r.transactional_id, 0),
+                (reasons or {}).get(r.transactional_id, ""),
+            )
+            for r in refs
+        )
+
+    def claim_prefix(self, prefix: str, owner: str) -> None:
+        """Register ``owner`` as the only exporter of ``prefix``; refuse if another owns it."""
+        validate_prefix(prefix)
+        current = self.read().claims.get(prefix)
+        if current is not None and current != owner:
+            raise PrefixCollisionError(prefix, current, owner)
+        if current is None:
+            self.ensure_topic()
+            producer = self._get_producer()
+            value = json.dumps({"prefix": prefix, "owner": owner, "at_ms": int(time.time() * 1000)}).encode()
+            producer.produce(self.topic, key=_CLAIM_KEY.format(prefix).encode(), value=value)
+            if producer.flush(self._timeout_s):
+                raise DecisionLogError(f"could not record the claim of prefix {prefix!r}")
+
+    # -- read ---------------------------------------------------------------
+    def read(self) -> DecisionSnapshot:
+        """Everything from the beginning up to the current end, latest record per key."""
+        self.ensure_topic()
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        conf = connection_only(self._config)
+        conf.update(
+            {
+                "group.id": "kafka2pc-decision-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        consumer = Consumer(conf)
+        latest: dict[str, DecisionRecord] = {}
+        claims: dict[str, str] = {}
+        try:
+            md = consumer.list_topics(self.topic, timeout=self._timeout_s)
+            parts = [p for p in md.topics[self.topic].partitions]
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self._timeout_s)[1]
+                for p in parts
+            }
+            pending = {p for p, end in ends.items() if end > 0}
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in pending])
+            deadline = time.monotonic() + self._timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise DecisionLogError(f"timed out reading decision log {self.topic!r}")
+                for msg in consumer.consume(num_messages=10000, timeout=0.5):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            pending.discard(msg.partition())
+                            continue
+                        raise DecisionLogError(f"reading decision log {self.topic!r}: {err}")
+                    key = (msg.key() or b"").decode()
+                    if msg.offset() + 1 >= ends[msg.partition()]:
+                        pending.discard(msg.partition())
+                    value = msg.value()
+                    if key.startswith(_CLAIM_KEY.format("")):
+                        if value:
+                            claims[key.split(":", 1)[1]] = json.loads(value)["owner"]
+                    elif value:
+                        latest[key] = DecisionRecord.from_json(value)
+        finally:
+            consumer.close()
+        return DecisionSnapshot(latest, claims)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self._timeout_s)
+            self._producer = None

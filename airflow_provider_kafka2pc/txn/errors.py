@@ -1,0 +1,82 @@
+"""Typed errors of the transaction core."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Kafka2PCError(Exception):
+    """Base class of every kafka2pc error."""
+
+
+class InvalidPrefixError(Kafka2PCError, ValueError):
+    """A transactional id prefix that cannot be matched unambiguously."""
+
+
+class PrefixCollisionError(Kafka2PCError):
+    """Another exporter already owns this transactional id prefix."""
+
+    def __init__(self, prefix: str, owner: str, claimed_by: str) -> None:
+        super().__init__(
+            f"transactional id prefix {prefix!r} belongs to exporter {owner!r}; "
+            f"{claimed_by!r} must use a prefix of its own, or two exporters would fence "
+            "and resolve each other's transactions"
+        )
+        self.prefix = prefix
+        self.owner = owner
+        self.claimed_by = claimed_by
+
+
+class MalformedCommittableError(Kafka2PCError, ValueError):
+    """A committable that does not parse or does not describe a transaction."""
+
+
+class DeliveryError(Kafka2PCError):
+    """A record was not acknowledged by the broker; the transaction must not be committed."""
+
+    def __init__(self, transactional_id: str, failed: int, first_error: str) -> None:
+        super().__init__(f"{failed} record(s) of transaction {transactional_id!r} were not delivered: {first_error}")
+        self.transactional_id = transactional_id
+        self.failed = failed
+        self.first_error = first_error
+
+
+class CoordinatorError(Kafka2PCError):
+    """The transaction coordinator could not be reached or kept answering retriable errors."""
+
+
+class DeadlineExceededError(Kafka2PCError):
+    """A committable is already past its transaction timeout: the broker has aborted it or will."""
+
+
+@dataclass(frozen=True)
+class LostTransaction:
+    """One committable whose records can no longer become visible."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    records: int
+    topic_partitions: tuple[str, ...]
+    reason: str
+
+
+class TransactionLostError(Kafka2PCError):
+    """Committed records are gone: the run cannot end exactly once without a repair.
+
+    Raised instead of dropping a committable silently.
+    """
+
+    def __init__(self, lost: Sequence[LostTransaction]) -> None:
+        self.lost = tuple(lost)
+        records = sum(t.records for t in self.lost)
+        lines = [
+            f"  {t.transactional_id} (producer id {t.producer_id}, epoch {t.producer_epoch}): "
+            f"{t.records} records on {', '.join(t.topic_partitions) or 'no partitions'}: {t.reason}"
+            for t in self.lost
+        ]
+        super().__init__(
+            f"{len(self.lost)} transaction(s) with {records} record(s) are lost and will never be "
+            "visible:\n" + "\n".join(lines)
+        )

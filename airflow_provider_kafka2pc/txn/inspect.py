@@ -1,0 +1,111 @@
+"""Looking at transactions on the broker: coordinators, descriptions, and an exporter's open ids."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.errors import CoordinatorError
+from airflow_provider_kafka2pc.txn.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
+from airflow_provider_kafka2pc.txn.wire import (
+    TxnListing,
+    TxnState,
+    WireClient,
+    error_name,
+    is_connection_error,
+)
+
+log = logging.getLogger(__name__)
+
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+T = TypeVar("T")
+
+
+class RetriableCoordinatorError(CoordinatorError):
+    def __init__(self, code: int, what: str) -> None:
+        super().__init__(f"{what}: {error_name(code)}")
+        self.code = code
+
+
+def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0, on_retry: Callable[[int], None] | None = None) -> T:
+    """Run ``fn`` until it stops failing with retriable coordinator or connection errors."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except RetriableCoordinatorError as e:
+            last: Exception = e
+            if on_retry is not None:
+                on_retry(e.code)
+        except Exception as e:
+            if not is_connection_error(e):
+                raise
+            last = e
+        if time.monotonic() + delay > deadline:
+            raise CoordinatorError(f"{what}: gave up after {timeout_s:.0f} s: {last}") from last
+        log.debug("%s: %s; retrying in %.2f s", what, last, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+class TransactionInspector:
+    """Batched FindCoordinator / DescribeTransactions / ListTransactions with retries."""
+
+    def __init__(self, wire: WireClient, timeout_s: float = 60.0) -> None:
+        self.wire = wire
+        self.timeout_s = timeout_s
+
+    def coordinators(self, transactional_ids: Sequence[str]) -> dict[str, int]:
+        def go() -> dict[str, int]:
+            found = self.wire.find_transaction_coordinators(transactional_ids)
+            for tid in transactional_ids:
+                c = found.get(tid)
+                if c is None or c.error_code:
+                    code = c.error_code if c is not None else 15
+                    raise RetriableCoordinatorError(code, f"FindCoordinator({tid!r})")
+            return {tid: c.node_id for tid, c in found.items()}
+
+        return retry("FindCoordinator", go, self.timeout_s) if transactional_ids else {}
+
+    def describe(self, transactional_ids: Iterable[str]) -> dict[str, TxnState | None]:
+        """The broker's view of each id; None where the broker does not know it."""
+        tids = sorted(set(transactional_ids))
+
+        def go() -> dict[str, TxnState | None]:
+            by_node: dict[int, list[str]] = defaultdict(list)
+            for tid, node in self.coordinators(tids).items():
+                by_node[node].append(tid)
+            out: dict[str, TxnState | None] = {}
+            for node, group in by_node.items():
+                for tid, s in self.wire.describe_transactions(node, group).items():
+                    if s.error_code == TRANSACTIONAL_ID_NOT_FOUND:
+                        out[tid] = None
+                    elif s.error_code in RETRIABLE:
+                        raise RetriableCoordinatorError(s.error_code, f"DescribeTransactions({tid!r})")
+                    elif s.error_code:
+                        raise CoordinatorError(f"DescribeTransactions({tid!r}): {error_name(s.error_code)}")
+                    else:
+                        out[tid] = s
+            return out
+
+        return retry("DescribeTransactions", go, self.timeout_s) if tids else {}
+
+    def list_prefix(self, prefix: str, states: Sequence[str] = OPEN_STATES) -> list[TxnListing]:
+        """Transactions of exactly this exporter's prefix: the broker filters by pattern where it can,
+        and we always filter again, delimiter-aware."""
+        pattern = naming.broker_pattern(prefix)
+        listings = retry("ListTransactions", lambda: self.wire.list_transactions(states, pattern), self.timeout_s)
+        return sorted(
+            (t for t in listings if naming.belongs_to(t.transactional_id, prefix)),
+            key=lambda t: t.transactional_id,
+        )
+
+    def describe_prefix(self, prefix: str, states: Sequence[str] = OPEN_STATES) -> list[TxnState]:
+        described = self.describe([t.transactional_id for t in self.list_prefix(prefix, states)])
+        return [s for s in described.values() if s is not None and s.state in states]

@@ -1,0 +1,92 @@
+"""Transactional ids: how they are built and how an exporter recognises its own.
+
+The delimiter is '-', and neither a prefix nor a run key may contain it, so an id splits into
+its parts unambiguously: prefix ``orders`` can never match ``orders2-0`` or ``orders-eu-0``
+of a prefix ``orders-eu`` (which is refused).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from airflow_provider_kafka2pc.txn.errors import InvalidPrefixError
+
+DELIMITER = "-"
+# Kafka allows almost any id; we allow what is safe in a regex, a file name and a log line.
+_PART = r"[A-Za-z0-9][A-Za-z0-9._]*"
+_PREFIX_RE = re.compile(rf"^{_PART}$")
+_MAX_ID_LENGTH = 249
+
+
+class NamingStrategy(StrEnum):
+    """How transactional ids are assigned (FLIP-511 names)."""
+
+    POOLING = "POOLING"  # {prefix}-{slot}: the same ids every run
+    INCREMENTING = "INCREMENTING"  # {prefix}-{run_key}-{slot}: new ids every run
+
+
+@dataclass(frozen=True)
+class ParsedId:
+    prefix: str
+    run_key: str | None
+    slot: int
+
+
+def validate_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise InvalidPrefixError(
+            f"invalid transactional id prefix {prefix!r}: use letters, digits, '.' and '_' "
+            f"(starting with a letter or digit); {DELIMITER!r} is the id delimiter"
+        )
+    if len(prefix) > 150:
+        raise InvalidPrefixError(f"transactional id prefix {prefix!r} is longer than 150 characters")
+    return prefix
+
+
+def sanitize_run_key(run_key: str) -> str:
+    """Map any run identifier (an Airflow run id has ':' and '+') onto the id alphabet."""
+    cleaned = re.sub(r"[^A-Za-z0-9._]", "_", run_key).strip("_.")
+    if not cleaned:
+        raise InvalidPrefixError(f"run key {run_key!r} has no usable characters")
+    return cleaned[:80]
+
+
+def transactional_id(
+    prefix: str, slot: int, strategy: NamingStrategy = NamingStrategy.POOLING, run_key: str | None = None
+) -> str:
+    validate_prefix(prefix)
+    if slot < 0:
+        raise ValueError(f"slot must be >= 0, got {slot}")
+    if strategy is NamingStrategy.POOLING:
+        tid = f"{prefix}{DELIMITER}{slot}"
+    else:
+        if run_key is None:
+            raise ValueError("INCREMENTING naming needs a run key")
+        tid = f"{prefix}{DELIMITER}{sanitize_run_key(run_key)}{DELIMITER}{slot}"
+    if len(tid) > _MAX_ID_LENGTH:
+        raise InvalidPrefixError(f"transactional id {tid!r} is too long")
+    return tid
+
+
+def parse_transactional_id(tid: str) -> ParsedId | None:
+    """The parts of an id written by kafka2pc, or None for anything else."""
+    parts = tid.split(DELIMITER)
+    if len(parts) not in (2, 3) or not parts[-1].isdigit() or not _PREFIX_RE.match(parts[0]):
+        return None
+    if len(parts) == 3 and not _PREFIX_RE.match(parts[1]):
+        return None
+    return ParsedId(parts[0], parts[1] if len(parts) == 3 else None, int(parts[-1]))
+
+
+def belongs_to(tid: str, prefix: str) -> bool:
+    """Exact, delimiter-aware match: does ``tid`` belong to the exporter of ``prefix``?"""
+    parsed = parse_transactional_id(tid)
+    return parsed is not None and parsed.prefix == prefix
+
+
+def broker_pattern(prefix: str) -> str:
+    """A regex for ListTransactions' server-side filter (KIP-1152); the client filters exactly too."""
+    validate_prefix(prefix)
+    return f"^{re.escape(prefix)}{re.escape(DELIMITER)}.*"

@@ -1,0 +1,237 @@
+"""The one adapter over kafka-python's protocol classes and networking internals.
+
+kafka2pc needs four Kafka APIs that librdkafka does not expose to another process:
+FindCoordinator(TRANSACTION), EndTxn, DescribeTransactions and ListTransactions. kafka-python
+ships generated classes for them; its connection manager is private and changes between
+releases, so the version is pinned and every private name we touch is used here and only here
+(``tests/unit/test_wire_surface.py`` fails loudly when an upgrade moves one).
+
+Everything returns raw Kafka error codes: what they mean is decided by ``outcome.py`` after a
+fresh DescribeTransactions, never guessed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
+# v0..3). EndTxn v5 would ask the coordinator for version-2 rules (epoch bump on every end),
+# which would not match the transaction librdkafka started. Pin it, and keep it pinned on retry.
+END_TXN_MAX_VERSION = 4
+_TRANSACTION_COORDINATOR = 1  # CoordinatorType.TRANSACTION on the wire
+_INIT_PRODUCER_ID_KEY = 22
+_KIP939_INIT_PRODUCER_ID_VERSION = 6  # InitProducerId v6 carries Enable2Pc / KeepPreparedTxn
+
+# librdkafka property -> kafka-python setting, for the subset that decides how to connect.
+_CONFIG_MAP = {
+    "bootstrap.servers": "bootstrap_servers",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "client.id": "client_id",
+}
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    node_id: int
+    error_code: int
+
+
+@dataclass(frozen=True)
+class TxnState:
+    """One row of DescribeTransactions."""
+
+    transactional_id: str
+    error_code: int
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    start_time_ms: int
+    topic_partitions: tuple[tuple[str, int], ...]
+    coordinator_id: int
+
+
+@dataclass(frozen=True)
+class TxnListing:
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+def kafka_python_config(librdkafka_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Translate the connection part of a librdkafka config; the rest is producer tuning."""
+    out: dict[str, Any] = {}
+    for key, value in librdkafka_config.items():
+        target = _CONFIG_MAP.get(key)
+        if target is None:
+            continue
+        if target == "bootstrap_servers":
+            value = [s.strip() for s in str(value).split(",") if s.strip()]
+        elif target in ("security_protocol", "sasl_mechanism"):
+            value = str(value).upper()
+        out[target] = value
+    if "bootstrap_servers" not in out:
+        raise ValueError("the Kafka config has no 'bootstrap.servers'")
+    return out
+
+
+class WireClient:
+    """A kafka-python admin connection used for the raw transaction APIs."""
+
+    def __init__(self, config: Mapping[str, Any], request_timeout_ms: int = 15000) -> None:
+        from kafka import KafkaAdminClient
+
+        cfg = kafka_python_config(config)
+        cfg.setdefault("client_id", "kafka2pc")
+        self._request_timeout_ms = request_timeout_ms
+        self._admin = KafkaAdminClient(request_timeout_ms=request_timeout_ms, **cfg)
+        self._manager = self._admin._manager  # private: the async connection manager
+
+    def close(self) -> None:
+        self._admin.close()
+
+    def __enter__(self) -> WireClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro_fn: Any, *args: Any) -> Any:
+        return self._manager.run(coro_fn, *args)
+
+    async def _send(self, request: Any, node_id: int | None = None) -> Any:
+        return await self._manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
+
+    def broker_ids(self) -> list[int]:
+        return sorted(int(b.node_id) for b in self._manager.cluster.brokers())
+
+    def find_transaction_coordinators(self, transactional_ids: Sequence[str]) -> dict[str, Coordinator]:
+        """FindCoordinator(TRANSACTION), batched (v4+); never cached, so a moved coordinator is seen."""
+        from kafka.protocol.metadata import FindCoordinatorRequest
+
+        async def go() -> dict[str, Coordinator]:
+            request = FindCoordinatorRequest(
+                key_type=_TRANSACTION_COORDINATOR, coordinator_keys=list(transactional_ids), min_version=4
+            )
+            response = await self._send(request)
+            return {c.key: Coordinator(int(c.node_id), int(c.error_code)) for c in response.coordinators}
+
+        return self._run(go) if transactional_ids else {}
+
+    def end_txn(self, node_id: int, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
+        """EndTxn at a pinned version; returns the Kafka error code (0 = NONE)."""
+        from kafka.protocol.producer.transaction import EndTxnRequest
+
+        async def go() -> int:
+            request = EndTxnRequest(
+                transactional_id=transactional_id,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                committed=commit,
+                max_version=END_TXN_MAX_VERSION,
+            )
+            response = await self._send(request, node_id)
+            return int(response.error_code)
+
+        return int(self._run(go))
+
+    def describe_transactions(self, node_id: int, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
+        """DescribeTransactions on one coordinator, keeping per-id error codes."""
+        from kafka.protocol.admin.transactions import DescribeTransactionsRequest
+
+        async def go() -> dict[str, TxnState]:
+            request = DescribeTransactionsRequest(transactional_ids=list(transactional_ids))
+            response = await self._send(request, node_id)
+            out: dict[str, TxnState] = {}
+            for s in response.transaction_states:
+                tps = tuple(sorted((t.topic, int(p)) for t in s.topics for p in t.partitions))
+                out[s.transactional_id] = TxnState(
+                    transactional_id=s.transactional_id,
+                    error_code=int(s.error_code),
+                    state=str(s.transaction_state),
+                    producer_id=int(s.producer_id),
+                    producer_epoch=int(s.producer_epoch),
+                    timeout_ms=int(s.transaction_timeout_ms),
+                    start_time_ms=int(s.transaction_start_time_ms),
+                    topic_partitions=tps,
+                    coordinator_id=node_id,
+                )
+            return out
+
+        return self._run(go) if transactional_ids else {}
+
+    def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
+        """ListTransactions on every broker; the pattern filter only where the broker has it."""
+        from kafka.protocol.admin.transactions import ListTransactionsRequest
+
+        use_pattern = pattern is not None and self.supports_list_pattern()
+
+        async def go() -> list[TxnListing]:
+            out: list[TxnListing] = []
+            for node_id in self.broker_ids():
+                kwargs: dict[str, Any] = {"state_filters": list(states), "producer_id_filters": []}
+                if use_pattern:
+                    kwargs.update(transactional_id_pattern=pattern, min_version=2)
+                response = await self._send(ListTransactionsRequest(**kwargs), node_id)
+                if response.error_code:
+                    raise _kafka_error(int(response.error_code), f"ListTransactions on broker {node_id}")
+                out.extend(
+                    TxnListing(t.transactional_id, int(t.producer_id), str(t.transaction_state))
+                    for t in response.transaction_states
+                )
+            return out
+
+        return list(self._run(go))
+
+    def _api_max_version(self, api_key: int) -> int:
+        versions = self._manager.broker_version_data.api_versions or {}
+        entry = versions.get(api_key)
+        return int(entry[1]) if entry else -1
+
+    def supports_list_pattern(self) -> bool:
+        from kafka.protocol.admin.transactions import ListTransactionsRequest
+
+        return self._api_max_version(ListTransactionsRequest.API_KEY) >= 2
+
+    def supports_kip939(self) -> bool:
+        """True when the broker advertises 2PC participation (KIP-939); we do not depend on it."""
+        return self._api_max_version(_INIT_PRODUCER_ID_KEY) >= _KIP939_INIT_PRODUCER_ID_VERSION
+
+
+def error_name(code: int) -> str:
+    import kafka.errors as Errors
+
+    return str(Errors.for_code(code).__name__) if code else "NONE"
+
+
+def _kafka_error(code: int, what: str) -> Exception:
+    import kafka.errors as Errors
+
+    return Errors.for_code(code)(what)  # type: ignore[no-any-return]
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Network-level failures (broker restarting, connection reset) that a retry may cure."""
+    import kafka.errors as Errors
+
+    return isinstance(
+        exc,
+        (
+            Errors.KafkaConnectionError,
+            Errors.NodeNotReadyError,
+            Errors.KafkaTimeoutError,
+            Errors.RequestTimedOutError,
+            ConnectionError,
+            OSError,
+        ),
+    )

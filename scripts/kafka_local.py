@@ -1,0 +1,857 @@
+#!/usr/bin/env python3
+"""Run a real Apache Kafka in KRaft mode on loopback, for tests, CI and demos.
+
+Kafka is assembled from Maven Central jars (``scripts/kafka/pom.xml``) into a cache
+outside git and started as 1 or 3 combined broker+controller JVMs. Everything a
+cluster needs (configs, data, logs, ``cluster.json``) lives in the directory given
+with ``--dir``. Standard library only, so CI and a pytest fixture can use it before
+any dependency is installed::
+
+    kafka-local start --dir /tmp/kafka --brokers 3      # prints bootstrap servers
+    kafka-local tool --dir /tmp/kafka transactions list
+    kafka-local stop --dir /tmp/kafka
+
+A test imports this file by path and calls :func:`start_cluster`,
+:func:`stop_cluster`, :func:`stop_node`, :func:`start_node` and :func:`run_tool`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple, TypedDict
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+POM = SCRIPT_DIR / "kafka" / "pom.xml"
+
+KAFKA_VERSION = os.environ.get("KAFKA2PC_KAFKA_VERSION", "4.4.0")
+# Maven Central has no kafka-tools 4.4.0 yet; the tools only speak the wire
+# protocol to the broker, so the newest release that has them is used.
+TOOLS_VERSION = os.environ.get("KAFKA2PC_KAFKA_TOOLS_VERSION", "4.3.1")
+
+HOST = "127.0.0.1"
+DEFAULT_TXN_MAX_TIMEOUT_MS = 900_000
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+STATE_FILE = "cluster.json"
+STARTED_MESSAGE = "Kafka Server started"
+
+BROKER_JVM_OPTS: tuple[str, ...] = (
+    "-Xms128m",
+    "-Xmx512m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-Djava.awt.headless=true",
+)
+# Tools are short-lived: C1 only and a serial GC start noticeably faster.
+TOOL_JVM_OPTS: tuple[str, ...] = (
+    "-Xmx256m",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-Djava.awt.headless=true",
+)
+
+TOOL_ALIASES: dict[str, str] = {
+    "transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+}
+
+BROKER_LOG4J2 = """\
+# Written by kafka_local.py.
+status = warn
+name = kafka2pc-broker
+appender.server.type = File
+appender.server.name = server
+appender.server.fileName = {log_file}
+appender.server.layout.type = PatternLayout
+appender.server.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.server.ref = server
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+TOOLS_LOG4J2 = """\
+# Written by kafka_local.py: tools print their results on stdout, so logs go to stderr.
+status = warn
+name = kafka2pc-tools
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = stderr
+"""
+
+
+class KafkaLocalError(RuntimeError):
+    """Kafka could not be fetched, started, stopped or found."""
+
+
+class Libs(NamedTuple):
+    broker: Path
+    tools: Path
+
+
+class NodeState(TypedDict):
+    id: int
+    port: int
+    controller_port: int
+    pid: int | None
+    dir: str
+    log_dir: str
+    data_dir: str
+    config: str
+    log4j_config: str
+
+
+class ClusterState(TypedDict):
+    kafka_version: str
+    tools_version: str
+    cluster_id: str
+    bootstrap_servers: str
+    brokers: int
+    dir: str
+    libs_dir: str
+    tools_libs_dir: str
+    tools_log4j_config: str
+    java: str
+    nodes: list[NodeState]
+
+
+def _log(message: str) -> None:
+    print(f"kafka-local: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def cache_dir() -> Path:
+    """Root of the jar cache, outside the work tree so git never sees the jars."""
+    root = os.environ.get("KAFKA2PC_CACHE") or "~/.cache/kafka2pc"
+    return Path(root).expanduser().resolve()
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    # Parallel test workers may fetch or mutate the same directory at once.
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_profile(profile: str, libs: Path, properties: Mapping[str, str]) -> None:
+    """Copy one profile's runtime jars into ``libs`` unless a matching marker says done."""
+    marker = libs.with_name(libs.name + ".complete")
+    # The pom's hash is in the marker so editing the pom refreshes the cache.
+    wanted = {
+        "profile": profile,
+        "pom_sha256": hashlib.sha256(POM.read_bytes()).hexdigest(),
+        **properties,
+    }
+    with _locked(libs.parent / ".fetch.lock"):
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if json.loads(marker.read_text()) == wanted and libs.is_dir():
+                return
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise KafkaLocalError("mvn not found on PATH; Maven is needed to fetch Kafka")
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(libs, ignore_errors=True)
+        command = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), f"-P{profile}"]
+        command += [f"-D{key}={value}" for key, value in properties.items()]
+        command += [f"-Dkafka.libs={libs}", "dependency:copy-dependencies"]
+        _log(f"fetching {profile} jars into {libs}")
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0 or not any(libs.glob("*.jar")):
+            raise KafkaLocalError(
+                f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+            )
+        marker.write_text(json.dumps(wanted, indent=2) + "\n")
+
+
+def fetch(kafka_version: str = KAFKA_VERSION, tools_version: str = TOOLS_VERSION) -> Libs:
+    """Make sure the broker and tool jars are in the cache; return their directories."""
+    common = {"kafka.version": kafka_version, "kafka.tools.version": tools_version}
+    libs = Libs(
+        broker=cache_dir() / f"kafka-{kafka_version}" / "libs",
+        tools=cache_dir() / f"kafka-tools-{tools_version}" / "libs",
+    )
+    _fetch_profile("broker", libs.broker, common)
+    _fetch_profile("tools", libs.tools, common)
+    return libs
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaLocalError("java not found (set JAVA_HOME or put java on PATH)")
+    return java
+
+
+def _classpath(libs: str | Path) -> str:
+    return f"{libs}/*"
+
+
+def _pid_alive(pid: int | None, config: str) -> bool:
+    """Whether ``pid`` is still the live JVM of this node (pids get reused)."""
+    if not pid:
+        return False
+    # A JVM started by this very process stays a zombie until reaped.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False
+        return True
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+        return False
+    return config.encode() in cmdline.split(b"\0")
+
+
+def _free_ports(count: int) -> list[int]:
+    # All sockets stay bound until every port is picked, so none repeats.
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((HOST, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            raise KafkaLocalError(f"port {HOST}:{port} is not free: {exc}") from exc
+
+
+def _random_cluster_id() -> str:
+    # Same shape as Kafka's Uuid.randomUuid(): url-safe base64 of 16 bytes, no
+    # padding, never starting with "-" (the storage tool would read it as a flag).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def _broker_properties(
+    node: NodeState,
+    nodes: Sequence[NodeState],
+    txn_max_timeout_ms: int,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    count = len(nodes)
+    replicas = min(3, count)
+    min_isr = "1" if count == 1 else "2"
+    voters = ",".join(f"{n['id']}@{HOST}:{n['controller_port']}" for n in nodes)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(node["id"]),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{HOST}:{node['port']},CONTROLLER://{HOST}:{node['controller_port']}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{node['port']}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "log.dirs": node["data_dir"],
+        "num.partitions": "1",
+        "default.replication.factor": str(count),
+        "min.insync.replicas": min_isr,
+        "auto.create.topics.enable": "false",
+        "group.initial.rebalance.delay.ms": "0",
+        # Few internal partitions: creating 50 of each makes startup slow.
+        "offsets.topic.replication.factor": str(replicas),
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": min_isr,
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "share.coordinator.state.topic.num.partitions": "4",
+        "transaction.max.timeout.ms": str(txn_max_timeout_ms),
+        # Timed-out transactions get aborted within a second, so timeout tests are quick.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+    }
+    props.update(extra)
+    return props
+
+
+def _write_properties(path: Path, props: Mapping[str, str]) -> None:
+    lines = ["# Written by kafka_local.py."] + [f"{key}={value}" for key, value in props.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_json(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def load_state(directory: str | Path) -> ClusterState:
+    """Read ``DIR/cluster.json``."""
+    path = Path(directory).resolve() / STATE_FILE
+    try:
+        state: ClusterState = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise KafkaLocalError(f"no cluster here: {path} does not exist") from exc
+    return state
+
+
+def _node(state: ClusterState, node_id: int) -> NodeState:
+    for node in state["nodes"]:
+        if node["id"] == node_id:
+            return node
+    raise KafkaLocalError(f"no node {node_id} in {state['dir']}")
+
+
+def _server_log(node: NodeState) -> Path:
+    return Path(node["log_dir"]) / "server.log"
+
+
+def _stdout_log(node: NodeState) -> Path:
+    return Path(node["log_dir"]) / "stdout.log"
+
+
+def _launch(state: ClusterState, node: NodeState) -> int:
+    log_dir = Path(node["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        state["java"],
+        *BROKER_JVM_OPTS,
+        f"-Dlog4j2.configurationFile={node['log4j_config']}",
+        "-cp",
+        _classpath(state["libs_dir"]),
+        "kafka.Kafka",
+        node["config"],
+    ]
+    with _stdout_log(node).open("ab") as out:
+        # A new session detaches the JVM, so it outlives whoever started it.
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=node["dir"],
+            start_new_session=True,
+        )
+    return process.pid
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _logs_tail(nodes: Sequence[NodeState]) -> str:
+    parts = []
+    for node in nodes:
+        for path in (_stdout_log(node), _server_log(node)):
+            parts.append(f"----- node {node['id']}: {path} -----\n{_tail(path)}")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _skip_tagged_fields(buf: bytes, pos: int) -> int:
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        _, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        pos += size
+    return pos
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = sock.recv(size)
+        if not chunk:
+            raise ConnectionError("connection closed by broker")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def metadata_broker_ids(port: int, timeout: float = 5.0) -> set[int]:
+    """Ids of the brokers that the broker on ``port`` reports, via a Metadata v12 request.
+
+    Kafka's own tools would need a JVM start per check; this is a few bytes instead.
+    """
+    client_id = b"kafka-local"
+    body = struct.pack(">hhih", 3, 12, 1, len(client_id)) + client_id
+    # header tagged fields; topics = empty compact array; no auto-create; no authz ops;
+    # body tagged fields
+    body += bytes([0, 1, 0, 0, 0])
+    with socket.create_connection((HOST, port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+        buf = _recv_exact(sock, size)
+    pos = _skip_tagged_fields(buf, 4)  # correlation id, then header tagged fields
+    pos += 4  # throttle time
+    count, pos = _uvarint(buf, pos)
+    ids = set()
+    for _ in range(count - 1):
+        (node_id,) = struct.unpack_from(">i", buf, pos)
+        ids.add(node_id)
+        host_len, pos = _uvarint(buf, pos + 4)
+        pos += host_len - 1 + 4  # host, port
+        rack_len, pos = _uvarint(buf, pos)
+        pos += max(rack_len - 1, 0)
+        pos = _skip_tagged_fields(buf, pos)
+    return ids
+
+
+def _accepts_tcp(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _log_has_started(node: NodeState, offset: int) -> bool:
+    try:
+        with _server_log(node).open("rb") as handle:
+            handle.seek(offset)
+            return STARTED_MESSAGE.encode() in handle.read()
+    except FileNotFoundError:
+        return False
+
+
+def _wait_ready(
+    state: ClusterState, starting: Mapping[int, int], timeout: float
+) -> None:
+    """Wait until the nodes in ``starting`` (id -> server.log offset) are up and
+    every live node's metadata lists every live broker."""
+    deadline = time.monotonic() + timeout
+    pending = dict(starting)
+    while True:
+        for node_id in list(pending):
+            node = _node(state, node_id)
+            if not _pid_alive(node["pid"], node["config"]):
+                raise KafkaLocalError(
+                    f"node {node_id} exited while starting\n{_logs_tail([node])}"
+                )
+            if _accepts_tcp(node["port"]) and _log_has_started(node, pending[node_id]):
+                del pending[node_id]
+        if not pending:
+            live = [n for n in state["nodes"] if _pid_alive(n["pid"], n["config"])]
+            wanted = {n["id"] for n in live}
+            try:
+                if all(metadata_broker_ids(n["port"]) >= wanted for n in live):
+                    return
+            except (OSError, struct.error, IndexError):
+                pass  # a broker still settling; ask again
+        if time.monotonic() > deadline:
+            nodes = [_node(state, node_id) for node_id in starting]
+            raise KafkaLocalError(
+                f"Kafka not ready after {timeout:.0f}s (waiting for nodes "
+                f"{sorted(pending) or 'to see each other'})\n{_logs_tail(nodes)}"
+            )
+        time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+def _prepare_dir(directory: Path) -> None:
+    """Clear a previous cluster's files from ``directory``; refuse anything else."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state_path = directory / STATE_FILE
+    if state_path.exists():
+        old = load_state(directory)
+        alive = [n["id"] for n in old["nodes"] if _pid_alive(n["pid"], n["config"])]
+        if alive:
+            raise KafkaLocalError(f"{directory} still runs nodes {alive}; stop it first")
+        for node in old["nodes"]:
+            shutil.rmtree(node["dir"], ignore_errors=True)
+        state_path.unlink()
+    elif any(p for p in directory.iterdir() if p.name != ".kafka-local.lock"):
+        raise KafkaLocalError(f"{directory} is neither empty nor a kafka-local cluster dir")
+
+
+def start_cluster(
+    directory: str | Path,
+    brokers: int = 1,
+    txn_max_timeout_ms: int = DEFAULT_TXN_MAX_TIMEOUT_MS,
+    extra: Mapping[str, str] | None = None,
+    *,
+    base_port: int | None = None,
+    timeout: float = READY_TIMEOUT_S,
+) -> ClusterState:
+    """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``.
+
+    Returns the state also written to ``directory/cluster.json`` once every node is
+    up. On failure the nodes are stopped, their logs kept, and KafkaLocalError raised.
+    """
+    if brokers not in (1, 3):
+        raise KafkaLocalError(f"brokers must be 1 or 3, not {brokers}")
+    started_at = time.monotonic()
+    libs = fetch()
+    root = Path(directory).resolve()
+    with _locked(root / ".kafka-local.lock"):
+        _prepare_dir(root)
+        if base_port is None:
+            ports = _free_ports(2 * brokers)
+        else:
+            ports = list(range(base_port, base_port + 2 * brokers))
+            for port in ports:
+                _check_port_free(port)
+        nodes: list[NodeState] = []
+        for index in range(brokers):
+            node_dir = root / f"node-{index + 1}"
+            nodes.append(
+                NodeState(
+                    id=index + 1,
+                    port=ports[2 * index],
+                    controller_port=ports[2 * index + 1],
+                    pid=None,
+                    dir=str(node_dir),
+                    log_dir=str(node_dir / "logs"),
+                    data_dir=str(node_dir / "data"),
+                    config=str(node_dir / "server.properties"),
+                    log4j_config=str(node_dir / "log4j2.properties"),
+                )
+            )
+        state = ClusterState(
+            kafka_version=KAFKA_VERSION,
+            tools_version=TOOLS_VERSION,
+            cluster_id=_random_cluster_id(),
+            bootstrap_servers=",".join(f"{HOST}:{n['port']}" for n in nodes),
+            brokers=brokers,
+            dir=str(root),
+            libs_dir=str(libs.broker),
+            tools_libs_dir=str(libs.tools),
+            tools_log4j_config=str(root / "tools-log4j2.properties"),
+            java=_java(),
+            nodes=nodes,
+        )
+        Path(state["tools_log4j_config"]).write_text(TOOLS_LOG4J2)
+        for node in nodes:
+            Path(node["log_dir"]).mkdir(parents=True)
+            props = _broker_properties(node, nodes, txn_max_timeout_ms, extra or {})
+            _write_properties(Path(node["config"]), props)
+            log_file = _server_log(node)
+            Path(node["log4j_config"]).write_text(BROKER_LOG4J2.format(log_file=log_file))
+        _format_storage(state)
+        try:
+            for node in nodes:
+                node["pid"] = _launch(state, node)
+            _write_json(root / STATE_FILE, state)
+            _wait_ready(state, {n["id"]: 0 for n in nodes}, timeout)
+        except BaseException:
+            _stop_nodes(state, nodes, timeout=5.0)
+            _write_json(root / STATE_FILE, state)
+            raise
+    _log(
+        f"{brokers}-node Kafka {KAFKA_VERSION} ready in "
+        f"{time.monotonic() - started_at:.1f}s at {state['bootstrap_servers']}"
+    )
+    return state
+
+
+def _format_storage(state: ClusterState) -> None:
+    # Static controller.quorum.voters: format needs neither --standalone nor
+    # --initial-controllers, and every node is formatted the same way.
+    processes = [
+        (
+            node,
+            subprocess.Popen(
+                [
+                    state["java"],
+                    *TOOL_JVM_OPTS,
+                    f"-Dlog4j2.configurationFile={state['tools_log4j_config']}",
+                    "-cp",
+                    _classpath(state["libs_dir"]),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--cluster-id",
+                    state["cluster_id"],
+                    "--config",
+                    node["config"],
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+        )
+        for node in state["nodes"]
+    ]
+    failures = []
+    for node, process in processes:
+        output, _ = process.communicate()
+        if process.returncode != 0:
+            failures.append(f"node {node['id']}: {output}")
+    if failures:
+        raise KafkaLocalError("formatting storage failed:\n" + "\n".join(failures))
+
+
+def _stop_nodes(state: ClusterState, nodes: Sequence[NodeState], timeout: float) -> None:
+    """SIGTERM the nodes together (a controlled shutdown), SIGKILL what outlives ``timeout``."""
+    live = [n for n in nodes if _pid_alive(n["pid"], n["config"])]
+    for node in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node["pid"] or 0, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while live and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live = [n for n in live if _pid_alive(n["pid"], n["config"])]
+    for node in live:
+        _log(f"node {node['id']} ignored SIGTERM for {timeout:.0f}s; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node["pid"] or 0, signal.SIGKILL)
+    while live:
+        time.sleep(0.05)
+        live = [n for n in live if _pid_alive(n["pid"], n["config"])]
+    for node in nodes:
+        node["pid"] = None
+
+
+def stop_cluster(directory: str | Path, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop every node; ``directory`` and its logs stay."""
+    root = Path(directory).resolve()
+    with _locked(root / ".kafka-local.lock"):
+        state = load_state(root)
+        _stop_nodes(state, state["nodes"], timeout)
+        _write_json(root / STATE_FILE, state)
+
+
+def stop_node(directory: str | Path, node: int, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop one node (e.g. the transaction coordinator's broker)."""
+    root = Path(directory).resolve()
+    with _locked(root / ".kafka-local.lock"):
+        state = load_state(root)
+        _stop_nodes(state, [_node(state, node)], timeout)
+        _write_json(root / STATE_FILE, state)
+
+
+def start_node(
+    directory: str | Path, node: int, timeout: float = READY_TIMEOUT_S
+) -> NodeState:
+    """Start a stopped node again with its config and data, waiting until it is up."""
+    root = Path(directory).resolve()
+    with _locked(root / ".kafka-local.lock"):
+        state = load_state(root)
+        entry = _node(state, node)
+        if _pid_alive(entry["pid"], entry["config"]):
+            raise KafkaLocalError(f"node {node} is already running (pid {entry['pid']})")
+        log = _server_log(entry)
+        offset = log.stat().st_size if log.exists() else 0
+        entry["pid"] = _launch(state, entry)
+        _write_json(root / STATE_FILE, state)
+        try:
+            _wait_ready(state, {node: offset}, timeout)
+        except BaseException:
+            _stop_nodes(state, [entry], timeout=5.0)
+            _write_json(root / STATE_FILE, state)
+            raise
+    return entry
+
+
+def status(directory: str | Path) -> dict[str, object]:
+    """``cluster.json`` plus whether each node's JVM is alive."""
+    state = load_state(directory)
+    alive = {str(n["id"]): _pid_alive(n["pid"], n["config"]) for n in state["nodes"]}
+    return {**state, "alive": alive}
+
+
+def run_tool(
+    directory: str | Path,
+    cls: str,
+    args: Sequence[str],
+    *,
+    capture: bool = True,
+    input: str | None = None,
+    timeout: float | None = 300.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run a Kafka tool class (or an alias from TOOL_ALIASES) against the cluster.
+
+    For aliases, ``--bootstrap-server`` is put first when ``args`` lack it.
+    Output is captured as text unless ``capture`` is false; the caller checks
+    ``returncode``.
+    """
+    state = load_state(directory)
+    main_class = TOOL_ALIASES.get(cls, cls)
+    args = list(args)
+    if cls in TOOL_ALIASES and "--bootstrap-server" not in args:
+        args = ["--bootstrap-server", state["bootstrap_servers"], *args]
+    log4j = Path(state["tools_log4j_config"])
+    if not log4j.exists():
+        log4j.write_text(TOOLS_LOG4J2)
+    command = [
+        state["java"],
+        *TOOL_JVM_OPTS,
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        _classpath(state["tools_libs_dir"]),
+        main_class,
+        *args,
+    ]
+    return subprocess.run(
+        command,
+        capture_output=capture,
+        input=input,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kafka-local",
+        description=f"Run Apache Kafka {KAFKA_VERSION} (KRaft) on 127.0.0.1 from Maven Central jars.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("fetch", help="download the jars into the cache; print both libs dirs")
+
+    start = sub.add_parser("start", help="format and start a fresh cluster; print bootstrap servers")
+    start.add_argument("--dir", required=True, type=Path)
+    start.add_argument("--brokers", type=int, choices=(1, 3), default=1)
+    start.add_argument("--txn-max-timeout-ms", type=int, default=DEFAULT_TXN_MAX_TIMEOUT_MS)
+    start.add_argument(
+        "--base-port",
+        type=int,
+        help="node N gets PLAINTEXT port P+2(N-1) and CONTROLLER port P+2(N-1)+1 "
+        "(default: free ports picked at random)",
+    )
+    start.add_argument(
+        "--extra",
+        type=_key_value,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra or overriding server.properties entries",
+    )
+    start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+
+    stop = sub.add_parser("stop", help="stop all nodes (SIGTERM, then SIGKILL); keep DIR")
+    stop.add_argument("--dir", required=True, type=Path)
+
+    for name, text in (("stop-node", "stop one node"), ("start-node", "restart one stopped node")):
+        node = sub.add_parser(name, help=text)
+        node.add_argument("--dir", required=True, type=Path)
+        node.add_argument("--node", required=True, type=int)
+
+    stat = sub.add_parser("status", help="print cluster.json and which nodes are alive")
+    stat.add_argument("--dir", required=True, type=Path)
+
+    tool = sub.add_parser(
+        "tool",
+        help="run a Kafka tool class against the cluster",
+        description="Aliases: "
+        + ", ".join(f"{alias} ({cls})" for alias, cls in TOOL_ALIASES.items())
+        + ". For aliases --bootstrap-server is added when missing.",
+    )
+    tool.add_argument("--dir", required=True, type=Path)
+    tool.add_argument("cls", metavar="CLASS", help="main class or alias")
+    tool.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the tool")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "fetch":
+            libs = fetch()
+            print(libs.broker)
+            print(libs.tools)
+        elif args.command == "start":
+            state = start_cluster(
+                args.dir,
+                args.brokers,
+                args.txn_max_timeout_ms,
+                dict(args.extra),
+                base_port=args.base_port,
+                timeout=args.timeout,
+            )
+            print(state["bootstrap_servers"])
+        elif args.command == "stop":
+            stop_cluster(args.dir)
+        elif args.command == "stop-node":
+            stop_node(args.dir, args.node)
+        elif args.command == "start-node":
+            start_node(args.dir, args.node)
+        elif args.command == "status":
+            info = status(args.dir)
+            print(json.dumps(info, indent=2))
+            return 0 if all(info["alive"].values()) else 1  # type: ignore[attr-defined]
+        elif args.command == "tool":
+            return run_tool(args.dir, args.cls, args.args, capture=False, timeout=None).returncode
+    except KafkaLocalError as exc:
+        _log(f"error: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Session fixtures: real Kafka brokers started by the project's own scripts/kafka-local.
+
+A broker that cannot start fails the tests that need it; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.kafka import KafkaEnv, kafka_local
+
+# Small enough for the timeout test to finish quickly, and the broker aborts expired
+# transactions within a second (see scripts/kafka_local.py).
+SHORT_TXN_MAX_TIMEOUT_MS = 6000
+
+
+def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, **kwargs: object) -> Iterator[KafkaEnv]:
+    kl = kafka_local()
+    base = os.environ.get("KAFKA2PC_TEST_LOGS")
+    directory = Path(base) / name if base else tmp_path_factory.mktemp(name)
+    state = kl.start_cluster(directory, brokers=brokers, **kwargs)
+    env = KafkaEnv(directory=Path(directory), bootstrap=state["bootstrap_servers"], brokers=brokers)
+    try:
+        yield env
+    finally:
+        env.close()
+        kl.stop_cluster(directory)  # logs stay in the directory for a failed run
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    yield from _start(tmp_path_factory, "kafka1", 1)
+
+
+@pytest.fixture(scope="session")
+def kafka_short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    yield from _start(tmp_path_factory, "kafka1short", 1, txn_max_timeout_ms=SHORT_TXN_MAX_TIMEOUT_MS)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    yield from _start(tmp_path_factory, "kafka3", 3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name in ("kafka", "kafka_short_timeout", "kafka_cluster"):
+            env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
+            if isinstance(env, KafkaEnv):
+                report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))

@@ -1,0 +1,141 @@
+"""Test helpers around the real local Kafka started by scripts/kafka-local."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kafka_local() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kafka_local", REPO / "scripts" / "kafka_local.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kafka_local"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass
+class KafkaEnv:
+    directory: Path
+    bootstrap: str
+    brokers: int
+    _wire: WireClient | None = field(default=None, repr=False)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap}
+
+    @property
+    def wire(self) -> WireClient:
+        if self._wire is None:
+            self._wire = WireClient(self.config)
+        return self._wire
+
+    def new_wire(self) -> WireClient:
+        return WireClient(self.config)
+
+    def topic(self, partitions: int = 3, name: str | None = None) -> str:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        name = name or f"t_{uuid.uuid4().hex[:10]}"
+        admin = AdminClient(self.config)
+        admin.create_topics([NewTopic(name, partitions, min(3, self.brokers))])[name].result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait for leaders before anyone produces
+            md = admin.list_topics(name, timeout=10).topics[name]
+            if (
+                md.error is None
+                and len(md.partitions) == partitions
+                and all(p.leader >= 0 for p in md.partitions.values())
+            ):
+                return name
+            time.sleep(0.1)
+        raise AssertionError(f"topic {name} has no leaders")
+
+    def read_committed(self, *topics: str, timeout_s: float = 30.0) -> list[Record]:
+        """Everything a read_committed consumer sees, up to the last stable offset of each partition."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        c = Consumer(
+            {
+                **self.config,
+                "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            tps = []
+            for t in topics:
+                md = c.list_topics(t, timeout=10).topics[t]
+                tps += [TopicPartition(t, p, OFFSET_BEGINNING) for p in md.partitions]
+            c.assign(tps)
+            pending = {(tp.topic, tp.partition) for tp in tps}
+            out: list[Record] = []
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                assert time.monotonic() < deadline, f"read_committed did not reach the end of {pending}"
+                for m in c.consume(10000, 0.5):
+                    if m.error():
+                        assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                        pending.discard((m.topic(), m.partition()))
+                        continue
+                    out.append(Record(m.topic(), m.partition(), m.key(), m.value(), tuple(m.headers() or ())))
+            return out
+        finally:
+            c.close()
+
+    def describe(self, *tids: str) -> dict[str, TxnState | None]:
+        return TransactionInspector(self.wire).describe(tids)
+
+    def open_transactions(self, prefix: str | None = None) -> list[str]:
+        """Transactional ids in Ongoing/Prepare* state (all, or of one exporter)."""
+        ins = TransactionInspector(self.wire)
+        if prefix is not None:
+            return [t.transactional_id for t in ins.list_prefix(prefix)]
+        listings = self.wire.list_transactions(["Ongoing", "PrepareCommit", "PrepareAbort"], None)
+        return sorted(t.transactional_id for t in listings)
+
+    def close(self) -> None:
+        if self._wire is not None:
+            self._wire.close()
+            self._wire = None
+
+
+def prepare_in_subprocess(env: KafkaEnv, tid: str, spec: Any, timeout_ms: int | None = None) -> Committable:
+    """A writer process that prepares one transaction and exits; returns its committable."""
+    cmd = [sys.executable, "-m", "tests.helpers.prepare_writer", "--bootstrap", env.bootstrap, "--tid", tid]
+    if timeout_ms is not None:
+        cmd += ["--timeout-ms", str(timeout_ms)]
+    proc = subprocess.run(cmd, input=json.dumps(spec), capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, f"writer failed: {proc.stderr[-3000:]}"
+    return Committable.from_json(proc.stdout.strip().splitlines()[-1])
+
+
+def generate(topic: str, count: int, key_prefix: str = "k") -> dict[str, Any]:
+    return {"generate": {"topic": topic, "count": count, "key_prefix": key_prefix}}

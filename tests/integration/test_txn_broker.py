@@ -1,0 +1,273 @@
+"""The transaction core against a real Kafka broker, judged by a read_committed consumer."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
+from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.resume import TransactionResolver, abort_prepared, commit_prepared, ref_of
+from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
+from tests.helpers.kafka import KafkaEnv, generate, prepare_in_subprocess
+
+pytestmark = pytest.mark.kafka
+
+
+def _prefix() -> str:
+    return f"p{uuid.uuid4().hex[:8]}"
+
+
+def _log(env: KafkaEnv) -> DecisionLog:
+    return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
+
+
+def _keys(records: list) -> list[bytes]:
+    return [r.key for r in records]
+
+
+# -- a. cross-process commit and abort --------------------------------------------------
+
+
+def test_a_commit_from_another_process_makes_every_record_visible_once(kafka: KafkaEnv) -> None:
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    c = prepare_in_subprocess(kafka, tid, generate(topic, 5000))
+
+    state = kafka.describe(tid)[tid]
+    assert state is not None and state.state == "Ongoing"  # the writer process is gone, the txn is not
+    assert (state.producer_id, state.producer_epoch) == (c.producer_id, c.producer_epoch)
+    assert kafka.read_committed(topic) == []
+
+    report = commit_prepared([c], kafka.wire, _log(kafka), run="run-a")
+    assert [r.outcome for r in report.resolutions] == [Verdict.COMMITTED]
+
+    keys = _keys(kafka.read_committed(topic))
+    assert len(keys) == 5000 and len(set(keys)) == 5000
+    assert kafka.open_transactions(tid.split("-")[0]) == []
+
+
+def test_a_abort_from_another_process_leaves_nothing(kafka: KafkaEnv) -> None:
+    prefix = _prefix()
+    topic = kafka.topic()
+    c = prepare_in_subprocess(kafka, f"{prefix}-0", generate(topic, 1000))
+    report = abort_prepared([c], kafka.wire, _log(kafka), run="run-a2")
+    assert [r.outcome for r in report.resolutions] == [Verdict.ABORTED]
+    assert kafka.read_committed(topic) == []
+    assert kafka.open_transactions(prefix) == []
+    assert kafka.describe(c.transactional_id)[c.transactional_id].state == "CompleteAbort"
+
+
+# -- b. idempotence ------------------------------------------------------------------
+
+
+def test_b_recommit_is_already_committed_and_abort_after_commit_rolls_forward(kafka: KafkaEnv) -> None:
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    c = prepare_in_subprocess(kafka, tid, generate(topic, 100))
+    log = _log(kafka)
+    commit_prepared([c], kafka.wire, log, run="b")
+    again = commit_prepared([c], kafka.wire, log, run="b")  # a task retry or a UI clear
+    assert again.resolutions[0].outcome is Verdict.COMMITTED
+    assert again.resolutions[0].detail == "already committed"
+    assert again.resolutions[0].end_txn_codes == ()  # classified by DescribeTransactions, no EndTxn sent
+
+    resolver = TransactionResolver(kafka.wire)
+    after = resolver.resolve([ref_of(c)], Intent.ABORT)[0]
+    assert (after.outcome, after.observation) == (Verdict.COMMITTED, Observation.COMMITTED)
+    assert len(kafka.read_committed(topic)) == 100
+
+
+def test_b_commit_after_abort_is_lost_and_nothing_shows(kafka: KafkaEnv) -> None:
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    c = prepare_in_subprocess(kafka, tid, generate(topic, 100))
+    log = _log(kafka)
+    abort_prepared([c], kafka.wire, log, run="b2")
+    with pytest.raises(TransactionLostError) as e:
+        commit_prepared([c], kafka.wire, log, run="b2")
+    assert e.value.lost[0].transactional_id == tid and e.value.lost[0].records == 100
+    assert "aborted" in e.value.lost[0].reason
+    assert kafka.read_committed(topic) == []
+    # Aborting twice is a success too.
+    assert abort_prepared([c], kafka.wire, log, run="b2").resolutions[0].outcome is Verdict.ABORTED
+
+
+def test_b_end_txn_retried_concurrently_is_classified_not_guessed(kafka: KafkaEnv) -> None:
+    """A second EndTxn while the first is still completing answers CONCURRENT_TRANSACTIONS (retriable)."""
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    c = prepare_in_subprocess(kafka, tid, generate(topic, 100))
+    wire = kafka.wire
+    node = wire.find_transaction_coordinators([tid])[tid].node_id
+    assert wire.end_txn(node, tid, c.producer_id, c.producer_epoch, True) == 0
+    second = TransactionResolver(wire).resolve([ref_of(c)], Intent.COMMIT)[0]
+    assert second.outcome is Verdict.COMMITTED
+    assert len(kafka.read_committed(topic)) == 100
+
+
+# -- c. timeout --------------------------------------------------------------------
+
+
+def test_c_committable_outliving_the_transaction_timeout_is_lost_loudly(kafka_short_timeout: KafkaEnv) -> None:
+    env = kafka_short_timeout
+    assert broker_max_transaction_timeout_ms(env.config) == SHORT_TXN_MAX_TIMEOUT_MS
+    topic, prefix = env.topic(), _prefix()
+    late = prepare_in_subprocess(env, f"{prefix}-0", generate(topic, 300, "late"))
+    assert late.transaction_timeout_ms == SHORT_TXN_MAX_TIMEOUT_MS  # defaulted to the broker's cap
+    time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 3)
+    fresh = prepare_in_subprocess(env, f"{prefix}-1", generate(topic, 200, "fresh"))
+
+    log = _log(env)
+    with pytest.raises(TransactionLostError) as e:
+        commit_prepared([late, fresh], env.wire, log, run="c")
+    assert [t.transactional_id for t in e.value.lost] == [late.transactional_id]
+    assert e.value.lost[0].records == 300
+    assert "transaction.timeout.ms" in str(e.value)
+    # Atomic: the fresh transaction was aborted too, nothing of the run is visible, nothing open.
+    assert env.read_committed(topic) == []
+    assert env.open_transactions(prefix) == []
+    snap = log.read()
+    assert snap.get(ref_of(fresh)).decision is Decision.ABORTED  # type: ignore[union-attr]
+
+
+def test_c_commit_refuses_a_committable_past_its_deadline(kafka_short_timeout: KafkaEnv) -> None:
+    env = kafka_short_timeout
+    topic, prefix = env.topic(), _prefix()
+    c = prepare_in_subprocess(env, f"{prefix}-0", generate(topic, 10))
+    with pytest.raises(TransactionLostError, match="past its deadline"):
+        commit_prepared([c], env.wire, _log(env), run="c2", deadline_margin_ms=SHORT_TXN_MAX_TIMEOUT_MS + 1000)
+    assert env.read_committed(topic) == []
+    assert env.open_transactions(prefix) == []
+
+
+# -- d. fencing --------------------------------------------------------------------
+
+
+def test_d_second_writer_fences_the_first(kafka: KafkaEnv) -> None:
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    first = prepare_in_subprocess(kafka, tid, generate(topic, 100, "first"))
+    second = prepare_in_subprocess(kafka, tid, generate(topic, 50, "second"))
+    assert second.producer_epoch > first.producer_epoch or second.producer_id != first.producer_id
+
+    resolver = TransactionResolver(kafka.wire)
+    r = resolver.resolve([ref_of(first)], Intent.COMMIT)[0]
+    assert (r.outcome, r.observation) == (Verdict.LOST, Observation.SUPERSEDED)
+    with pytest.raises(TransactionLostError, match="fenced"):
+        commit_prepared([first], kafka.wire, _log(kafka), run="d")
+    commit_prepared([second], kafka.wire, _log(kafka), run="d2")
+    keys = _keys(kafka.read_committed(topic))
+    assert sorted(keys) == sorted(f"second{i}".encode() for i in range(50))
+
+
+def test_d_end_txn_with_a_stale_epoch_is_rejected_by_the_broker(kafka: KafkaEnv) -> None:
+    """The raw answer the classification has to look behind."""
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    first = prepare_in_subprocess(kafka, tid, generate(topic, 10))
+    prepare_in_subprocess(kafka, tid, generate(topic, 10))
+    node = kafka.wire.find_transaction_coordinators([tid])[tid].node_id
+    code = kafka.wire.end_txn(node, tid, first.producer_id, first.producer_epoch, True)
+    assert code in (47, 90)  # INVALID_PRODUCER_EPOCH / PRODUCER_FENCED
+
+
+# -- e. producer id and epoch --------------------------------------------------------
+
+
+def test_e_librdkafka_producer_id_and_epoch_match_describe_transactions(kafka: KafkaEnv) -> None:
+    topic, prefix = kafka.topic(), _prefix()
+    for slot in range(3):
+        tid = f"{prefix}-{slot}"
+        for _round in range(2):  # the second round bumps the epoch of the same id
+            c = prepare_in_subprocess(kafka, tid, generate(topic, 10))
+            s = kafka.describe(tid)[tid]
+            assert s is not None and s.state == "Ongoing"
+            assert (s.producer_id, s.producer_epoch) == (c.producer_id, c.producer_epoch)
+            assert sorted(s.topic_partitions) == sorted(c.topic_partitions)
+            assert s.timeout_ms == c.transaction_timeout_ms
+            assert c.first_write_ms <= s.start_time_ms + 1000
+    recover(kafka.wire, prefix, _log(kafka))
+    assert kafka.open_transactions(prefix) == []
+
+
+# -- h. record shapes ----------------------------------------------------------------
+
+
+def test_h_keys_headers_null_values_and_several_topics_in_one_transaction(kafka: KafkaEnv) -> None:
+    t1, t2 = kafka.topic(2), kafka.topic(1)
+    spec = [
+        {"topic": t1, "key": "a", "value": "1", "headers": [["h1", "x"], ["h2", None]]},
+        {"topic": t1, "key": None, "value": "no key"},
+        {"topic": t2, "key": "tomb", "value": None},
+        {"topic": t2, "key": "b", "value": "é", "headers": [["dup", "1"], ["dup", "2"]]},
+        {"topic": t1, "key": "p1", "value": "to partition 1", "partition": 1},
+    ]
+    c = prepare_in_subprocess(kafka, f"{_prefix()}-0", spec)
+    assert c.records == 5 and dict(c.counts_by_topic) == {t1: 3, t2: 2}
+    assert {t for t, _ in c.topic_partitions} == {t1, t2}
+    assert kafka.read_committed(t1, t2) == []
+    commit_prepared([c], kafka.wire, _log(kafka), run="h")
+    got = {(r.topic, r.key): r for r in kafka.read_committed(t1, t2)}
+    assert len(got) == 5
+    assert got[(t1, b"a")].headers == (("h1", b"x"), ("h2", None))
+    assert got[(t1, None)].value == b"no key"
+    assert got[(t2, b"tomb")].value is None
+    assert got[(t2, b"b")].value == "é".encode() and got[(t2, b"b")].headers == (("dup", b"1"), ("dup", b"2"))
+    assert got[(t1, b"p1")].partition == 1
+
+
+# -- f. recovery -------------------------------------------------------------------
+
+
+def test_f_recovery_commits_decided_aborts_the_rest_and_leaves_other_prefixes_alone(kafka: KafkaEnv) -> None:
+    import concurrent.futures as cf
+
+    topic = kafka.topic(6)
+    p = _prefix()
+    p2 = p + "2"  # a prefix that starts with P: must never match
+    other = _prefix()
+    jobs = (
+        [(f"{p}-{i}", f"{p}-{i}-") for i in range(50)]
+        + [(f"{p2}-{i}", f"{p2}-{i}-") for i in range(3)]
+        + [(f"{other}-{i}", f"{other}-{i}-") for i in range(2)]
+    )
+    with cf.ThreadPoolExecutor(4) as ex:
+        committables = dict(
+            zip(
+                [t for t, _ in jobs],
+                ex.map(lambda j: prepare_in_subprocess(kafka, j[0], generate(topic, 20, j[1])), jobs),
+                strict=True,
+            )
+        )
+    log = _log(kafka)
+    decided = [committables[f"{p}-{i}"] for i in range(0, 50, 3)]  # 17 with a COMMIT decision
+    log.record([ref_of(c) for c in decided], Decision.COMMIT, run="crashed-run")
+    # A COMMIT decision for an *older* epoch of the same id must not commit the current one.
+    stale = committables[f"{p}-1"]
+    log.record(
+        [ref_of(stale).__class__(stale.transactional_id, stale.producer_id, stale.producer_epoch - 1)],
+        Decision.COMMIT,
+        run="older-run",
+    )
+
+    result = recover(kafka.wire, p, log)
+    assert result.done
+    assert sorted(r.transactional_id for r in result.plan.commit) == sorted(c.transactional_id for c in decided)
+    assert len(result.plan.abort) == 50 - len(decided)
+    assert all(r.outcome is Verdict.COMMITTED for r in result.resolutions if r.ref in result.plan.commit)
+
+    visible = {r.key for r in kafka.read_committed(topic)}
+    want = {f"{c.transactional_id}-{i}".encode() for c in decided for i in range(20)}
+    assert visible == want  # exactly the decided ones, each record once
+    assert len(kafka.read_committed(topic)) == len(want)
+    assert kafka.open_transactions(p) == []
+    assert sorted(kafka.open_transactions(p2)) == sorted(f"{p2}-{i}" for i in range(3))
+    assert sorted(kafka.open_transactions(other)) == sorted(f"{other}-{i}" for i in range(2))
+    assert all(log.read().committed(ref_of(c)) for c in decided)
+
+    # Idempotent: a second pass finds nothing to do.
+    assert recover(kafka.wire, p, log).plan.empty
+    for q in (p2, other):
+        recover(kafka.wire, q, log)
+        assert kafka.open_transactions(q) == []
+    assert {r.key for r in kafka.read_committed(topic)} == want

@@ -1,0 +1,69 @@
+"""g. The same flows on a 3-broker cluster, with the transaction coordinator's broker restarted
+between prepare and commit."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+from airflow_provider_kafka2pc.txn.outcome import Verdict
+from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared, ref_of
+from tests.helpers.kafka import KafkaEnv, generate, kafka_local, prepare_in_subprocess
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
+
+
+def _restart_coordinator(env: KafkaEnv, tid: str) -> int:
+    kl = kafka_local()
+    node = env.wire.find_transaction_coordinators([tid])[tid].node_id
+    kl.stop_node(env.directory, node)
+    kl.start_node(env.directory, node)
+    return int(node)
+
+
+@pytest.mark.parametrize("intent", ["commit", "abort"])
+def test_g_coordinator_restart_between_prepare_and_end(kafka_cluster: KafkaEnv, intent: str) -> None:
+    env = kafka_cluster
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    topic = env.topic(6)
+    committables = [prepare_in_subprocess(env, f"{prefix}-{i}", generate(topic, 500, f"{i}-")) for i in range(4)]
+    log = DecisionLog(env.config, topic=f"decisions_{prefix}")
+    log.ensure_topic()
+    _restart_coordinator(env, committables[0].transactional_id)
+
+    wire = env.new_wire()  # a fresh process's view, as the commit task would have
+    try:
+        if intent == "commit":
+            report = commit_prepared(committables, wire, log, run="g")
+            assert report.count(Verdict.COMMITTED) == 4
+            keys = [r.key for r in env.read_committed(topic)]
+            assert len(keys) == 2000 and len(set(keys)) == 2000
+        else:
+            report = abort_prepared(committables, wire, log, run="g")
+            assert report.count(Verdict.ABORTED) == 4
+            assert env.read_committed(topic) == []
+    finally:
+        wire.close()
+    assert env.open_transactions(prefix) == []
+
+
+def test_g_recovery_on_the_cluster_after_a_coordinator_restart(kafka_cluster: KafkaEnv) -> None:
+    env = kafka_cluster
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    topic = env.topic(3)
+    cs = [prepare_in_subprocess(env, f"{prefix}-{i}", generate(topic, 100, f"{i}-")) for i in range(6)]
+    log = DecisionLog(env.config, topic=f"decisions_{prefix}")
+    log.record([ref_of(c) for c in cs[:3]], Decision.COMMIT, run="crashed")
+    _restart_coordinator(env, cs[0].transactional_id)
+    wire = env.new_wire()
+    try:
+        result = recover(wire, prefix, log)
+    finally:
+        wire.close()
+    assert result.done
+    keys = [r.key for r in env.read_committed(topic)]
+    assert len(keys) == 300 and len(set(keys)) == 300
+    assert env.open_transactions(prefix) == []
