@@ -55,3 +55,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(env, KafkaEnv):
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # In CI a skipped test is a test that did not run: fail instead of passing quietly.
+    if os.environ.get("CI") and _skipped:
+        print(f"\nCI: {len(_skipped)} test(s) skipped, which CI does not accept: {_skipped}")
+        session.exitstatus = 1

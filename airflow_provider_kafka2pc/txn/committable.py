@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Mapping
@@ -77,7 +78,7 @@ class Committable:
         return c
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Committable:
+    def from_json(cls, text: str | builtins.bytes) -> Committable:
         try:
             data = json.loads(text)
         except ValueError as e:

@@ -126,7 +126,7 @@ class DecisionLog:
         if self._ready:
             return
         from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
         admin = AdminClient(connection_only(self._config))
         md = admin.list_topics(timeout=self._timeout_s)
@@ -256,8 +256,9 @@ class DecisionLog:
                             continue
                         raise DecisionLogError(f"reading decision log {self.topic!r}: {err}")
                     key = (msg.key() or b"").decode()
-                    if msg.offset() + 1 >= ends[msg.partition()]:
-                        pending.discard(msg.partition())
+                    partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+                    if offset + 1 >= ends[partition]:
+                        pending.discard(partition)
                     value = msg.value()
                     if key.startswith(_CLAIM_KEY.format("")):
                         if value:

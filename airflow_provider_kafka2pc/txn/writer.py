@@ -182,7 +182,7 @@ def _keep_alive(tid: str, producer: Any) -> None:
 
 def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: float = 30.0) -> int:
     """The broker's cap ``transaction.max.timeout.ms``: the longest a prepared transaction may live."""
-    from confluent_kafka.admin import AdminClient, ConfigResource
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
     admin = AdminClient(connection_only(config))
     md = admin.list_topics(timeout=timeout_s)
