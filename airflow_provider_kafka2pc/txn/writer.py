@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,10 +34,6 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 # Statistics carry the producer id and epoch (eos.producer_id/producer_epoch); 1 s is the granularity.
 _STATS_INTERVAL_MS = 1000
 
-# Producers of prepared transactions, kept alive until the process ends: dropping the last
-# reference destroys the librdkafka handle, and destroying it must not end the transaction.
-_PREPARED: dict[str, Any] = {}
-_PREPARED_LOCK = threading.Lock()
 
 
 class TransactionalWriter:
@@ -91,6 +86,12 @@ class TransactionalWriter:
             return
         self.delivered += 1
         self._partitions.add((msg.topic(), msg.partition()))
+
+    def _release(self) -> None:
+        # Dropping the last reference destroys the librdkafka handle, which (unlike close())
+        # leaves the transaction open: every real-broker test proves it, as each writer
+        # process prepares, drops its producer and exits.
+        self._producer = None
 
     def _on_stats(self, raw: str) -> None:
         eos = json.loads(raw).get("eos") or {}
@@ -152,12 +153,13 @@ class TransactionalWriter:
                 self._first_error or f"{remaining} record(s) still queued after flush",
             )
         self._prepared = True
-        _keep_alive(self.transactional_id, p)
         if self.records == 0:
+            self._release()
             return None
         deadline = time.monotonic() + stats_timeout_s
         while self._eos[0] < 0 and time.monotonic() < deadline:
             p.poll(0.1)
+        self._release()
         if self._eos[0] < 0:
             raise Kafka2PCError(f"librdkafka reported no producer id for {self.transactional_id!r}")
         assert self._first_write_ms is not None
@@ -172,12 +174,6 @@ class TransactionalWriter:
             transaction_timeout_ms=self.transaction_timeout_ms,
             counts_by_topic=dict(self._counts),
         )
-
-
-def _keep_alive(tid: str, producer: Any) -> None:
-    with _PREPARED_LOCK:
-        # A newer producer of the same id has fenced the older one by now: dropping it is safe.
-        _PREPARED[tid] = producer
 
 
 def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: float = 30.0) -> int:

@@ -1,0 +1,301 @@
+"""In-memory stand-ins for the broker, the decision log and the clock (no network anywhere).
+
+``FakeBroker`` plays the transaction coordinator behind the four raw APIs that
+``TransactionInspector`` and ``TransactionResolver`` use. It keeps one ``TxnState`` per
+transactional id and answers EndTxn the way a coordinator under transaction version 1 does;
+tests script error codes and state changes on top of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionRecord, DecisionSnapshot
+from airflow_provider_kafka2pc.txn.outcome import (
+    CONCURRENT_TRANSACTIONS,
+    INVALID_PRODUCER_ID_MAPPING,
+    INVALID_TXN_STATE,
+    NONE,
+    NOT_COORDINATOR,
+    PRODUCER_FENCED,
+    TRANSACTIONAL_ID_NOT_FOUND,
+    TxnRef,
+)
+from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient
+
+TOPIC = "events"
+DEFAULT_TIMEOUT_MS = 60_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def committable(
+    tid: str,
+    producer_id: int = 1000,
+    producer_epoch: int = 0,
+    records: int = 10,
+    partitions: Sequence[int] = (0,),
+    first_write_ms: int | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> Committable:
+    return Committable(
+        transactional_id=tid,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        records=records,
+        bytes=records * 100,
+        topic_partitions=tuple((TOPIC, p) for p in partitions),
+        first_write_ms=now_ms() if first_write_ms is None else first_write_ms,
+        transaction_timeout_ms=timeout_ms,
+        counts_by_topic={TOPIC: records},
+    )
+
+
+def ref(tid: str, producer_id: int = 1000, producer_epoch: int = 0) -> TxnRef:
+    return TxnRef(tid, producer_id, producer_epoch)
+
+
+def txn_state(
+    tid: str,
+    state: str = "Ongoing",
+    producer_id: int = 1000,
+    producer_epoch: int = 0,
+    partitions: Sequence[int] = (0,),
+    coordinator_id: int = 1,
+) -> TxnState:
+    return TxnState(
+        transactional_id=tid,
+        error_code=NONE,
+        state=state,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        timeout_ms=DEFAULT_TIMEOUT_MS,
+        start_time_ms=now_ms(),
+        topic_partitions=tuple((TOPIC, p) for p in partitions),
+        coordinator_id=coordinator_id,
+    )
+
+
+def record(
+    tid: str, decision: Decision, producer_id: int = 1000, producer_epoch: int = 0, run: str = "run-1"
+) -> DecisionRecord:
+    return DecisionRecord(tid, producer_id, producer_epoch, decision, run, at_ms=now_ms(), records=10)
+
+
+@dataclass(frozen=True)
+class EndTxnCall:
+    node_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+
+
+# A scripted EndTxn answer: an error code, or a function that changes the broker and returns one.
+# NONE (0) means "no scripted error": the broker then answers by its own rules.
+EndTxnStep = int | Callable[["FakeBroker"], int]
+
+
+class FakeBroker(WireClient):
+    """A transaction coordinator in memory, implementing the ``WireClient`` calls the core makes."""
+
+    def __init__(self, events: list[str] | None = None) -> None:  # no super(): nothing to connect
+        self._lock = threading.RLock()
+        self.states: dict[str, TxnState] = {}
+        self.coordinators: dict[str, int] = {}  # transactional id -> node id; node 1 by default
+        self.end_txn_script: dict[str, list[EndTxnStep]] = defaultdict(list)
+        self.find_errors: dict[str, list[int]] = defaultdict(list)
+        self.describe_errors: dict[str, list[int]] = defaultdict(list)
+        self.upcoming_states: dict[str, list[TxnState]] = defaultdict(list)  # shown by later describes
+        self.supports_pattern = True
+        self.end_txn_barrier: threading.Barrier | None = None
+        self.events: list[str] = events if events is not None else []
+        self.end_txn_calls: list[EndTxnCall] = []
+        self.find_calls: list[tuple[str, ...]] = []
+        self.describe_calls: list[tuple[int, tuple[str, ...]]] = []
+        self.list_calls: list[tuple[tuple[str, ...], str | None]] = []
+
+    # -- arranging the broker -------------------------------------------------
+    def add(self, *states: TxnState) -> None:
+        with self._lock:
+            for s in states:
+                self.states[s.transactional_id] = s
+
+    def prepared(self, c: Committable) -> None:
+        """The broker holds ``c`` open, as the writer left it."""
+        self.add(
+            txn_state(
+                c.transactional_id,
+                "Ongoing",
+                c.producer_id,
+                c.producer_epoch,
+                partitions=[p for _, p in c.topic_partitions],
+                coordinator_id=self.coordinator_of(c.transactional_id),
+            )
+        )
+
+    def set_state(self, tid: str, state: str, producer_id: int | None = None, producer_epoch: int | None = None) -> None:
+        with self._lock:
+            s = self.states[tid]
+            self.states[tid] = dataclasses.replace(
+                s,
+                state=state,
+                producer_id=s.producer_id if producer_id is None else producer_id,
+                producer_epoch=s.producer_epoch if producer_epoch is None else producer_epoch,
+                topic_partitions=s.topic_partitions if state == "Ongoing" else (),
+            )
+
+    def time_out(self, tid: str) -> None:
+        """The coordinator aborts the transaction after transaction.timeout.ms: epoch + 1."""
+        self.set_state(tid, "CompleteAbort", producer_epoch=self.states[tid].producer_epoch + 1)
+
+    def coordinator_of(self, tid: str) -> int:
+        return self.coordinators.get(tid, 1)
+
+    def state_of(self, tid: str) -> str | None:
+        s = self.states.get(tid)
+        return None if s is None else s.state
+
+    def commits_sent(self) -> list[str]:
+        return [c.transactional_id for c in self.end_txn_calls if c.commit]
+
+    def aborts_sent(self) -> list[str]:
+        return [c.transactional_id for c in self.end_txn_calls if not c.commit]
+
+    # -- WireClient ------------------------------------------------------------
+    def close(self) -> None:
+        pass
+
+    def find_transaction_coordinators(self, transactional_ids: Sequence[str]) -> dict[str, Coordinator]:
+        with self._lock:
+            self.find_calls.append(tuple(transactional_ids))
+            out = {}
+            for tid in transactional_ids:
+                errors = self.find_errors[tid]
+                out[tid] = Coordinator(-1, errors.pop(0)) if errors else Coordinator(self.coordinator_of(tid), NONE)
+            return out
+
+    def describe_transactions(self, node_id: int, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
+        with self._lock:
+            self.describe_calls.append((node_id, tuple(transactional_ids)))
+            self.events.append(f"describe {','.join(transactional_ids)}")
+            out = {}
+            for tid in transactional_ids:
+                if self.upcoming_states[tid]:
+                    self.states[tid] = self.upcoming_states[tid].pop(0)
+                errors = self.describe_errors[tid]
+                if errors:
+                    out[tid] = _error_row(tid, errors.pop(0), node_id)
+                elif node_id != self.coordinator_of(tid):
+                    out[tid] = _error_row(tid, NOT_COORDINATOR, node_id)
+                elif tid not in self.states:
+                    out[tid] = _error_row(tid, TRANSACTIONAL_ID_NOT_FOUND, node_id)
+                else:
+                    out[tid] = dataclasses.replace(self.states[tid], coordinator_id=node_id)
+            return out
+
+    def end_txn(self, node_id: int, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
+        if self.end_txn_barrier is not None:
+            self.end_txn_barrier.wait()  # outside the lock: proves the calls are concurrent
+        with self._lock:
+            self.end_txn_calls.append(EndTxnCall(node_id, transactional_id, producer_id, producer_epoch, commit))
+            self.events.append(f"end_txn {'commit' if commit else 'abort'} {transactional_id}")
+            script = self.end_txn_script[transactional_id]
+            if script:
+                step = script.pop(0)
+                code = step if isinstance(step, int) else step(self)
+                if code != NONE:
+                    return code
+            return self._end_txn_rules(node_id, transactional_id, producer_id, producer_epoch, commit)
+
+    def _end_txn_rules(self, node_id: int, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
+        """What a coordinator answers under transaction version 1 (EndTxn <= v4)."""
+        if node_id != self.coordinator_of(tid):
+            return NOT_COORDINATOR
+        s = self.states.get(tid)
+        if s is None or s.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if s.producer_epoch != producer_epoch:
+            return PRODUCER_FENCED
+        if s.state == "Ongoing":
+            self.set_state(tid, "CompleteCommit" if commit else "CompleteAbort")
+            return NONE
+        if (s.state, commit) in (("CompleteCommit", True), ("CompleteAbort", False)):
+            return NONE  # the same end again: no epoch bump under these rules, so it answers NONE
+        if s.state in ("PrepareCommit", "PrepareAbort"):
+            return CONCURRENT_TRANSACTIONS
+        return INVALID_TXN_STATE
+
+    def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
+        wanted = tuple(states)
+        with self._lock:
+            self.list_calls.append((wanted, pattern))
+            return [
+                TxnListing(s.transactional_id, s.producer_id, s.state)
+                for s in self.states.values()
+                if s.state in wanted
+                and (pattern is None or not self.supports_pattern or re.fullmatch(pattern, s.transactional_id))
+            ]
+
+
+def _error_row(tid: str, code: int, node_id: int) -> TxnState:
+    return TxnState(tid, code, "", -1, -1, -1, -1, (), node_id)
+
+
+class MemoryDecisionLog(DecisionLog):
+    """The decision log without Kafka: the real ``record`` over an in-memory ``write``/``read``."""
+
+    def __init__(self, events: list[str] | None = None, initial: Iterable[DecisionRecord] = ()) -> None:
+        super().__init__({"bootstrap.servers": "unused:9092"})
+        self._lock = threading.Lock()
+        self.events: list[str] = events if events is not None else []
+        self.written: list[DecisionRecord] = []
+        self._latest: dict[str, DecisionRecord] = {r.transactional_id: r for r in initial}
+
+    def ensure_topic(self) -> None:
+        raise AssertionError("a unit test must not reach for the decision log topic")
+
+    def write(self, records: Iterable[DecisionRecord]) -> None:
+        with self._lock:
+            for r in records:
+                self.written.append(r)
+                self._latest[r.transactional_id] = r
+                self.events.append(f"decision {r.decision.value} {r.transactional_id}")
+
+    def read(self) -> DecisionSnapshot:
+        with self._lock:
+            return DecisionSnapshot(self._latest, {})
+
+    def decisions(self, tid: str) -> list[Decision]:
+        return [r.decision for r in self.written if r.transactional_id == tid]
+
+
+class FakeClock:
+    """Monotonic time that only moves when someone sleeps; wall-clock time stays real."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = 1_000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += seconds
+
+    @staticmethod
+    def time() -> float:
+        return time.time()
