@@ -71,8 +71,10 @@ class Committable:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise MalformedCommittableError(f"malformed committable {dict(data)!r}: {e!r}") from e
-        if c.producer_id < 0 or not 0 <= c.producer_epoch < 32767 or c.records < 0:
+        if c.producer_id < 0 or not 0 <= c.producer_epoch < 32767:
             raise MalformedCommittableError(f"committable {c.transactional_id!r} has no valid producer id/epoch")
+        if c.records < 0 or c.bytes < 0:
+            raise MalformedCommittableError(f"committable {c.transactional_id!r} has a negative record or byte count")
         if c.transaction_timeout_ms <= 0:
             raise MalformedCommittableError(f"committable {c.transactional_id!r} has no transaction timeout")
         return c

@@ -7,6 +7,7 @@ of a prefix ``orders-eu`` (which is refused).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -16,7 +17,7 @@ from airflow_provider_kafka2pc.txn.errors import InvalidPrefixError
 DELIMITER = "-"
 # Kafka allows almost any id; we allow what is safe in a regex, a file name and a log line.
 _PART = r"[A-Za-z0-9][A-Za-z0-9._]*"
-_PREFIX_RE = re.compile(rf"^{_PART}$")
+_PREFIX_RE = re.compile(_PART, re.ASCII)
 _MAX_ID_LENGTH = 249
 
 
@@ -35,7 +36,7 @@ class ParsedId:
 
 
 def validate_prefix(prefix: str) -> str:
-    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise InvalidPrefixError(
             f"invalid transactional id prefix {prefix!r}: use letters, digits, '.' and '_' "
             f"(starting with a letter or digit); {DELIMITER!r} is the id delimiter"
@@ -50,7 +51,10 @@ def sanitize_run_key(run_key: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9._]", "_", run_key).strip("_.")
     if not cleaned:
         raise InvalidPrefixError(f"run key {run_key!r} has no usable characters")
-    return cleaned[:80]
+    if cleaned != run_key or len(cleaned) > 80:
+        # Keep distinct run ids distinct after the mapping: INCREMENTING promises new ids every run.
+        cleaned = f"{cleaned[:64]}_{hashlib.sha256(run_key.encode()).hexdigest()[:10]}"
+    return cleaned
 
 
 def transactional_id(
@@ -73,9 +77,10 @@ def transactional_id(
 def parse_transactional_id(tid: str) -> ParsedId | None:
     """The parts of an id written by kafka2pc, or None for anything else."""
     parts = tid.split(DELIMITER)
-    if len(parts) not in (2, 3) or not parts[-1].isdigit() or not _PREFIX_RE.match(parts[0]):
+    slot = parts[-1]
+    if len(parts) not in (2, 3) or not (slot.isascii() and slot.isdigit()) or not _PREFIX_RE.fullmatch(parts[0]):
         return None
-    if len(parts) == 3 and not _PREFIX_RE.match(parts[1]):
+    if len(parts) == 3 and not _PREFIX_RE.fullmatch(parts[1]):
         return None
     return ParsedId(parts[0], parts[1] if len(parts) == 3 else None, int(parts[-1]))
 

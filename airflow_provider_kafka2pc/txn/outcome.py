@@ -109,6 +109,7 @@ _REASONS = {
         "the producer epoch moved on: the broker aborted the transaction after "
         "transaction.timeout.ms, or a newer producer took the transactional id (fenced)"
     ),
+    Observation.FENCING: "the broker is aborting the transaction: transaction.timeout.ms elapsed",
     Observation.UNKNOWN_ID: "the broker does not know the transactional id (expired or never written)",
 }
 

@@ -204,7 +204,12 @@ def commit_prepared(
     for ref in refs:
         obs = observed[ref.transactional_id][0]
         v = verdict(obs, Intent.COMMIT)
-        if v is Verdict.LOST or (v is Verdict.CONSULT_LOG and not snapshot.committed(ref)):
+        # FENCING: the broker is aborting it on timeout right now; it can only end aborted.
+        if (
+            v is Verdict.LOST
+            or obs is Observation.FENCING
+            or (v is Verdict.CONSULT_LOG and not snapshot.committed(ref))
+        ):
             doomed[ref.transactional_id] = reason(obs)
         elif obs is Observation.OPEN and by_tid[ref.transactional_id].remaining_ms(now_ms) < deadline_margin_ms:
             doomed[ref.transactional_id] = (

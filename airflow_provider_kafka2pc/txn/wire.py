@@ -80,7 +80,7 @@ def kafka_python_config(librdkafka_config: Mapping[str, Any]) -> dict[str, Any]:
         elif target in ("security_protocol", "sasl_mechanism"):
             value = str(value).upper()
         out[target] = value
-    if "bootstrap_servers" not in out:
+    if not out.get("bootstrap_servers"):
         raise ValueError("the Kafka config has no 'bootstrap.servers'")
     return out
 

@@ -35,7 +35,6 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 _STATS_INTERVAL_MS = 1000
 
 
-
 class TransactionalWriter:
     """Writes one transaction; use ``open()``, ``produce()`` …, then ``prepare()``."""
 

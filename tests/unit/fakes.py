@@ -143,7 +143,9 @@ class FakeBroker(WireClient):
             )
         )
 
-    def set_state(self, tid: str, state: str, producer_id: int | None = None, producer_epoch: int | None = None) -> None:
+    def set_state(
+        self, tid: str, state: str, producer_id: int | None = None, producer_epoch: int | None = None
+    ) -> None:
         with self._lock:
             s = self.states[tid]
             self.states[tid] = dataclasses.replace(

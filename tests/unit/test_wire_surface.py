@@ -1,0 +1,381 @@
+"""The kafka-python surface behind ``txn/wire.py``: an upgrade that moves it must fail here, loudly.
+
+The adapter's own calls are also run against a connection manager that speaks kafka-python's
+real protocol classes (encode, decode, version negotiation) without a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kafka
+import kafka.cluster
+import kafka.errors
+import pytest
+from kafka.net.manager import KafkaConnectionManager
+from kafka.protocol.admin.transactions import (
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+)
+from kafka.protocol.broker_version_data import BrokerVersionData
+from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, FindCoordinatorResponse
+from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
+
+from airflow_provider_kafka2pc.txn import wire
+from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient, kafka_python_config
+
+END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID = 26, 10, 22
+DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
+# What a Kafka 4.x broker advertises for the APIs the adapter uses.
+REPO = Path(__file__).resolve().parents[2]
+MODERN_BROKER = {END_TXN: (0, 5), FIND_COORDINATOR: (0, 6), DESCRIBE_TRANSACTIONS: (0, 0), LIST_TRANSACTIONS: (0, 2)}
+
+
+# --- the private surface ------------------------------------------------------------------------
+
+
+def test_kafka_python_is_the_pinned_version() -> None:
+    from kafka.version import __version__
+
+    assert __version__ == "3.0.12", "wire.py reaches into kafka-python internals: re-check them, then re-pin"
+
+
+def test_admin_client_exposes_its_connection_manager() -> None:
+    source = inspect.getsource(kafka.KafkaAdminClient.__init__)
+    assert "self._manager = " in source
+
+
+def test_connection_manager_has_run_send_cluster_and_version_data() -> None:
+    run = inspect.signature(KafkaConnectionManager.run)
+    assert list(run.parameters)[:2] == ["self", "coro"]
+    assert any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in run.parameters.values())
+    send = inspect.signature(KafkaConnectionManager.send)
+    assert {"request", "node_id", "request_timeout_ms"} <= set(send.parameters)
+    init = inspect.getsource(KafkaConnectionManager.__init__)
+    assert "self.cluster = " in init
+    assert "self.broker_version_data = " in init
+    assert callable(kafka.cluster.ClusterMetadata.brokers)
+    assert "api_versions" in BrokerVersionData.__slots__
+
+
+def test_end_txn_request_takes_a_pinned_max_version() -> None:
+    request = EndTxnRequest(transactional_id="orders-0", producer_id=1, producer_epoch=0, committed=True, max_version=4)
+    low, high = EndTxnRequest.valid_versions
+    assert low == 0 and high >= 4
+    assert EndTxnRequest.decode(request.encode(version=4), version=4).committed is True
+    # The pin is what version negotiation uses, also against a broker that offers EndTxn v5.
+    assert BrokerVersionData(api_versions={END_TXN: (0, 5)}).api_version(request) == 4
+    assert wire.END_TXN_MAX_VERSION == 4
+
+
+def test_find_coordinator_v4_is_batched() -> None:
+    assert FindCoordinatorRequest.valid_versions[1] >= 4
+    assert CoordinatorType.TRANSACTION == wire._TRANSACTION_COORDINATOR == 1
+    request = FindCoordinatorRequest(key_type=1, coordinator_keys=["orders-0", "orders-1"], min_version=4)
+    decoded = FindCoordinatorRequest.decode(request.encode(version=4), version=4)
+    assert decoded.coordinator_keys == ["orders-0", "orders-1"]
+    assert decoded.key_type == 1
+
+
+def test_list_transactions_v2_filters_by_pattern_and_describe_is_there() -> None:
+    assert ListTransactionsRequest.valid_versions[1] >= 2
+    assert ListTransactionsRequest.API_KEY == LIST_TRANSACTIONS
+    assert DescribeTransactionsRequest.API_KEY == DESCRIBE_TRANSACTIONS
+    request = ListTransactionsRequest(
+        state_filters=["Ongoing"], producer_id_filters=[], transactional_id_pattern="^orders\\-.*", min_version=2
+    )
+    assert ListTransactionsRequest.decode(request.encode(version=2), version=2).transactional_id_pattern == (
+        "^orders\\-.*"
+    )
+
+
+def test_error_helpers() -> None:
+    assert wire.error_name(0) == "NONE"
+    assert wire.error_name(90) == "ProducerFencedError"
+    assert wire.is_connection_error(kafka.errors.KafkaConnectionError("reset"))
+    assert wire.is_connection_error(ConnectionResetError())
+    assert not wire.is_connection_error(kafka.errors.ProducerFencedError())
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def test_kafka_python_config_translates_how_to_connect() -> None:
+    cfg = kafka_python_config(
+        {
+            "bootstrap.servers": "b1:9093, b2:9093,",
+            "security.protocol": "sasl_ssl",
+            "sasl.mechanisms": "scram-sha-512",
+            "sasl.username": "exporter",
+            "sasl.password": "hunter2",
+            "ssl.ca.location": "/etc/ca.pem",
+            "ssl.certificate.location": "/etc/cert.pem",
+            "ssl.key.location": "/etc/key.pem",
+            "ssl.key.password": "pem-secret",
+            "client.id": "me",
+            "linger.ms": 20,
+            "transactional.id": "orders-0",
+            "enable.idempotence": True,
+        }
+    )
+    assert cfg == {
+        "bootstrap_servers": ["b1:9093", "b2:9093"],
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "exporter",
+        "sasl_plain_password": "hunter2",
+        "ssl_cafile": "/etc/ca.pem",
+        "ssl_certfile": "/etc/cert.pem",
+        "ssl_keyfile": "/etc/key.pem",
+        "ssl_password": "pem-secret",
+        "client_id": "me",
+    }
+
+
+def test_every_translated_setting_is_a_kafka_python_admin_setting() -> None:
+    assert set(wire._CONFIG_MAP.values()) <= set(kafka.KafkaAdminClient.DEFAULT_CONFIG)
+
+
+@pytest.mark.parametrize("config", [{}, {"security.protocol": "SSL"}, {"bootstrap.servers": ""}])
+def test_config_without_bootstrap_servers_is_refused(config: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"bootstrap\.servers"):
+        kafka_python_config(config)
+
+
+# --- the adapter against kafka-python's protocol classes, without a socket -----------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    request: Any  # decoded again at the negotiated version: what the broker would read
+    version: int
+    node_id: int | None
+    request_timeout_ms: int | None
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    node_id: int
+
+
+class FakeCluster:
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def brokers(self) -> list[FakeNode]:
+        return [FakeNode(n) for n in self.node_ids]
+
+
+Handler = Callable[[Any, int | None], Any]
+
+
+class ProtocolManager:
+    """The three things wire.py uses of KafkaConnectionManager: run, send, cluster/version data."""
+
+    def __init__(self, api_versions: dict[int, tuple[int, int]], node_ids: list[int]) -> None:
+        self.broker_version_data = BrokerVersionData(api_versions=api_versions)
+        self.cluster = FakeCluster(node_ids)
+        self.sent: list[Sent] = []
+        self.handlers: dict[type, Handler] = {}
+
+    def run(self, coro: Callable[..., Any], *args: Any) -> Any:
+        return asyncio.run(coro(*args))
+
+    async def send(self, request: Any, node_id: int | None = None, request_timeout_ms: int | None = None) -> Any:
+        version = self.broker_version_data.api_version(request)
+        decoded = type(request).decode(request.encode(version=version), version=version)
+        self.sent.append(Sent(decoded, version, node_id, request_timeout_ms))
+        response = self.handlers[type(request)](decoded, node_id)
+        return type(response).decode(response.encode(version=version), version=version)
+
+
+class FakeAdmin:
+    def __init__(self, **config: Any) -> None:
+        self.config = config
+        self.closed = False
+        self._manager: ProtocolManager = FakeAdmin.next_manager
+
+    def close(self) -> None:
+        self.closed = True
+
+    next_manager: ProtocolManager
+
+
+def client(
+    monkeypatch: pytest.MonkeyPatch,
+    api_versions: dict[int, tuple[int, int]] | None = None,
+    node_ids: list[int] | None = None,
+) -> tuple[WireClient, ProtocolManager]:
+    manager = ProtocolManager(MODERN_BROKER if api_versions is None else api_versions, node_ids or [1])
+    FakeAdmin.next_manager = manager
+    monkeypatch.setattr(kafka, "KafkaAdminClient", FakeAdmin)
+    return WireClient({"bootstrap.servers": "b1:9092", "linger.ms": 5}, request_timeout_ms=7000), manager
+
+
+def test_wire_client_builds_the_admin_client_from_the_connection_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, _ = client(monkeypatch)
+    admin = c._admin
+    assert isinstance(admin, FakeAdmin)
+    assert admin.config == {"bootstrap_servers": ["b1:9092"], "client_id": "kafka2pc", "request_timeout_ms": 7000}
+    with c:
+        pass
+    assert admin.closed
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_end_txn_goes_to_the_coordinator_at_the_pinned_version(monkeypatch: pytest.MonkeyPatch, commit: bool) -> None:
+    c, m = client(monkeypatch)
+    m.handlers[EndTxnRequest] = lambda _req, _node: EndTxnResponse(throttle_time_ms=0, error_code=90)
+    assert c.end_txn(3, "orders-0", 4711, 5, commit=commit) == 90
+    [sent] = m.sent
+    assert (sent.version, sent.node_id, sent.request_timeout_ms) == (4, 3, 7000)
+    r = sent.request
+    assert (r.transactional_id, r.producer_id, r.producer_epoch, r.committed) == ("orders-0", 4711, 5, commit)
+
+
+def test_find_coordinators_batched_and_per_key_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = client(monkeypatch)
+    entry = FindCoordinatorResponse.Coordinator
+
+    def answer(req: Any, _node: int | None) -> Any:
+        return FindCoordinatorResponse(
+            throttle_time_ms=0,
+            coordinators=[
+                entry(key=req.coordinator_keys[0], node_id=2, host="b2", port=9092, error_code=0, error_message=None),
+                entry(key=req.coordinator_keys[1], node_id=-1, host="", port=-1, error_code=15, error_message="x"),
+            ],
+        )
+
+    m.handlers[FindCoordinatorRequest] = answer
+    assert c.find_transaction_coordinators(["orders-0", "orders-1"]) == {
+        "orders-0": Coordinator(2, 0),
+        "orders-1": Coordinator(-1, 15),
+    }
+    [sent] = m.sent
+    assert sent.version >= 4
+    assert (sent.request.key_type, sent.request.coordinator_keys) == (1, ["orders-0", "orders-1"])
+    assert c.find_transaction_coordinators([]) == {}
+    assert len(m.sent) == 1
+
+
+def test_find_coordinators_refuses_a_broker_without_batched_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, _ = client(monkeypatch, {**MODERN_BROKER, FIND_COORDINATOR: (0, 3)})
+    with pytest.raises(kafka.errors.IncompatibleBrokerVersion):
+        c.find_transaction_coordinators(["orders-0"])
+
+
+def test_describe_transactions_parses_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = client(monkeypatch)
+    row = DescribeTransactionsResponse.TransactionState
+
+    def answer(req: Any, _node: int | None) -> Any:
+        assert req.transactional_ids == ["orders-0", "orders-1"]
+        return DescribeTransactionsResponse(
+            throttle_time_ms=0,
+            transaction_states=[
+                row(
+                    error_code=0,
+                    transactional_id="orders-0",
+                    transaction_state="Ongoing",
+                    transaction_timeout_ms=900_000,
+                    transaction_start_time_ms=1_700_000_000_000,
+                    producer_id=4711,
+                    producer_epoch=5,
+                    topics=[row.TopicData(topic="b", partitions=[2, 0]), row.TopicData(topic="a", partitions=[1])],
+                ),
+                row(
+                    error_code=105,
+                    transactional_id="orders-1",
+                    transaction_state="",
+                    transaction_timeout_ms=0,
+                    transaction_start_time_ms=-1,
+                    producer_id=-1,
+                    producer_epoch=-1,
+                    topics=[],
+                ),
+            ],
+        )
+
+    m.handlers[DescribeTransactionsRequest] = answer
+    states = c.describe_transactions(4, ["orders-0", "orders-1"])
+    assert states["orders-0"] == TxnState(
+        "orders-0", 0, "Ongoing", 4711, 5, 900_000, 1_700_000_000_000, (("a", 1), ("b", 0), ("b", 2)), 4
+    )
+    assert states["orders-1"].error_code == 105
+    assert m.sent[0].node_id == 4
+
+
+@pytest.mark.parametrize(("list_max", "pattern_sent"), [(2, True), (1, False)])
+def test_list_transactions_asks_every_broker(
+    monkeypatch: pytest.MonkeyPatch, list_max: int, pattern_sent: bool
+) -> None:
+    c, m = client(monkeypatch, {**MODERN_BROKER, LIST_TRANSACTIONS: (0, list_max)}, node_ids=[2, 1])
+    row = ListTransactionsResponse.TransactionState
+
+    def answer(_req: Any, node: int | None) -> Any:
+        return ListTransactionsResponse(
+            throttle_time_ms=0,
+            error_code=0,
+            unknown_state_filters=[],
+            transaction_states=[row(transactional_id=f"orders-{node}", producer_id=node, transaction_state="Ongoing")],
+        )
+
+    m.handlers[ListTransactionsRequest] = answer
+    assert c.supports_list_pattern() is pattern_sent
+    listed = c.list_transactions(["Ongoing", "PrepareCommit"], "^orders\\-.*")
+    assert listed == [TxnListing("orders-1", 1, "Ongoing"), TxnListing("orders-2", 2, "Ongoing")]
+    assert [s.node_id for s in m.sent] == [1, 2]
+    for s in m.sent:
+        assert s.request.state_filters == ["Ongoing", "PrepareCommit"]
+        assert s.version == list_max
+        if pattern_sent:
+            assert s.request.transactional_id_pattern == "^orders\\-.*"
+
+
+def test_list_transactions_error_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = client(monkeypatch)
+    m.handlers[ListTransactionsRequest] = lambda _req, _node: ListTransactionsResponse(
+        throttle_time_ms=0, error_code=15, unknown_state_filters=[], transaction_states=[]
+    )
+    with pytest.raises(kafka.errors.CoordinatorNotAvailableError):
+        c.list_transactions(["Ongoing"], None)
+
+
+@pytest.mark.parametrize(("init_pid_max", "kip939"), [(5, False), (6, True)])
+def test_kip939_is_detected_from_api_versions(monkeypatch: pytest.MonkeyPatch, init_pid_max: int, kip939: bool) -> None:
+    c, _ = client(monkeypatch, {**MODERN_BROKER, INIT_PRODUCER_ID: (0, init_pid_max)})
+    assert c.supports_kip939() is kip939
+
+
+# --- the transaction core stays free of Airflow and Spark ----------------------------------------
+
+
+def test_txn_package_imports_neither_airflow_nor_pyspark() -> None:
+    script = textwrap.dedent(
+        """
+        import importlib, pkgutil, sys
+        import airflow_provider_kafka2pc.txn as txn
+        names = [m.name for m in pkgutil.iter_modules(txn.__path__)]
+        assert len(names) >= 11, names
+        for name in names:
+            importlib.import_module(f"airflow_provider_kafka2pc.txn.{name}")
+        heavy = sorted(
+            m for m in sys.modules
+            if m.split(".")[0] in ("airflow", "pyspark", "py4j", "pandas", "pyarrow")
+        )
+        print(len(names), heavy)
+        sys.exit(1 if heavy else 0)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
