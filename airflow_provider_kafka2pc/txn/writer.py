@@ -35,37 +35,18 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 _STATS_INTERVAL_MS = 1000
 
 
-class TransactionalWriter:
-    """Writes one transaction; use ``open()``, ``produce()`` …, then ``prepare()``."""
+class DeliveryWriter:
+    """A producer that counts every delivery report and proves, at flush, that all arrived.
 
-    def __init__(
-        self,
-        producer_config: Mapping[str, Any],
-        transactional_id: str,
-        transaction_timeout_ms: int | None = None,
-        init_timeout_s: float = 60.0,
-    ) -> None:
-        self.transactional_id = transactional_id
-        self._config = {**PRODUCER_DEFAULTS, **producer_config}
-        if transaction_timeout_ms is None:
-            transaction_timeout_ms = int(
-                self._config.get("transaction.timeout.ms") or broker_max_transaction_timeout_ms(producer_config)
-            )
-        self.transaction_timeout_ms = transaction_timeout_ms
-        self._config.update(
-            {
-                "transactional.id": transactional_id,
-                "transaction.timeout.ms": transaction_timeout_ms,
-                "enable.idempotence": True,
-                "acks": "all",
-                "statistics.interval.ms": _STATS_INTERVAL_MS,
-                "stats_cb": self._on_stats,
-                "on_delivery": self._on_delivery,
-            }
-        )
+    Used as is for AT_LEAST_ONCE (idempotent) and NONE; ``TransactionalWriter`` adds the
+    transaction around it.
+    """
+
+    def __init__(self, producer_config: Mapping[str, Any], name: str, init_timeout_s: float = 60.0) -> None:
+        self.name = name
+        self._config: dict[str, Any] = {**PRODUCER_DEFAULTS, **producer_config, "on_delivery": self._on_delivery}
         self._init_timeout_s = init_timeout_s
         self._producer: Any = None
-        self._eos: tuple[int, int] = (-1, -1)
         self.records = 0
         self.bytes = 0
         self.delivered = 0
@@ -74,9 +55,7 @@ class TransactionalWriter:
         self._partitions: set[tuple[str, int]] = set()
         self._counts: dict[str, int] = {}
         self._first_write_ms: int | None = None
-        self._prepared = False
 
-    # -- callbacks (run inside poll/flush on this thread) ----------------------
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.failed += 1
@@ -86,27 +65,10 @@ class TransactionalWriter:
         self.delivered += 1
         self._partitions.add((msg.topic(), msg.partition()))
 
-    def _release(self) -> None:
-        # Dropping the last reference destroys the librdkafka handle, which (unlike close())
-        # leaves the transaction open: every real-broker test proves it, as each writer
-        # process prepares, drops its producer and exits.
-        self._producer = None
-
-    def _on_stats(self, raw: str) -> None:
-        eos = json.loads(raw).get("eos") or {}
-        pid, epoch = int(eos.get("producer_id", -1)), int(eos.get("producer_epoch", -1))
-        if pid >= 0:
-            self._eos = (pid, epoch)
-
-    # -- the transaction ---------------------------------------------------------
-    def open(self) -> TransactionalWriter:
+    def open(self) -> DeliveryWriter:
         from confluent_kafka import Producer
 
         self._producer = Producer(self._config)
-        # InitProducerId bumps the epoch: an older writer of this id (a failed Spark task
-        # attempt, the previous POOLING run) is fenced and its open transaction aborted.
-        self._producer.init_transactions(self._init_timeout_s)
-        self._producer.begin_transaction()
         return self
 
     def produce(
@@ -137,21 +99,80 @@ class TransactionalWriter:
         if self.records % 10_000 == 0:
             p.poll(0)
 
+    def flush_and_verify(self) -> None:
+        """Flush; raise ``DeliveryError`` unless every record was acknowledged."""
+        remaining = self._producer.flush(self._init_timeout_s)
+        if remaining or self.failed or self.delivered != self.records:
+            raise DeliveryError(
+                self.name,
+                self.failed + remaining or self.records - self.delivered,
+                self._first_error or f"{remaining} record(s) still queued after flush",
+            )
+
+    @property
+    def counts_by_topic(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def _release(self) -> None:
+        # Dropping the last reference destroys the librdkafka handle, which (unlike close())
+        # leaves a transaction open: every real-broker test proves it, as each writer
+        # process prepares, drops its producer and exits.
+        self._producer = None
+
+
+class TransactionalWriter(DeliveryWriter):
+    """Writes one transaction; use ``open()``, ``produce()`` …, then ``prepare()``."""
+
+    def __init__(
+        self,
+        producer_config: Mapping[str, Any],
+        transactional_id: str,
+        transaction_timeout_ms: int | None = None,
+        init_timeout_s: float = 60.0,
+    ) -> None:
+        super().__init__(producer_config, transactional_id, init_timeout_s)
+        self.transactional_id = transactional_id
+        if transaction_timeout_ms is None:
+            transaction_timeout_ms = int(
+                self._config.get("transaction.timeout.ms") or broker_max_transaction_timeout_ms(producer_config)
+            )
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._config.update(
+            {
+                "transactional.id": transactional_id,
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "enable.idempotence": True,
+                "acks": "all",
+                "statistics.interval.ms": _STATS_INTERVAL_MS,
+                "stats_cb": self._on_stats,
+            }
+        )
+        self._eos: tuple[int, int] = (-1, -1)
+        self._prepared = False
+
+    def _on_stats(self, raw: str) -> None:
+        eos = json.loads(raw).get("eos") or {}
+        pid, epoch = int(eos.get("producer_id", -1)), int(eos.get("producer_epoch", -1))
+        if pid >= 0:
+            self._eos = (pid, epoch)
+
+    def open(self) -> TransactionalWriter:
+        super().open()
+        # InitProducerId bumps the epoch: an older writer of this id (a failed Spark task
+        # attempt, the previous POOLING run) is fenced and its open transaction aborted.
+        self._producer.init_transactions(self._init_timeout_s)
+        self._producer.begin_transaction()
+        return self
+
     def prepare(self, stats_timeout_s: float = 5.0) -> Committable | None:
         """Flush and vote yes: every record acknowledged, the transaction still open.
 
         Returns None when nothing was written (an empty transaction needs no commit)."""
         if self._prepared:
             raise Kafka2PCError(f"{self.transactional_id!r} is already prepared")
-        p = self._producer
-        remaining = p.flush(self._init_timeout_s)
-        if remaining or self.failed or self.delivered != self.records:
-            raise DeliveryError(
-                self.transactional_id,
-                self.failed + remaining or self.records - self.delivered,
-                self._first_error or f"{remaining} record(s) still queued after flush",
-            )
+        self.flush_and_verify()
         self._prepared = True
+        p = self._producer
         if self.records == 0:
             self._release()
             return None
@@ -171,7 +192,7 @@ class TransactionalWriter:
             topic_partitions=tuple(sorted(self._partitions)),
             first_write_ms=self._first_write_ms,
             transaction_timeout_ms=self.transaction_timeout_ms,
-            counts_by_topic=dict(self._counts),
+            counts_by_topic=self.counts_by_topic,
         )
 
 

@@ -1,0 +1,1 @@
+"""The Spark side of the export: the partition writer job (prepare phase)."""

@@ -1,0 +1,151 @@
+"""The Spark prepare job on real pyspark (local mode with task retries) and the real broker."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_provider_kafka2pc.spark.contract import SchemaError
+from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.resume import commit_prepared
+from tests.helpers.kafka import KafkaEnv
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run in this venv, like the driver
+    # local[2, 4]: two cores, and a failed task is retried up to 4 times, as on a cluster.
+    session = (
+        SparkSession.builder.master("local[2, 4]")
+        .appName("kafka2pc-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def _settings(env: KafkaEnv, topic: str, **kw: Any) -> ExportSettings:
+    return ExportSettings(f"s{uuid.uuid4().hex[:8]}", env.config, topic, **kw)
+
+
+def _log(env: KafkaEnv) -> DecisionLog:
+    return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
+
+
+def test_one_million_rows_exactly_once(spark: Any, kafka: KafkaEnv) -> None:
+    topic = kafka.topic(4)
+    df = spark.range(1_000_000, numPartitions=4).selectExpr(
+        "cast(id as string) as key", "concat('value-', cast(id as string)) as value"
+    )
+    s = _settings(kafka, topic)
+    result = export_dataframe(df, s)
+    assert result.records == 1_000_000 and len(result.committables) == 4
+    assert result.counts_by_topic == {topic: 1_000_000}
+    assert kafka.read_committed(topic) == []  # prepared, not visible
+    assert len(kafka.open_transactions(s.transactional_id_prefix)) == 4
+
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="m1")
+    records = kafka.read_committed(topic, timeout_s=120)
+    keys = {r.key for r in records}
+    assert len(records) == 1_000_000 and len(keys) == 1_000_000
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_failed_task_is_fenced_by_its_retry_and_the_result_is_exactly_once(spark: Any, kafka: KafkaEnv) -> None:
+    topic = kafka.topic(2)
+    df = spark.range(20_000, numPartitions=2).selectExpr(
+        "cast(cast(id as string) as binary) as key", "cast(id as string) as value"
+    )
+    s = _settings(kafka, topic, fail_first_attempt=(1, 3_000))
+    result = export_dataframe(df, s)
+    assert result.records == 20_000 and len(result.committables) == 2
+    assert result.retried == (1,)  # partition 1 succeeded on a later attempt, with the same id
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="f1")
+    records = kafka.read_committed(topic)
+    assert len(records) == 20_000 and len({r.key for r in records}) == 20_000
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_empty_partitions_open_no_transaction(spark: Any, kafka: KafkaEnv) -> None:
+    topic = kafka.topic(1)
+    df = spark.range(10, numPartitions=5).where("id < 3").selectExpr("cast(id as string) as value")
+    s = _settings(kafka, topic)
+    result = export_dataframe(df, s)
+    assert result.records == 3 and len(result.committables) == result.partitions <= 3
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="e1")
+    assert sorted(r.value for r in kafka.read_committed(topic)) == [b"0", b"1", b"2"]
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+@pytest.mark.parametrize(
+    "select, message",
+    [
+        (["cast(id as string) as key"], "'value' column is required"),
+        (["cast(id as string) as value", "id as extra"], "unexpected column"),
+        (["id as value"], "must be binary or string"),
+        (["cast(id as string) as value", "id as topic"], "'topic' must be string"),
+    ],
+)
+def test_bad_schema_is_refused_before_anything_is_written(
+    spark: Any, kafka: KafkaEnv, select: list[str], message: str
+) -> None:
+    topic = kafka.topic(1)
+    s = _settings(kafka, topic)
+    with pytest.raises(SchemaError, match=message):
+        export_dataframe(spark.range(10).selectExpr(*select), s)
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+    assert kafka.read_committed(topic) == []
+
+
+def test_oversized_record_fails_the_prepare_and_the_abort_leaves_nothing(spark: Any, kafka: KafkaEnv) -> None:
+    topic = kafka.topic(2)
+    # 2 MB value on row 500 of 1000: larger than the producer's message.max.bytes (1 MB).
+    df = spark.range(1000, numPartitions=2).selectExpr(
+        "cast(id as string) as key", "if(id = 500, repeat('x', 2000000), cast(id as string)) as value"
+    )
+    s = _settings(kafka, topic)
+    with pytest.raises(Exception, match=r"MSG_SIZE_TOO_LARGE|too large"):
+        export_dataframe(df, s)
+    # What the abort task does: resolve every open transaction of the prefix without a decision.
+    recover(kafka.wire, s.transactional_id_prefix, _log(kafka))
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+    assert kafka.read_committed(topic) == []
+
+
+@pytest.mark.parametrize("guarantee", [DeliveryGuarantee.AT_LEAST_ONCE, DeliveryGuarantee.NONE])
+def test_non_transactional_guarantees_write_everything_without_transactions(
+    spark: Any, kafka: KafkaEnv, guarantee: DeliveryGuarantee
+) -> None:
+    topic = kafka.topic(2)
+    df = spark.range(5000, numPartitions=3).selectExpr("cast(id as string) as key", "cast(id as string) as value")
+    s = _settings(kafka, topic, delivery_guarantee=guarantee)
+    result = export_dataframe(df, s)
+    assert result.committables == () and result.records == 5000
+    assert len(kafka.read_committed(topic)) == 5000
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_records_without_a_topic_fail_clearly(spark: Any, kafka: KafkaEnv) -> None:
+    topic = kafka.topic(1)
+    df = spark.range(4, numPartitions=1).selectExpr(
+        "cast(id as string) as value", f"if(id = 2, null, '{topic}') as topic"
+    )
+    s = ExportSettings(f"s{uuid.uuid4().hex[:8]}", kafka.config, None)
+    with pytest.raises(Exception, match="no topic"):
+        export_dataframe(df, s)
+    recover(kafka.wire, s.transactional_id_prefix, _log(kafka))
+    assert kafka.read_committed(topic) == []
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
