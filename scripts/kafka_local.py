@@ -51,9 +51,13 @@ STOP_TIMEOUT_S = 30.0
 STATE_FILE = "cluster.json"
 STARTED_MESSAGE = "Kafka Server started"
 
+# C1 only: on 2 cores three JVMs starting at once spend their time in the C2
+# compiler; without it a 3-node cluster is up in ~7 s instead of ~10 s, and test
+# traffic is far too small to miss C2.
 BROKER_JVM_OPTS: tuple[str, ...] = (
     "-Xms128m",
     "-Xmx512m",
+    "-XX:TieredStopAtLevel=1",
     "-XX:+UseG1GC",
     "-XX:MaxGCPauseMillis=20",
     "-Djava.awt.headless=true",
@@ -117,6 +121,7 @@ class NodeState(TypedDict):
     port: int
     controller_port: int
     pid: int | None
+    pid_start_ticks: int | None
     dir: str
     log_dir: str
     data_dir: str
@@ -136,6 +141,15 @@ class ClusterState(TypedDict):
     tools_log4j_config: str
     java: str
     nodes: list[NodeState]
+
+
+class ClusterStatus(ClusterState):
+    alive: dict[str, bool]
+
+
+# Handles of the JVMs started by this process. Keeping them means Python neither
+# warns that a collected handle's child still runs nor leaves exited JVMs as zombies.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _log(message: str) -> None:
@@ -187,9 +201,7 @@ def _fetch_profile(profile: str, libs: Path, properties: Mapping[str, str]) -> N
         _log(f"fetching {profile} jars into {libs}")
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not any(libs.glob("*.jar")):
-            raise KafkaLocalError(
-                f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
-            )
+            raise KafkaLocalError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
         marker.write_text(json.dumps(wanted, indent=2) + "\n")
 
 
@@ -222,30 +234,60 @@ def _classpath(libs: str | Path) -> str:
     return f"{libs}/*"
 
 
-def _pid_alive(pid: int | None, config: str) -> bool:
-    """Whether ``pid`` is still the live JVM of this node (pids get reused)."""
+def _proc_info(pid: int) -> tuple[int, bool] | None:
+    """(start time in clock ticks after boot, has exited) of ``pid``; None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces
+    exited = False
+    if fields[0] in ("Z", "X"):
+        # A JVM's main thread can be a zombie while its other threads still run
+        # (and hold the ports); only a zombie without them has exited.
+        try:
+            exited = os.listdir(f"/proc/{pid}/task") == [str(pid)]
+        except FileNotFoundError:
+            exited = True
+    return int(fields[19]), exited
+
+
+def _alive(node: NodeState) -> bool:
+    """Whether the node's recorded JVM still runs.
+
+    The process start time, not the command line, tells it apart from a later
+    process with the same pid: /proc/PID/cmdline reads empty for a moment while
+    the new JVM is still being exec'ed.
+    """
+    pid = node["pid"]
     if not pid:
         return False
-    # A JVM started by this very process stays a zombie until reaped.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    proc = Path(f"/proc/{pid}")
-    if not Path("/proc/self").exists():
+    child = _CHILDREN.get(pid)
+    if not Path("/proc/self").exists():  # no procfs (macOS): best effort
+        if child is not None:
+            return child.poll() is None
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
+        except OSError:
             return False
         return True
-    try:
-        stat = (proc / "stat").read_text()
-        cmdline = (proc / "cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
+    info = _proc_info(pid)
+    if info is None:
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+    start_ticks = node.get("pid_start_ticks")
+    if start_ticks is None:  # state written before start times were recorded
+        with contextlib.suppress(OSError):
+            if node["config"].encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                start_ticks = info[0]
+    if info[0] != start_ticks:
         return False
-    return config.encode() in cmdline.split(b"\0")
+    if child is not None:
+        # Our own child: waitpid is exact, and reaps it.
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
+    return not info[1]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -354,7 +396,8 @@ def _stdout_log(node: NodeState) -> Path:
     return Path(node["log_dir"]) / "stdout.log"
 
 
-def _launch(state: ClusterState, node: NodeState) -> int:
+def _launch(state: ClusterState, node: NodeState) -> None:
+    """Start the node's JVM detached and record its pid in ``node``."""
     log_dir = Path(node["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [
@@ -376,7 +419,10 @@ def _launch(state: ClusterState, node: NodeState) -> int:
             cwd=node["dir"],
             start_new_session=True,
         )
-    return process.pid
+    _CHILDREN[process.pid] = process
+    node["pid"] = process.pid
+    info = _proc_info(process.pid)
+    node["pid_start_ticks"] = info[0] if info else None
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -475,9 +521,7 @@ def _log_has_started(node: NodeState, offset: int) -> bool:
         return False
 
 
-def _wait_ready(
-    state: ClusterState, starting: Mapping[int, int], timeout: float
-) -> None:
+def _wait_ready(state: ClusterState, starting: Mapping[int, int], timeout: float) -> None:
     """Wait until the nodes in ``starting`` (id -> server.log offset) are up and
     every live node's metadata lists every live broker."""
     deadline = time.monotonic() + timeout
@@ -485,14 +529,12 @@ def _wait_ready(
     while True:
         for node_id in list(pending):
             node = _node(state, node_id)
-            if not _pid_alive(node["pid"], node["config"]):
-                raise KafkaLocalError(
-                    f"node {node_id} exited while starting\n{_logs_tail([node])}"
-                )
+            if not _alive(node):
+                raise KafkaLocalError(f"node {node_id} exited while starting\n{_logs_tail([node])}")
             if _accepts_tcp(node["port"]) and _log_has_started(node, pending[node_id]):
                 del pending[node_id]
         if not pending:
-            live = [n for n in state["nodes"] if _pid_alive(n["pid"], n["config"])]
+            live = [n for n in state["nodes"] if _alive(n)]
             wanted = {n["id"] for n in live}
             try:
                 if all(metadata_broker_ids(n["port"]) >= wanted for n in live):
@@ -517,7 +559,7 @@ def _prepare_dir(directory: Path) -> None:
     state_path = directory / STATE_FILE
     if state_path.exists():
         old = load_state(directory)
-        alive = [n["id"] for n in old["nodes"] if _pid_alive(n["pid"], n["config"])]
+        alive = [n["id"] for n in old["nodes"] if _alive(n)]
         if alive:
             raise KafkaLocalError(f"{directory} still runs nodes {alive}; stop it first")
         for node in old["nodes"]:
@@ -563,6 +605,7 @@ def start_cluster(
                     port=ports[2 * index],
                     controller_port=ports[2 * index + 1],
                     pid=None,
+                    pid_start_ticks=None,
                     dir=str(node_dir),
                     log_dir=str(node_dir / "logs"),
                     data_dir=str(node_dir / "data"),
@@ -583,6 +626,8 @@ def start_cluster(
             java=_java(),
             nodes=nodes,
         )
+        # Written before anything can fail, so a retry recognises and clears the dir.
+        _write_json(root / STATE_FILE, state)
         Path(state["tools_log4j_config"]).write_text(TOOLS_LOG4J2)
         for node in nodes:
             Path(node["log_dir"]).mkdir(parents=True)
@@ -593,7 +638,7 @@ def start_cluster(
         _format_storage(state)
         try:
             for node in nodes:
-                node["pid"] = _launch(state, node)
+                _launch(state, node)
             _write_json(root / STATE_FILE, state)
             _wait_ready(state, {n["id"]: 0 for n in nodes}, timeout)
         except BaseException:
@@ -645,23 +690,26 @@ def _format_storage(state: ClusterState) -> None:
 
 def _stop_nodes(state: ClusterState, nodes: Sequence[NodeState], timeout: float) -> None:
     """SIGTERM the nodes together (a controlled shutdown), SIGKILL what outlives ``timeout``."""
-    live = [n for n in nodes if _pid_alive(n["pid"], n["config"])]
+    live = [n for n in nodes if _alive(n)]
     for node in live:
         with contextlib.suppress(ProcessLookupError):
             os.kill(node["pid"] or 0, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while live and time.monotonic() < deadline:
         time.sleep(0.1)
-        live = [n for n in live if _pid_alive(n["pid"], n["config"])]
+        live = [n for n in live if _alive(n)]
     for node in live:
         _log(f"node {node['id']} ignored SIGTERM for {timeout:.0f}s; killing it")
         with contextlib.suppress(ProcessLookupError):
             os.kill(node["pid"] or 0, signal.SIGKILL)
-    while live:
+    deadline = time.monotonic() + 10.0
+    while live and time.monotonic() < deadline:
         time.sleep(0.05)
-        live = [n for n in live if _pid_alive(n["pid"], n["config"])]
+        live = [n for n in live if _alive(n)]
+    if live:
+        raise KafkaLocalError(f"nodes {[n['id'] for n in live]} survived SIGKILL")
     for node in nodes:
-        node["pid"] = None
+        node["pid"] = node["pid_start_ticks"] = None
 
 
 def stop_cluster(directory: str | Path, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -682,19 +730,17 @@ def stop_node(directory: str | Path, node: int, timeout: float = STOP_TIMEOUT_S)
         _write_json(root / STATE_FILE, state)
 
 
-def start_node(
-    directory: str | Path, node: int, timeout: float = READY_TIMEOUT_S
-) -> NodeState:
+def start_node(directory: str | Path, node: int, timeout: float = READY_TIMEOUT_S) -> NodeState:
     """Start a stopped node again with its config and data, waiting until it is up."""
     root = Path(directory).resolve()
     with _locked(root / ".kafka-local.lock"):
         state = load_state(root)
         entry = _node(state, node)
-        if _pid_alive(entry["pid"], entry["config"]):
+        if _alive(entry):
             raise KafkaLocalError(f"node {node} is already running (pid {entry['pid']})")
         log = _server_log(entry)
         offset = log.stat().st_size if log.exists() else 0
-        entry["pid"] = _launch(state, entry)
+        _launch(state, entry)
         _write_json(root / STATE_FILE, state)
         try:
             _wait_ready(state, {node: offset}, timeout)
@@ -705,11 +751,11 @@ def start_node(
     return entry
 
 
-def status(directory: str | Path) -> dict[str, object]:
-    """``cluster.json`` plus whether each node's JVM is alive."""
+def status(directory: str | Path) -> ClusterStatus:
+    """``cluster.json`` plus whether each node's JVM is alive (keyed by node id)."""
     state = load_state(directory)
-    alive = {str(n["id"]): _pid_alive(n["pid"], n["config"]) for n in state["nodes"]}
-    return {**state, "alive": alive}
+    info: ClusterStatus = {**state, "alive": {str(n["id"]): _alive(n) for n in state["nodes"]}}
+    return info
 
 
 def run_tool(
@@ -844,12 +890,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "status":
             info = status(args.dir)
             print(json.dumps(info, indent=2))
-            return 0 if all(info["alive"].values()) else 1  # type: ignore[attr-defined]
+            return 0 if all(info["alive"].values()) else 1
         elif args.command == "tool":
             return run_tool(args.dir, args.cls, args.args, capture=False, timeout=None).returncode
     except KafkaLocalError as exc:
         _log(f"error: {exc}")
         return 1
+    except KeyboardInterrupt:  # e.g. ending a console consumer
+        return 130
     return 0
 
 
