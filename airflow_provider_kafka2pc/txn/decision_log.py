@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.config import connection_only
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
 from airflow_provider_kafka2pc.txn.naming import validate_prefix
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 
@@ -129,7 +129,12 @@ class DecisionLog:
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
         admin = AdminClient(connection_only(self._config))
-        md = admin.list_topics(timeout=self._timeout_s)
+        try:
+            md = admin.list_topics(timeout=self._timeout_s)
+        except KafkaException as e:
+            raise BrokerUnavailableError(
+                f"cannot reach Kafka at {self._config.get('bootstrap.servers')} for the decision log: {e}"
+            ) from e
         if self.topic not in md.topics:
             rf = self._replication_factor or min(3, len(md.brokers))
             new = NewTopic(

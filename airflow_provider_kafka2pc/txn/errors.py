@@ -46,8 +46,8 @@ class CoordinatorError(Kafka2PCError):
     """The transaction coordinator could not be reached or kept answering retriable errors."""
 
 
-class DeadlineExceededError(Kafka2PCError):
-    """A committable is already past its transaction timeout: the broker has aborted it or will."""
+class BrokerUnavailableError(Kafka2PCError):
+    """Kafka could not be reached at all; nothing was changed on the broker."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
+
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
 # v0..3). EndTxn v5 would ask the coordinator for version-2 rules (epoch bump on every end),
 # which would not match the transaction librdkafka started. Pin it, and keep it pinned on retry.
@@ -88,13 +90,22 @@ def kafka_python_config(librdkafka_config: Mapping[str, Any]) -> dict[str, Any]:
 class WireClient:
     """A kafka-python admin connection used for the raw transaction APIs."""
 
-    def __init__(self, config: Mapping[str, Any], request_timeout_ms: int = 15000) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], request_timeout_ms: int = 15000, bootstrap_timeout_ms: int = 30000
+    ) -> None:
         from kafka import KafkaAdminClient
 
         cfg = kafka_python_config(config)
         cfg.setdefault("client_id", "kafka2pc")
         self._request_timeout_ms = request_timeout_ms
-        self._admin = KafkaAdminClient(request_timeout_ms=request_timeout_ms, **cfg)
+        try:
+            self._admin = KafkaAdminClient(
+                request_timeout_ms=request_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms, **cfg
+            )
+        except Exception as e:
+            raise BrokerUnavailableError(
+                f"cannot reach Kafka at {','.join(cfg['bootstrap_servers'])} within {bootstrap_timeout_ms} ms: {e}"
+            ) from e
         self._manager = self._admin._manager  # private: the async connection manager
 
     def close(self) -> None:

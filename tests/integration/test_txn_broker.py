@@ -271,3 +271,38 @@ def test_f_recovery_commits_decided_aborts_the_rest_and_leaves_other_prefixes_al
         recover(kafka.wire, q, log)
         assert kafka.open_transactions(q) == []
     assert {r.key for r in kafka.read_committed(topic)} == want
+
+
+# -- bad input: colliding prefix, broker down ---------------------------------------------
+
+
+def test_a_prefix_claimed_by_another_exporter_is_refused(kafka: KafkaEnv) -> None:
+    from airflow_provider_kafka2pc.txn.errors import PrefixCollisionError
+
+    log, prefix = _log(kafka), _prefix()
+    log.claim_prefix(prefix, "dag_a.export")
+    log.claim_prefix(prefix, "dag_a.export")  # the owner again: fine
+    with pytest.raises(PrefixCollisionError, match=r"dag_a\.export"):
+        DecisionLog(kafka.config, topic=log.topic).claim_prefix(prefix, "dag_b.export")
+    DecisionLog(kafka.config, topic=log.topic).claim_prefix(prefix + "2", "dag_b.export")  # a different prefix
+
+
+def test_a_broker_that_is_down_gives_a_clear_error_and_loses_nothing(kafka: KafkaEnv) -> None:
+    import socket
+
+    from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
+    from airflow_provider_kafka2pc.txn.wire import WireClient
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = {"bootstrap.servers": f"127.0.0.1:{s.getsockname()[1]}"}
+    topic, prefix = kafka.topic(), _prefix()
+    c = prepare_in_subprocess(kafka, f"{prefix}-0", generate(topic, 100))
+    with pytest.raises(BrokerUnavailableError, match=r"cannot reach Kafka at 127\.0\.0\.1"):
+        WireClient(dead, bootstrap_timeout_ms=2000)
+    with pytest.raises(BrokerUnavailableError, match="decision log"):
+        DecisionLog(dead, timeout_s=2).read()
+    # The prepared transaction is untouched and still commits once the broker is back.
+    assert kafka.describe(c.transactional_id)[c.transactional_id].state == "Ongoing"  # type: ignore[union-attr]
+    commit_prepared([c], kafka.wire, _log(kafka), run="down")
+    assert len(kafka.read_committed(topic)) == 100

@@ -226,7 +226,12 @@ def test_wire_client_builds_the_admin_client_from_the_connection_settings(monkey
     c, _ = client(monkeypatch)
     admin = c._admin
     assert isinstance(admin, FakeAdmin)
-    assert admin.config == {"bootstrap_servers": ["b1:9092"], "client_id": "kafka2pc", "request_timeout_ms": 7000}
+    assert admin.config == {
+        "bootstrap_servers": ["b1:9092"],
+        "client_id": "kafka2pc",
+        "request_timeout_ms": 7000,
+        "bootstrap_timeout_ms": 30000,
+    }
     with c:
         pass
     assert admin.closed
