@@ -306,3 +306,26 @@ def test_a_broker_that_is_down_gives_a_clear_error_and_loses_nothing(kafka: Kafk
     assert kafka.describe(c.transactional_id)[c.transactional_id].state == "Ongoing"  # type: ignore[union-attr]
     commit_prepared([c], kafka.wire, _log(kafka), run="down")
     assert len(kafka.read_committed(topic)) == 100
+
+
+def test_kafkas_own_tools_see_what_kafka2pc_does(kafka: KafkaEnv) -> None:
+    """TransactionsCommand lists the prepared transaction; the console consumer (read_committed)
+    sees nothing before the commit and every record after it."""
+    from tests.helpers.kafka import kafka_local
+
+    kl = kafka_local()
+    topic, prefix = kafka.topic(1), _prefix()
+    c = prepare_in_subprocess(kafka, f"{prefix}-0", generate(topic, 5))
+    listed = kl.run_tool(kafka.directory, "transactions", ["list"])
+    assert listed.returncode == 0, listed.stderr
+    assert c.transactional_id in listed.stdout and "Ongoing" in listed.stdout
+    described = kl.run_tool(kafka.directory, "transactions", ["describe", "--transactional-id", c.transactional_id])
+    assert str(c.producer_id) in described.stdout and str(c.producer_epoch) in described.stdout
+
+    def console() -> list[str]:
+        args = ["--topic", topic, "--from-beginning", "--isolation-level", "read_committed", "--timeout-ms", "4000"]
+        return [ln for ln in kl.run_tool(kafka.directory, "console-consumer", args).stdout.splitlines() if ln]
+
+    assert console() == []
+    commit_prepared([c], kafka.wire, _log(kafka), run="tools")
+    assert sorted(console()) == sorted(f"value-{i}" for i in range(5))
