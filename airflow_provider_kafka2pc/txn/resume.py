@@ -86,7 +86,32 @@ class TransactionResolver:
         with ThreadPoolExecutor(
             max_workers=min(self.max_workers, len(refs)), thread_name_prefix="kafka2pc-endtxn"
         ) as ex:
-            return list(ex.map(lambda r: self._resolve_one(r, intent, observed[r.transactional_id][0]), refs))
+            resolutions = list(ex.map(lambda r: self._resolve_one(r, intent, observed[r.transactional_id][0]), refs))
+        self._await_markers(resolutions)
+        return resolutions
+
+    def _await_markers(self, resolutions: Sequence[Resolution], timeout_s: float = 30.0) -> None:
+        """Wait until the broker has written the markers of what was just ended.
+
+        EndTxn answers once the decision is in the transaction log (PrepareCommit/PrepareAbort);
+        the markers that make records visible to read_committed consumers follow. Returning
+        only after CompleteCommit means "commit succeeded" also means "the data is visible".
+        """
+        pending = {r.ref.transactional_id: r.ref for r in resolutions if r.outcome is not Verdict.LOST}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            states = self.inspector.describe(pending)
+            for tid, ref in list(pending.items()):
+                s = states.get(tid)
+                same = s is not None and (s.producer_id, s.producer_epoch) == (ref.producer_id, ref.producer_epoch)
+                if not same or s is None or s.state not in _IN_FLIGHT:
+                    del pending[tid]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                log.warning("transaction markers still pending after %.0f s: %s", timeout_s, sorted(pending))
+                return
+            time.sleep(0.02)
 
     def _resolve_one(self, ref: TxnRef, intent: Intent, obs: Observation) -> Resolution:
         codes: list[str] = []
@@ -149,6 +174,9 @@ class TransactionResolver:
             return code
 
         return retry(f"EndTxn({ref.transactional_id!r})", attempt, self.timeout_s)
+
+
+_IN_FLIGHT = ("PrepareCommit", "PrepareAbort")
 
 
 def _observe(ref: TxnRef, state: TxnState | None) -> Observation:

@@ -22,6 +22,7 @@ from airflow_provider_kafka2pc.txn.outcome import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_PRODUCER_EPOCH,
     INVALID_TXN_STATE,
+    NONE,
     NOT_COORDINATOR,
     NOT_ENOUGH_REPLICAS,
     PRODUCER_FENCED,
@@ -86,6 +87,22 @@ def test_open_transaction_is_ended_as_intended(broker: FakeBroker, intent: Inten
     [call] = broker.end_txn_calls
     assert (call.transactional_id, call.producer_id, call.producer_epoch) == ("orders-0", 77, 3)
     assert call.commit is (intent is Intent.COMMIT)
+
+
+def test_resolve_returns_only_once_the_markers_are_written(broker: FakeBroker, clock: FakeClock) -> None:
+    """EndTxn answers at PrepareCommit; visibility needs CompleteCommit, so resolve waits for it."""
+    [c] = prepared(broker, "orders-0", producer_id=77, producer_epoch=3)
+
+    def decided_not_yet_visible(b: FakeBroker) -> int:
+        preparing = txn_state("orders-0", "PrepareCommit", producer_id=77, producer_epoch=3)
+        b.upcoming_states["orders-0"] = [preparing, preparing, txn_state("orders-0", "CompleteCommit", 77, 3)]
+        return NONE
+
+    broker.end_txn_script["orders-0"] = [decided_not_yet_visible]
+    r = resolve_one(broker, c, Intent.COMMIT)
+    assert r.outcome is Verdict.COMMITTED
+    assert broker.state_of("orders-0") == "CompleteCommit"
+    assert broker.upcoming_states["orders-0"] == []  # every PrepareCommit answer was waited out
 
 
 @pytest.mark.parametrize(
