@@ -159,6 +159,7 @@ class DecisionLog:
             conf = dict(self._config)
             conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 0})
             self._producer = Producer(conf)
+            self._producer.list_topics(timeout=self._timeout_s)  # connect now, not on the first write
         return self._producer
 
     def write(self, records: Iterable[DecisionRecord]) -> None:
@@ -253,7 +254,8 @@ class DecisionLog:
             while pending:
                 if time.monotonic() > deadline:
                     raise DecisionLogError(f"timed out reading decision log {self.topic!r}")
-                for msg in consumer.consume(num_messages=10000, timeout=0.5):
+                # A short poll: a long one waits out its timeout whenever fewer records remain.
+                for msg in consumer.consume(num_messages=10000, timeout=0.02):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:

@@ -31,8 +31,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "message.max.bytes": 1_000_000,
     "max.in.flight.requests.per.connection": 5,
 }
-# Statistics carry the producer id and epoch (eos.producer_id/producer_epoch); 1 s is the granularity.
-_STATS_INTERVAL_MS = 1000
+# Statistics carry the producer id and epoch (eos.producer_id/producer_epoch); prepare() waits
+# for the first report, so the interval is a floor on every partition's prepare time.
+_STATS_INTERVAL_MS = 100
 
 
 class DeliveryWriter:
@@ -69,6 +70,9 @@ class DeliveryWriter:
         from confluent_kafka import Producer
 
         self._producer = Producer(self._config)
+        # Connect first: otherwise the first request (InitProducerId, or an idempotent
+        # producer's first batch) waits on librdkafka's ~0.5 s retry (benchmarks/README.md).
+        self._producer.list_topics(timeout=self._init_timeout_s)
         return self
 
     def produce(
