@@ -1,0 +1,196 @@
+"""Plumbing shared by the benchmarks: the package on the path, the broker, topics, counting."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def use_repo() -> None:
+    """Make ``airflow_provider_kafka2pc`` importable here and in Spark's Python workers.
+
+    The repository goes *after* any ``PYTHONPATH`` entry, so a scratch copy of the package put on
+    ``PYTHONPATH`` is what both the driver and the workers import.
+    """
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO) not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*parts, str(REPO)])
+
+
+def package_dir() -> str:
+    """Where this process imports ``airflow_provider_kafka2pc`` from."""
+    import airflow_provider_kafka2pc
+
+    return str(Path(airflow_provider_kafka2pc.__file__).parent)
+
+
+def kafka_local() -> ModuleType:
+    """The project's ``scripts/kafka_local.py``, imported by path (it is no package)."""
+    name = "kafka_local"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "kafka_local.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    """Yield ``bootstrap``, or start a 1-broker cluster in a temporary directory and stop it after."""
+    if bootstrap:
+        yield bootstrap
+        return
+    kl = kafka_local()
+    directory = Path(tempfile.mkdtemp(prefix="kafka2pc-bench-"))
+    state = kl.start_cluster(directory, brokers=1)
+    failed = True
+    try:
+        yield str(state["bootstrap_servers"])
+        failed = False
+    finally:
+        kl.stop_cluster(directory)
+        if failed:
+            print(f"broker logs kept in {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+class Kafka:
+    """Topics and read_committed counts on one cluster (confluent-kafka admin and consumer)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.bootstrap = bootstrap
+        self.config: dict[str, Any] = {"bootstrap.servers": bootstrap}
+        self._admin: Any = AdminClient(self.config)
+
+    def close(self) -> None:
+        """Drop the admin client (a librdkafka handle) before its broker goes away."""
+        self._admin = None
+
+    def topic(self, label: str, partitions: int = 4) -> str:
+        """Create a fresh topic and wait until every partition has a leader."""
+        from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+        name = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+        self._admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            md = self._admin.list_topics(name, timeout=10).topics[name]
+            leaders = [p.leader for p in md.partitions.values()]
+            if md.error is None and len(leaders) == partitions and min(leaders) >= 0:
+                return name
+            time.sleep(0.05)
+        raise RuntimeError(f"topic {name} got no leaders in 30 s")
+
+    def _end_offsets(self, topic: str, committed: bool) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        parts = self._admin.list_topics(topic, timeout=10).topics[topic].partitions
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = self._admin.list_offsets(
+            {TopicPartition(topic, p): latest for p in parts}, isolation_level=level, request_timeout=30
+        )
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+    def wait_stable(self, topic: str, timeout_s: float = 60.0) -> None:
+        """Wait until no transaction is open on ``topic`` (last stable offset = high watermark).
+
+        EndTxn returns before the coordinator has written every marker, so a consumer started
+        right after a commit could stop short of the end."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lso, hw = self._end_offsets(topic, True), self._end_offsets(topic, False)
+            if lso == hw:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic}: last stable offsets {lso} still behind {hw} after {timeout_s:.0f} s")
+            time.sleep(0.1)
+
+    def count_committed(self, topic: str, timeout_s: float = 300.0) -> int:
+        """How many records a read_committed consumer sees from the beginning to the end of ``topic``."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        self.wait_stable(topic)
+        consumer = Consumer(
+            {
+                **self.config,
+                "group.id": f"bench-count-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+                "max.partition.fetch.bytes": 8 << 20,
+            }
+        )
+        try:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+            pending = set(parts)
+            count = 0
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{topic}: counting did not reach the end of partitions {sorted(pending)}")
+                for msg in consumer.consume(100_000, 0.5):
+                    err = msg.error()
+                    if err is None:
+                        count += 1
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    else:
+                        raise RuntimeError(f"{topic}: {err}")
+            return count
+        finally:
+            consumer.close()
+
+
+class Phases:
+    """Seconds spent inside patched functions, by phase name: wall clock, and CPU of the calling thread.
+
+    On two cores shared with the broker and librdkafka's threads, wall clock includes waiting for
+    a core; the calling thread's CPU time is what the Python code itself costs."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def timing(self, owner: Any, attr: str, phase: str) -> Iterator[None]:
+        original = getattr(owner, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - started
+                self.cpu[phase] += time.thread_time() - cpu
+                self.calls[phase] += 1
+
+        setattr(owner, attr, timed)
+        try:
+            yield
+        finally:
+            setattr(owner, attr, original)

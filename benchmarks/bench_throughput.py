@@ -1,0 +1,232 @@
+"""The side-by-side throughput runs: each writes the same N records into its own fresh topic.
+
+(a)  raw librdkafka: one confluent-kafka Producer, pre-built bytes, flush
+(b)  Spark's built-in Kafka sink, as shipped (kafka-clients defaults)
+(b') Spark's Kafka sink with kafka2pc's producer tuning (an extra row, for a like-for-like view)
+(c)  kafka2pc EXACTLY_ONCE: export_dataframe (prepare) + commit_prepared
+(d)  kafka2pc AT_LEAST_ONCE: export_dataframe
+(s)  Spark → Arrow → Python workers and back, no Kafka: the floor of any mapInArrow writer (extra)
+
+Only the write is timed; the read_committed count that verifies each run is not.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench_env import Kafka, Phases
+from bench_txn import coordinator_phases
+
+LABELS: dict[str, str] = {
+    "a": "(a)  raw librdkafka loop",
+    "b": "(b)  Spark Kafka sink",
+    "b'": "(b') Spark Kafka sink, kafka2pc tuning",
+    "c": "(c)  kafka2pc EXACTLY_ONCE",
+    "d": "(d)  kafka2pc AT_LEAST_ONCE",
+    "s": "(s)  Spark mapInArrow only, no Kafka",
+}
+ORDER = ("a", "b", "b'", "c", "d", "s")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed run of one mode."""
+
+    mode: str
+    rows: int
+    payload_bytes: int
+    seconds: float
+    committed: int  # what a read_committed consumer counted afterwards; (s): rows the workers saw
+    topic: str
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        return self.committed == self.rows
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / self.seconds / 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(verified=self.verified, rows_per_s=round(self.rows_per_s), mb_per_s=round(self.mb_per_s, 2))
+        d["seconds"] = round(self.seconds, 4)
+        d["phases"] = {k: round(v, 4) for k, v in self.phases.items()}
+        return d
+
+
+class Runner:
+    """Runs the modes against one broker with one SparkSession and one set of records."""
+
+    def __init__(
+        self,
+        kafka: Kafka,
+        rows: int,
+        df: Any,
+        keys: list[bytes],
+        values: list[bytes],
+        payload_bytes: int,
+        decisions: str,
+    ) -> None:
+        """``df`` for the Spark modes, ``keys`` and ``values`` (``rows`` of each) for (a)."""
+        self.kafka = kafka
+        self.rows = rows
+        self.df = df
+        self.keys = keys
+        self.values = values
+        self.payload_bytes = payload_bytes
+        self.decision_topic = decisions
+
+    def run(self, mode: str) -> Sample:
+        runs: dict[str, Callable[[str], dict[str, float]]] = {
+            "a": self._raw,
+            "b": lambda t: self._spark_sink(t, tuned=False),
+            "b'": lambda t: self._spark_sink(t, tuned=True),
+            "c": self._exactly_once,
+            "d": self._at_least_once,
+            "s": self._spark_floor,
+        }
+        topic = self.kafka.topic(mode.replace("'", "p")) if mode != "s" else ""
+        gc.collect()
+        phases = runs[mode](topic)
+        seconds = phases.pop("total")
+        committed = self.kafka.count_committed(topic) if topic else int(phases.pop("rows"))
+        return Sample(mode, self.rows, self.payload_bytes, seconds, committed, topic, phases)
+
+    # (a) -------------------------------------------------------------------------------
+    def _raw(self, topic: str) -> dict[str, float]:
+        from confluent_kafka import Producer
+
+        from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
+
+        producer = Producer({**PRODUCER_DEFAULTS, **self.kafka.config, "acks": "all", "enable.idempotence": True})
+        # Connected and the producer id acquired before timing: (a) measures the produce loop itself.
+        producer.list_topics(topic, timeout=10)
+        keys, values, n = self.keys, self.values, self.rows
+        produce, poll = producer.produce, producer.poll
+        started = time.perf_counter()
+        for lo in range(0, n, 10_000):  # poll every 10,000 records, as DeliveryWriter does
+            for key, value in zip(keys[lo : lo + 10_000], values[lo : lo + 10_000], strict=True):
+                try:
+                    produce(topic, value, key)
+                except BufferError:
+                    _produce_when_room(producer, topic, value, key)
+            poll(0)
+        enqueued = time.perf_counter()
+        remaining = producer.flush(120)
+        done = time.perf_counter()
+        if remaining:
+            raise RuntimeError(f"(a): {remaining} records still queued after flush")
+        return {"total": done - started, "produce": enqueued - started, "flush": done - enqueued}
+
+    # (b), (b') ----------------------------------------------------------------------------
+    def _spark_sink(self, topic: str, tuned: bool) -> dict[str, float]:
+        writer = (
+            self.df.write.format("kafka").option("kafka.bootstrap.servers", self.kafka.bootstrap).option("topic", topic)
+        )
+        if tuned:
+            for key, value in SPARK_TUNING.items():
+                writer = writer.option(f"kafka.{key}", value)
+        started = time.perf_counter()
+        writer.save()
+        return {"total": time.perf_counter() - started}
+
+    # (c) ---------------------------------------------------------------------------------
+    def _exactly_once(self, topic: str) -> dict[str, float]:
+        from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+        from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+        from airflow_provider_kafka2pc.txn.outcome import Verdict
+        from airflow_provider_kafka2pc.txn.resume import commit_prepared
+        from airflow_provider_kafka2pc.txn.wire import WireClient
+
+        settings = ExportSettings(_prefix(), self.kafka.config, topic)
+        decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
+        decision_log.ensure_topic()
+        phases = Phases()
+        with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
+            started = time.perf_counter()
+            result = export_dataframe(self.df, settings)
+            prepared = time.perf_counter()
+            report = commit_prepared(
+                result.committables, wire, decision_log, run=f"bench-{settings.transactional_id_prefix}"
+            )
+            done = time.perf_counter()
+        decision_log.close()
+        if report.count(Verdict.COMMITTED) != len(result.committables) or result.records != self.rows:
+            raise RuntimeError(f"(c): {result.summary()} but {report.count(Verdict.COMMITTED)} committed")
+        return {
+            "total": done - started,
+            "prepare": prepared - started,
+            "commit": done - prepared,
+            "transactions": len(result.committables),
+            "commit:log_read": phases.seconds["decision log read"],
+            "commit:log_write": phases.seconds["decision log write"],
+            "commit:end_txn": phases.seconds["EndTxn (resolve)"],
+        }
+
+    # (d) ---------------------------------------------------------------------------------
+    def _at_least_once(self, topic: str) -> dict[str, float]:
+        from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, export_dataframe
+
+        settings = ExportSettings(
+            _prefix(), self.kafka.config, topic, delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE
+        )
+        started = time.perf_counter()
+        result = export_dataframe(self.df, settings)
+        done = time.perf_counter()
+        if result.records != self.rows:
+            raise RuntimeError(f"(d): {result.summary()}")
+        return {"total": done - started}
+
+    # (s) ---------------------------------------------------------------------------------
+    def _spark_floor(self, _topic: str) -> dict[str, float]:
+        """The same mapInArrow job shape as (c)/(d), whose Python side only counts the rows."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        def count(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            n = sum(b.num_rows for b in batches)
+            yield pa.RecordBatch.from_pylist([{"rows": n}], schema=pa.schema([("rows", pa.int64())]))
+
+        import pyarrow as pa
+
+        schema = from_arrow_schema(pa.schema([("rows", pa.int64())]))
+        started = time.perf_counter()
+        rows = sum(r["rows"] for r in self.df.mapInArrow(count, schema).collect())
+        return {"total": time.perf_counter() - started, "rows": rows}
+
+
+# kafka2pc's PRODUCER_DEFAULTS in kafka-clients terms, plus the same acks and idempotence.
+SPARK_TUNING: dict[str, str] = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    "linger.ms": "20",
+    "batch.size": "1000000",
+    "compression.type": "lz4",
+    "max.in.flight.requests.per.connection": "5",
+}
+
+
+def _prefix() -> str:
+    return f"bench{uuid.uuid4().hex[:8]}"
+
+
+def _produce_when_room(producer: Any, topic: str, value: bytes, key: bytes) -> None:
+    while True:
+        producer.poll(0.05)  # local queue full: let deliveries drain
+        try:
+            producer.produce(topic, value, key)
+            return
+        except BufferError:
+            continue

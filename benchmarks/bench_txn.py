@@ -1,0 +1,157 @@
+"""Latency of the coordinator's side: committing many prepared transactions, and recovery.
+
+Both prepare their transactions in this process with ``TransactionalWriter`` (many at once on a
+thread pool: each writer waits up to a second for librdkafka's statistics to learn its producer
+id), which is not timed; only ``commit_prepared`` and ``recover`` are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from bench_env import Kafka, Phases
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.txn.committable import Committable
+
+PREPARE_THREADS = 64
+
+
+@contextlib.contextmanager
+def coordinator_phases(phases: Phases) -> Iterator[None]:
+    """Time the parts of ``commit_prepared`` / ``recover`` (a resolve that describes first includes it)."""
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+    from airflow_provider_kafka2pc.txn.resume import TransactionResolver
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(phases.timing(DecisionLog, "read", "decision log read"))
+        stack.enter_context(phases.timing(DecisionLog, "write", "decision log write"))
+        stack.enter_context(phases.timing(TransactionInspector, "describe_prefix", "ListTransactions + Describe"))
+        stack.enter_context(phases.timing(TransactionResolver, "observe_all", "DescribeTransactions"))
+        stack.enter_context(phases.timing(TransactionResolver, "resolve", "EndTxn (resolve)"))
+        yield
+
+
+def _phases_dict(phases: Phases) -> dict[str, dict[str, float]]:
+    return {k: {"seconds": round(v, 4), "calls": phases.calls[k]} for k, v in phases.seconds.items()}
+
+
+def prepare_many(
+    kafka: Kafka, topic: str, prefix: str, count: int, records_each: int, timeout_ms: int
+) -> list[Committable]:
+    """``count`` open transactions ``{prefix}-0`` … of ``records_each`` records, like ``count`` Spark tasks."""
+    from airflow_provider_kafka2pc.txn import naming
+    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+
+    def one(slot: int) -> Committable:
+        writer = TransactionalWriter(kafka.config, naming.transactional_id(prefix, slot), timeout_ms).open()
+        for i in range(records_each):
+            writer.produce(topic, f"value-{slot}-{i}".encode(), f"{slot}-{i}".encode())
+        committable = writer.prepare()
+        assert committable is not None
+        return committable
+
+    with ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="bench-prepare") as pool:
+        return list(pool.map(one, range(count)))
+
+
+def commit_many(kafka: Kafka, decision_topic: str, count: int = 200, records_each: int = 10) -> dict[str, Any]:
+    """Time ``commit_prepared`` on ``count`` prepared transactions."""
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+    from airflow_provider_kafka2pc.txn.outcome import Verdict
+    from airflow_provider_kafka2pc.txn.resume import commit_prepared
+    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+
+    topic = kafka.topic("commit")
+    prefix = f"benchc{uuid.uuid4().hex[:6]}"
+    started = time.perf_counter()
+    committables = prepare_many(
+        kafka, topic, prefix, count, records_each, broker_max_transaction_timeout_ms(kafka.config)
+    )
+    prepare_s = time.perf_counter() - started
+    decision_log = DecisionLog(kafka.config, topic=decision_topic)
+    decision_log.ensure_topic()
+    phases = Phases()
+    with WireClient(kafka.config) as wire, coordinator_phases(phases):
+        started = time.perf_counter()
+        report = commit_prepared(committables, wire, decision_log, run=f"bench-{prefix}")
+        seconds = time.perf_counter() - started
+        still_open = TransactionInspector(wire).list_prefix(prefix)
+    decision_log.close()
+    committed = kafka.count_committed(topic)
+    return {
+        "transactions": count,
+        "records_each": records_each,
+        "seconds": round(seconds, 4),
+        "phases": _phases_dict(phases),
+        "prepare_seconds_untimed": round(prepare_s, 2),
+        "committed_transactions": report.count(Verdict.COMMITTED),
+        "still_open": len(still_open),
+        "read_committed": committed,
+        "verified": report.count(Verdict.COMMITTED) == count and not still_open and committed == count * records_each,
+    }
+
+
+def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_each: int = 1) -> dict[str, Any]:
+    """Time ``recover`` of ``count`` lingering transactions of one prefix.
+
+    Like a run that died between its COMMIT decision and the EndTxns, half of them carry a COMMIT
+    decision (recovery commits those); the other half have none, like a prepare that died
+    (recovery aborts those)."""
+    from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+    from airflow_provider_kafka2pc.txn.outcome import Verdict
+    from airflow_provider_kafka2pc.txn.recovery import recover
+    from airflow_provider_kafka2pc.txn.resume import ref_of
+    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+
+    topic = kafka.topic("recovery")
+    prefix = f"benchr{uuid.uuid4().hex[:6]}"
+    started = time.perf_counter()
+    committables = prepare_many(
+        kafka, topic, prefix, count, records_each, broker_max_transaction_timeout_ms(kafka.config)
+    )
+    decided = committables[: count // 2]
+    decision_log = DecisionLog(kafka.config, topic=decision_topic)
+    decision_log.record([ref_of(c) for c in decided], Decision.COMMIT, run=f"bench-{prefix}")
+    prepare_s = time.perf_counter() - started
+    phases = Phases()
+    with WireClient(kafka.config) as wire:
+        lingering = len(TransactionInspector(wire).list_prefix(prefix))
+        with coordinator_phases(phases):
+            started = time.perf_counter()
+            result = recover(wire, prefix, decision_log, run=f"bench-recover-{prefix}")
+            seconds = time.perf_counter() - started
+        still_open = TransactionInspector(wire).list_prefix(prefix)
+    decision_log.close()
+    committed = kafka.count_committed(topic)
+    n_committed = sum(1 for r in result.resolutions if r.outcome is Verdict.COMMITTED)
+    n_aborted = sum(1 for r in result.resolutions if r.outcome is Verdict.ABORTED)
+    return {
+        "transactions": count,
+        "lingering_before": lingering,
+        "records_each": records_each,
+        "seconds": round(seconds, 4),
+        "phases": _phases_dict(phases),
+        "prepare_seconds_untimed": round(prepare_s, 2),
+        "committed": n_committed,
+        "aborted": n_aborted,
+        "still_open": len(still_open),
+        "read_committed": committed,
+        "verified": (
+            lingering == count
+            and n_committed == len(decided)
+            and n_aborted == count - len(decided)
+            and not still_open
+            and committed == len(decided) * records_each
+        ),
+    }

@@ -1,0 +1,341 @@
+"""kafka2pc benchmark: throughput side by side, commit and recovery latency.
+
+    .venv/bin/python benchmarks/run.py [--mode quick|full] [--bootstrap HOST:PORT]
+
+One process, one broker (its own 1-broker cluster unless ``--bootstrap`` is given), one
+``local[2]`` SparkSession, the same N records (quick: 1M, full: 10M; 100-byte values, keys =
+row number) into a fresh 4-partition topic per run. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import bench_data
+import bench_spark
+from bench_env import REPO, Kafka, broker, kafka_local, package_dir, use_repo
+from bench_throughput import LABELS, ORDER, Runner, Sample
+from bench_txn import commit_many, recover_many
+
+ROWS = {"quick": 1_000_000, "full": 10_000_000}
+WARMUP_ROWS = 40_000
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+TXN_BENCHES = ("commit", "recovery")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=sorted(ROWS), default="quick", help="quick: 1M records, full: 10M")
+    p.add_argument("--rows", type=int, help="override the mode's record count (smoke tests)")
+    p.add_argument("--bootstrap", help="use this broker instead of starting a 1-broker cluster")
+    p.add_argument(
+        "--payload", choices=sorted(bench_data.PAYLOADS), default="lpad", help="value bytes (see bench_data)"
+    )
+    p.add_argument(
+        "--repeat", type=int, help="timed runs per mode, interleaved; the table shows the median (quick 3, full 1)"
+    )
+    p.add_argument(
+        "--only",
+        default=",".join((*ORDER, *TXN_BENCHES)),
+        help="comma-separated subset of: a,b,b',c,d,s,commit,recovery (default: all)",
+    )
+    p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
+    p.add_argument("--json", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.json = args.json.resolve()
+    selected = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(selected) - set(ORDER) - set(TXN_BENCHES)
+    if unknown:
+        raise SystemExit(f"--only: unknown {sorted(unknown)}")
+    modes = [m for m in ORDER if m in selected]
+    rows = args.rows or ROWS[args.mode]
+    if args.repeat is None:
+        args.repeat = 3 if args.mode == "quick" else 1
+    use_repo()
+    env = _environment(args, rows)
+    print(_banner(env), flush=True)
+
+    samples: list[Sample] = []
+    txn: dict[str, dict[str, Any]] = {}
+    jars = bench_spark.sink_jars() if {"b", "b'", "c", "d", "s"} & set(modes) else []
+    with broker(args.bootstrap) as bootstrap:
+        env["bootstrap"] = bootstrap
+        kafka = Kafka(bootstrap)
+        decisions = f"kafka2pc_bench_decisions_{uuid.uuid4().hex[:8]}"
+        with contextlib.ExitStack() as stack:
+            spark = stack.enter_context(bench_spark.session(jars, args.driver_memory)) if jars else None
+            stack.callback(kafka.close)
+            env["package"] = package_dir()
+            if spark is not None:
+                env["package_in_spark_workers"] = bench_spark.worker_package(spark)
+            print(f"package: {env['package']} (Spark workers: {env.get('package_in_spark_workers', '-')})")
+            if modes:
+                samples = _throughput(kafka, spark, modes, rows, args.payload, args.repeat, decisions)
+            if "commit" in selected:
+                print("commit_prepared of 200 prepared transactions …", flush=True)
+                txn["commit_200"] = commit_many(kafka, decisions)
+                print(f"  {txn['commit_200']}", flush=True)
+            if "recovery" in selected:
+                print("recover() of 1,000 lingering transactions …", flush=True)
+                txn["recovery_1000"] = recover_many(kafka, decisions)
+                print(f"  {txn['recovery_1000']}", flush=True)
+
+    table = _table(samples)
+    goals = _goals(table, txn)
+    if table:
+        print()
+        print(_render(table, env))
+    print()
+    print(_render_txn(txn))
+    print(_render_goals(goals))
+    failures = [s for s in samples if not s.verified] + [
+        {"bench": k, **v} for k, v in txn.items() if not v.get("verified")
+    ]
+    _write_json(args.json, env, samples, table, txn, goals, failures)
+    if failures:
+        print(_loud(f"VERIFICATION FAILED for {len(failures)} run(s): see above and {args.json}"))
+        return 1
+    return 0
+
+
+def _throughput(
+    kafka: Kafka, spark: Any, modes: list[str], rows: int, payload: str, repeat: int, decisions: str
+) -> list[Sample]:
+    def runner(n: int) -> Runner:
+        keys, values = bench_data.python_records(n, payload) if "a" in modes else ([], [])
+        df = bench_data.spark_frame(spark, n, payload) if spark is not None else None
+        return Runner(kafka, n, df, keys, values, bench_data.payload_bytes(n), decisions)
+
+    # Warm-up: Python workers started and importing, the JVM's Kafka producer loaded and
+    # compiled, every path proven against the broker before anything is timed.
+    print(f"warm-up with {WARMUP_ROWS:,} records: {', '.join(modes)}", flush=True)
+    warm = runner(WARMUP_ROWS)
+    for mode in modes:
+        sample = warm.run(mode)
+        if not sample.verified:
+            raise RuntimeError(_loud(f"warm-up {mode}: wrote {sample.rows}, read_committed counted {sample.committed}"))
+    if warm.df is not None:
+        warm.df.unpersist()
+    del warm
+
+    started = time.perf_counter()
+    print(f"building {rows:,} records (not timed) …", flush=True)
+    main_runner = runner(rows)
+    print(f"  built in {time.perf_counter() - started:.1f} s", flush=True)
+    samples: list[Sample] = []
+    for attempt in range(repeat):
+        for mode in modes:
+            time.sleep(1.0)  # let the broker finish the previous run's background work
+            sample = main_runner.run(mode)
+            samples.append(sample)
+            phases = ", ".join(f"{k} {v:.3f}" for k, v in sample.phases.items())
+            seen = "read_committed" if sample.topic else "rows seen"
+            print(
+                f"  [{attempt + 1}/{repeat}] {LABELS[mode]:<40} {sample.seconds:8.3f} s "
+                f"{sample.rows_per_s:>12,.0f} rows/s  {seen} {sample.committed:,}"
+                + (f"  ({phases})" if phases else ""),
+                flush=True,
+            )
+            if not sample.verified:
+                print(
+                    _loud(f"{LABELS[mode]}: wrote {sample.rows:,} records, read_committed counted {sample.committed:,}")
+                )
+    if main_runner.df is not None:
+        main_runner.df.unpersist()
+    return samples
+
+
+def _table(samples: list[Sample]) -> list[dict[str, Any]]:
+    by_mode: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_mode.setdefault(s.mode, []).append(s)
+    rows: list[dict[str, Any]] = []
+    for mode in ORDER:
+        if mode not in by_mode:
+            continue
+        runs = by_mode[mode]
+        seconds = statistics.median(s.seconds for s in runs)
+        phases = {k: statistics.median(s.phases[k] for s in runs) for k in runs[0].phases}
+        rows.append(
+            {
+                "mode": mode,
+                "label": LABELS[mode],
+                "seconds": seconds,
+                "rows_per_s": runs[0].rows / seconds,
+                "mb_per_s": runs[0].payload_bytes / seconds / 1e6,
+                "phases": phases,
+                "verified": all(s.verified for s in runs),
+                "runs": len(runs),
+            }
+        )
+    base = {r["mode"]: r["rows_per_s"] for r in rows}
+    for r in rows:
+        r["x_a"] = r["rows_per_s"] / base["a"] if "a" in base else None
+        r["x_b"] = r["rows_per_s"] / base["b"] if "b" in base else None
+    return rows
+
+
+def _goals(table: list[dict[str, Any]], txn: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    c = next((r for r in table if r["mode"] == "c"), None)
+    goals: list[dict[str, Any]] = []
+    if c is not None and c["x_b"] is not None:
+        goals.append({"goal": "(c) >= 1.0 x (b)", "measured": round(c["x_b"], 3), "met": c["x_b"] >= 1.0})
+    if c is not None and c["x_a"] is not None:
+        goals.append({"goal": "(c) >= 0.8 x (a)", "measured": round(c["x_a"], 3), "met": c["x_a"] >= 0.8})
+    if "commit_200" in txn:
+        s = txn["commit_200"]["seconds"]
+        goals.append({"goal": "commit of 200 prepared transactions < 1 s", "measured": s, "met": s < 1.0})
+    if "recovery_1000" in txn:
+        s = txn["recovery_1000"]["seconds"]
+        goals.append({"goal": "recovery of 1,000 lingering transactions < 10 s", "measured": s, "met": s < 10.0})
+    return goals
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
+    head = f"{'run':<40} {'rows/s':>12} {'MB/s':>8} {'vs (a)':>7} {'vs (b)':>7} {'seconds':>8}  verified"
+    lines = [f"Throughput, {env['rows']:,} records of {env['value_bytes']} B values ({env['payload']}), median", head]
+    lines.append("-" * len(head))
+    for r in table:
+        lines.append(
+            f"{r['label']:<40} {r['rows_per_s']:>12,.0f} {r['mb_per_s']:>8.1f} {_fmt_ratio(r['x_a']):>7} "
+            f"{_fmt_ratio(r['x_b']):>7} {r['seconds']:>8.3f}  {'yes' if r['verified'] else 'NO  <<<<<<<<'}"
+        )
+    c = next((r for r in table if r["mode"] == "c"), None)
+    if c is not None:
+        lines.append(
+            f"(c) split: prepare (Spark job) {c['phases']['prepare']:.3f} s, commit_prepared "
+            f"{c['phases']['commit']:.3f} s for {int(c['phases']['transactions'])} transactions (decision log "
+            f"read {c['phases']['commit:log_read']:.3f} s, writes {c['phases']['commit:log_write']:.3f} s, "
+            f"EndTxn {c['phases']['commit:end_txn']:.3f} s)"
+        )
+    lines.append("MB = 10^6 bytes of key + value; rows/s and MB/s are end to end for the timed part.")
+    return "\n".join(lines)
+
+
+def _render_txn(txn: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    if "commit_200" in txn:
+        t = txn["commit_200"]
+        lines.append(
+            f"commit_prepared, {t['transactions']} prepared transactions x {t['records_each']} records: "
+            f"{t['seconds']:.3f} s ({t['committed_transactions']} committed, read_committed {t['read_committed']:,}, "
+            f"verified {'yes' if t['verified'] else 'NO <<<<<<<<'})"
+        )
+        lines.append(_render_phases(t["phases"]))
+    if "recovery_1000" in txn:
+        t = txn["recovery_1000"]
+        lines.append(
+            f"recover, {t['lingering_before']} lingering transactions: {t['seconds']:.3f} s "
+            f"({t['committed']} committed by decision, {t['aborted']} aborted, {t['still_open']} still open, "
+            f"verified {'yes' if t['verified'] else 'NO <<<<<<<<'})"
+        )
+        lines.append(_render_phases(t["phases"]))
+    return "\n".join(lines)
+
+
+def _render_phases(phases: dict[str, dict[str, float]]) -> str:
+    parts = [f"{name} {p['seconds']:.3f} s ({int(p['calls'])}x)" for name, p in phases.items()]
+    return "  of which: " + ", ".join(parts)
+
+
+def _render_goals(goals: list[dict[str, Any]]) -> str:
+    lines = ["", "Goals:"]
+    for g in goals:
+        lines.append(f"  {'MET ' if g['met'] else 'MISS'}  {g['goal']:<48} measured {g['measured']}")
+    return "\n".join(lines)
+
+
+def _loud(message: str) -> str:
+    bar = "!" * 100
+    return f"\n{bar}\n!!! {message}\n{bar}\n"
+
+
+def _environment(args: argparse.Namespace, rows: int) -> dict[str, Any]:
+    import confluent_kafka
+    import kafka as kafka_python
+
+    def version(module: str) -> str:
+        try:
+            return str(__import__(module).__version__)
+        except ImportError:
+            return "not installed"
+
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "mode": args.mode,
+        "rows": rows,
+        "value_bytes": bench_data.VALUE_BYTES,
+        "payload": args.payload,
+        "repeat": args.repeat,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": commit,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "pyspark": version("pyspark"),
+        "pyarrow": version("pyarrow"),
+        "confluent_kafka": confluent_kafka.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kafka_python": kafka_python.__version__,
+        "broker": "external" if args.bootstrap else f"kafka-local {kafka_local().KAFKA_VERSION}, 1 broker",
+        "spark_master": "local[2]",
+        "spark_kafka_sink": f"spark-sql-kafka-0-10_2.13 {bench_spark.SPARK_VERSION}",
+    }
+
+
+def _banner(env: dict[str, Any]) -> str:
+    return (
+        f"kafka2pc benchmark ({env['mode']}): {env['rows']:,} records, {env['value_bytes']} B values "
+        f"({env['payload']}), {env['cores']} cores, Python {env['python']}, pyspark {env['pyspark']}, "
+        f"confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), {env['broker']}, git {env['git']}"
+    )
+
+
+def _write_json(
+    path: Path,
+    env: dict[str, Any],
+    samples: list[Sample],
+    table: list[dict[str, Any]],
+    txn: dict[str, dict[str, Any]],
+    goals: list[dict[str, Any]],
+    failures: list[Any],
+) -> None:
+    def rounded(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+
+    doc = {
+        "environment": env,
+        "throughput": [{**rounded(r), "phases": {k: round(v, 4) for k, v in r["phases"].items()}} for r in table],
+        "samples": [s.to_dict() for s in samples],
+        **txn,
+        "goals": goals,
+        "verified": not failures,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nresults written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
