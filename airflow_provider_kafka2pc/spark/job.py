@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -160,7 +160,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
                 ]
             produce(topic, values[i], keys[i], parts[i] if parts is not None else None, hdrs)
             if fail_after is not None and writer.records >= fail_after:
-                writer._producer.flush(30)  # the records reach the broker inside the open transaction
+                writer.flush_and_verify()  # the records reach the broker inside the open transaction
                 raise RuntimeError(f"injected failure in partition {slot}, attempt {attempt}")
     if writer is None:
         return
@@ -169,8 +169,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
         c = writer.prepare()
         committable_json = c.to_json() if c is not None else None
     else:
-        writer.flush_and_verify()
-        writer._release()
+        writer.finish()
     row = {
         "slot": slot,
         "attempt": attempt,
@@ -200,9 +199,7 @@ def export_dataframe(df: Any, settings: ExportSettings) -> ExportResult:
         from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 
         # Read the broker's cap once on the driver instead of once per task.
-        settings = _replace(
-            settings, transaction_timeout_ms=broker_max_transaction_timeout_ms(settings.producer_config)
-        )
+        settings = replace(settings, transaction_timeout_ms=broker_max_transaction_timeout_ms(settings.producer_config))
     payload = settings.to_json()
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -216,12 +213,6 @@ def export_dataframe(df: Any, settings: ExportSettings) -> ExportResult:
 
     rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
     return _collect(rows, settings, time.monotonic() - started)
-
-
-def _replace(settings: ExportSettings, **changes: Any) -> ExportSettings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)
 
 
 def _collect(rows: list[Any], settings: ExportSettings, duration_s: float) -> ExportResult:

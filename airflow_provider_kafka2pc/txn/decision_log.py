@@ -164,6 +164,9 @@ class DecisionLog:
 
     def write(self, records: Iterable[DecisionRecord]) -> None:
         """Append and flush; returns only when every record is acknowledged by all in-sync replicas."""
+        self._append((rec.transactional_id.encode(), rec.to_json()) for rec in records)
+
+    def _append(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         self.ensure_topic()
         producer = self._get_producer()
         errors: list[str] = []
@@ -173,10 +176,8 @@ class DecisionLog:
             if err is not None:
                 errors.append(str(err))
 
-        for rec in records:
-            producer.produce(
-                self.topic, key=rec.transactional_id.encode(), value=rec.to_json(), on_delivery=on_delivery
-            )
+        for key, value in items:
+            producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
             count += 1
             producer.poll(0)
         remaining = producer.flush(self._timeout_s)
@@ -184,7 +185,7 @@ class DecisionLog:
             raise DecisionLogError(
                 f"decision log write to {self.topic!r} failed: {remaining} unacknowledged, errors {errors[:3]}"
             )
-        log.debug("wrote %d decision(s) to %s", count, self.topic)
+        log.debug("wrote %d record(s) to %s", count, self.topic)
 
     def record(
         self,
@@ -216,12 +217,8 @@ class DecisionLog:
         if current is not None and current != owner:
             raise PrefixCollisionError(prefix, current, owner)
         if current is None:
-            self.ensure_topic()
-            producer = self._get_producer()
             value = json.dumps({"prefix": prefix, "owner": owner, "at_ms": int(time.time() * 1000)}).encode()
-            producer.produce(self.topic, key=_CLAIM_KEY.format(prefix).encode(), value=value)
-            if producer.flush(self._timeout_s):
-                raise DecisionLogError(f"could not record the claim of prefix {prefix!r}")
+            self._append([(_CLAIM_KEY.format(prefix).encode(), value)])
 
     # -- read ---------------------------------------------------------------
     def read(self) -> DecisionSnapshot:

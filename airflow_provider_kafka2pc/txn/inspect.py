@@ -32,7 +32,7 @@ class RetriableCoordinatorError(CoordinatorError):
         self.code = code
 
 
-def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0, on_retry: Callable[[int], None] | None = None) -> T:
+def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
     """Run ``fn`` until it stops failing with retriable coordinator or connection errors."""
     deadline = time.monotonic() + timeout_s
     delay = 0.05
@@ -41,8 +41,6 @@ def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0, on_retry: Cal
             return fn()
         except RetriableCoordinatorError as e:
             last: Exception = e
-            if on_retry is not None:
-                on_retry(e.code)
         except Exception as e:
             if not is_connection_error(e):
                 raise

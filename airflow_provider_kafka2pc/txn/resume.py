@@ -67,10 +67,7 @@ class TransactionResolver:
 
     def observe_all(self, refs: Sequence[TxnRef]) -> dict[str, tuple[Observation, TxnState | None]]:
         states = self.inspector.describe(r.transactional_id for r in refs)
-        return {
-            r.transactional_id: (_observe(r, states.get(r.transactional_id)), states.get(r.transactional_id))
-            for r in refs
-        }
+        return {r.transactional_id: (_observe(r, s := states.get(r.transactional_id)), s) for r in refs}
 
     def resolve(
         self,
@@ -103,8 +100,9 @@ class TransactionResolver:
             states = self.inspector.describe(pending)
             for tid, ref in list(pending.items()):
                 s = states.get(tid)
-                same = s is not None and (s.producer_id, s.producer_epoch) == (ref.producer_id, ref.producer_epoch)
-                if not same or s is None or s.state not in _IN_FLIGHT:
+                if s is None or (s.producer_id, s.producer_epoch) != (ref.producer_id, ref.producer_epoch):
+                    del pending[tid]  # another producer has the id now: nothing of ours is in flight
+                elif s.state not in _IN_FLIGHT:
                     del pending[tid]
             if not pending:
                 return
@@ -116,11 +114,10 @@ class TransactionResolver:
     def _resolve_one(self, ref: TxnRef, intent: Intent, obs: Observation) -> Resolution:
         codes: list[str] = []
         deadline = time.monotonic() + self.timeout_s
-        ended_by_us = False
         while True:
             v = verdict(obs, intent)
             if v is Verdict.END_TXN:
-                if len(codes) >= 3 and not ended_by_us:
+                if len(codes) >= 3:
                     raise CoordinatorError(
                         f"EndTxn({ref.transactional_id!r}) keeps failing while the transaction is still open: {codes}"
                     )
@@ -157,7 +154,6 @@ class TransactionResolver:
 
     def _end_txn(self, ref: TxnRef, intent: Intent, codes: list[str]) -> int:
         """EndTxn with re-lookup and backoff on retriable errors; returns NONE or a final code."""
-        result: list[int] = []
 
         def attempt() -> int:
             node = self.inspector.coordinators([ref.transactional_id])[ref.transactional_id]
@@ -170,7 +166,6 @@ class TransactionResolver:
                 if code in STALE_COORDINATOR:
                     log.info("EndTxn(%s): %s; looking the coordinator up again", ref.transactional_id, error_name(code))
                 raise RetriableCoordinatorError(code, f"EndTxn({ref.transactional_id!r})")
-            result.append(code)
             return code
 
         return retry(f"EndTxn({ref.transactional_id!r})", attempt, self.timeout_s)

@@ -113,6 +113,11 @@ class DeliveryWriter:
                 self._first_error or f"{remaining} record(s) still queued after flush",
             )
 
+    def finish(self) -> None:
+        """Flush, prove every record acknowledged, and let the producer go (no transaction here)."""
+        self.flush_and_verify()
+        self._release()
+
     @property
     def counts_by_topic(self) -> dict[str, int]:
         return dict(self._counts)
