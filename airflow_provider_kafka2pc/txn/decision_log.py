@@ -22,8 +22,9 @@ from airflow_provider_kafka2pc.txn.outcome import TxnRef
 log = logging.getLogger(__name__)
 
 DEFAULT_DECISION_TOPIC = "kafka2pc_decisions"
-# A prefix claim lives in the same topic; ':' never occurs in a transactional id we write.
+# Prefix claims and run marks live in the same topic; ':' never occurs in a transactional id we write.
 _CLAIM_KEY = "kafka2pc.prefix:{}"
+_RUN_KEY = "kafka2pc.run:{}:{}"  # prefix, run: one key per run, so later runs never compact it away
 
 
 class Decision(StrEnum):
@@ -80,12 +81,49 @@ class DecisionRecord:
         )
 
 
+@dataclass(frozen=True)
+class RunMark:
+    """A run of an exporter (prefix) reached its COMMIT decision: never export that run again."""
+
+    prefix: str
+    run: str
+    at_ms: int
+    transactions: int
+    records: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "prefix": self.prefix,
+                "run": self.run,
+                "at_ms": self.at_ms,
+                "txns": self.transactions,
+                "records": self.records,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> RunMark:
+        d = json.loads(raw)
+        return cls(str(d["prefix"]), str(d["run"]), int(d["at_ms"]), int(d["txns"]), int(d["records"]))
+
+
 class DecisionSnapshot:
     """The latest decision per transactional id, as read from the log."""
 
-    def __init__(self, latest: Mapping[str, DecisionRecord], claims: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        latest: Mapping[str, DecisionRecord],
+        claims: Mapping[str, str],
+        runs: Mapping[tuple[str, str], RunMark] | None = None,
+    ) -> None:
         self.latest = dict(latest)
         self.claims = dict(claims)
+        self.runs = dict(runs or {})
+
+    def run_mark(self, prefix: str, run: str) -> RunMark | None:
+        return self.runs.get((prefix, run))
 
     def get(self, ref: TxnRef) -> DecisionRecord | None:
         rec = self.latest.get(ref.transactional_id)
@@ -162,9 +200,15 @@ class DecisionLog:
             self._producer.list_topics(timeout=self._timeout_s)  # connect now, not on the first write
         return self._producer
 
-    def write(self, records: Iterable[DecisionRecord]) -> None:
-        """Append and flush; returns only when every record is acknowledged by all in-sync replicas."""
-        self._append((rec.transactional_id.encode(), rec.to_json()) for rec in records)
+    def write(self, records: Iterable[DecisionRecord], marks: Iterable[RunMark] = ()) -> None:
+        """Append and flush; returns only when every record is acknowledged by all in-sync replicas.
+
+        Marks go first: the topic has one partition and the producer is idempotent, so a reader
+        that sees a run's COMMIT decisions also sees its mark.
+        """
+        items = [(_RUN_KEY.format(m.prefix, m.run).encode(), m.to_json()) for m in marks]
+        items += [(rec.transactional_id.encode(), rec.to_json()) for rec in records]
+        self._append(items)
 
     def _append(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         self.ensure_topic()
@@ -194,20 +238,28 @@ class DecisionLog:
         run: str,
         reasons: Mapping[str, str] | None = None,
         counts: Mapping[str, int] | None = None,
+        mark_prefixes: Iterable[str] = (),
     ) -> None:
+        """Write ``decision`` for every ref; ``mark_prefixes`` also marks the run done for those exporters."""
         now = int(time.time() * 1000)
+        refs = list(refs)  # read twice: the marks count them
+        total = sum((counts or {}).values())
+        marks = [RunMark(p, run, now, len(refs), total) for p in sorted(set(mark_prefixes))]
         self.write(
-            DecisionRecord(
-                r.transactional_id,
-                r.producer_id,
-                r.producer_epoch,
-                decision,
-                run,
-                now,
-                (counts or {}).get(r.transactional_id, 0),
-                (reasons or {}).get(r.transactional_id, ""),
-            )
-            for r in refs
+            (
+                DecisionRecord(
+                    r.transactional_id,
+                    r.producer_id,
+                    r.producer_epoch,
+                    decision,
+                    run,
+                    now,
+                    (counts or {}).get(r.transactional_id, 0),
+                    (reasons or {}).get(r.transactional_id, ""),
+                )
+                for r in refs
+            ),
+            marks,
         )
 
     def claim_prefix(self, prefix: str, owner: str) -> None:
@@ -238,6 +290,7 @@ class DecisionLog:
         consumer = Consumer(conf)
         latest: dict[str, DecisionRecord] = {}
         claims: dict[str, str] = {}
+        runs: dict[tuple[str, str], RunMark] = {}
         try:
             md = consumer.list_topics(self.topic, timeout=self._timeout_s)
             parts = [p for p in md.topics[self.topic].partitions]
@@ -267,11 +320,15 @@ class DecisionLog:
                     if key.startswith(_CLAIM_KEY.format("")):
                         if value:
                             claims[key.split(":", 1)[1]] = json.loads(value)["owner"]
+                    elif key.startswith(_RUN_KEY.format("", "")[:-1]):
+                        if value:
+                            mark = RunMark.from_json(value)
+                            runs[(mark.prefix, mark.run)] = mark
                     elif value:
                         latest[key] = DecisionRecord.from_json(value)
         finally:
             consumer.close()
-        return DecisionSnapshot(latest, claims)
+        return DecisionSnapshot(latest, claims, runs)
 
     def close(self) -> None:
         if self._producer is not None:

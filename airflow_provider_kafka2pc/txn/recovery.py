@@ -43,6 +43,14 @@ class RecoveryResult:
         """Nothing of the prefix is open any more (given what was listed)."""
         return not self.plan.wait
 
+    def describe(self) -> str:
+        outcomes = [r.outcome.value for r in self.resolutions]
+        return (
+            f"committed {outcomes.count('committed')}, aborted {outcomes.count('aborted')}, "
+            f"lost {outcomes.count('lost')}, still completing on the broker {len(self.plan.wait)}, "
+            f"settled {len(self.settled)}"
+        )
+
 
 def plan_recovery(open_states: Sequence[TxnState], snapshot: DecisionSnapshot) -> RecoveryPlan:
     commit: list[TxnRef] = []

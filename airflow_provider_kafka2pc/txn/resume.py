@@ -207,6 +207,7 @@ def commit_prepared(
     run: str,
     deadline_margin_ms: int = 1000,
     max_workers: int = 16,
+    prefixes: Sequence[str] = (),
 ) -> CommitReport:
     """Phase two, COMMIT: decide durably, end every transaction, record the result.
 
@@ -214,6 +215,8 @@ def commit_prepared(
     its deadline) and nothing of the run is committed or decided yet, the whole run is aborted
     and ``TransactionLostError`` names the cause, so no part becomes visible. Once anything is
     decided, everything that can commit is rolled forward, and the loss is reported the same way.
+    ``prefixes`` are marked in the log as committed for ``run`` with the COMMIT decisions, so an
+    export task of that run that is cleared and re-run knows not to export again.
     """
     refs = [ref_of(c) for c in committables]
     _check_unique(refs)
@@ -249,7 +252,13 @@ def commit_prepared(
         decision_log.record(refs, Decision.ABORTED, run, reasons=doomed)
         raise TransactionLostError(_lost(by_tid, doomed))
 
-    decision_log.record(refs, Decision.COMMIT, run, counts={c.transactional_id: c.records for c in committables})
+    decision_log.record(
+        refs,
+        Decision.COMMIT,
+        run,
+        counts={c.transactional_id: c.records for c in committables},
+        mark_prefixes=prefixes,
+    )
     resolutions = resolver.resolve(refs, Intent.COMMIT, observed)
     lost = {r.ref.transactional_id: r.detail for r in resolutions if r.outcome is Verdict.LOST}
     record_final(decision_log, resolutions, run)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionRecord, DecisionSnapshot
+from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionRecord, DecisionSnapshot, RunMark
 from airflow_provider_kafka2pc.txn.outcome import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
@@ -262,12 +262,16 @@ class MemoryDecisionLog(DecisionLog):
         self.events: list[str] = events if events is not None else []
         self.written: list[DecisionRecord] = []
         self._latest: dict[str, DecisionRecord] = {r.transactional_id: r for r in initial}
+        self._runs: dict[tuple[str, str], RunMark] = {}
 
     def ensure_topic(self) -> None:
         raise AssertionError("a unit test must not reach for the decision log topic")
 
-    def write(self, records: Iterable[DecisionRecord]) -> None:
+    def write(self, records: Iterable[DecisionRecord], marks: Iterable[RunMark] = ()) -> None:
         with self._lock:
+            for m in marks:
+                self._runs[(m.prefix, m.run)] = m
+                self.events.append(f"run mark {m.prefix} {m.run}")
             for r in records:
                 self.written.append(r)
                 self._latest[r.transactional_id] = r
@@ -275,7 +279,7 @@ class MemoryDecisionLog(DecisionLog):
 
     def read(self) -> DecisionSnapshot:
         with self._lock:
-            return DecisionSnapshot(self._latest, {})
+            return DecisionSnapshot(self._latest, {}, self._runs)
 
     def decisions(self, tid: str) -> list[Decision]:
         return [r.decision for r in self.written if r.transactional_id == tid]

@@ -392,6 +392,24 @@ def test_commit_decision_is_durable_before_the_first_end_txn(
     }
 
 
+def test_commit_marks_the_run_with_its_decisions_and_not_when_it_aborts(
+    broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str]
+) -> None:
+    cs = prepared(broker, "orders-0", "orders-1", records=5)
+    commit_prepared(cs, broker, decision_log, run="dag/run-1", prefixes=["orders"])
+    mark = decision_log.read().run_mark("orders", "dag/run-1")
+    assert mark is not None and (mark.transactions, mark.records) == (2, 10)
+    # The mark is written ahead of the COMMIT decisions, so whoever sees a decision sees the mark.
+    assert events.index("run mark orders dag/run-1") < events.index("decision COMMIT orders-0")
+
+    lost = committable("orders-0", producer_epoch=1, records=3)  # the next run's transaction
+    broker.prepared(lost)
+    broker.set_state("orders-0", "CompleteAbort", producer_epoch=1)
+    with pytest.raises(TransactionLostError):
+        commit_prepared([lost], broker, decision_log, run="dag/run-2", prefixes=["orders"])
+    assert decision_log.read().run_mark("orders", "dag/run-2") is None
+
+
 def _timed_out(b: FakeBroker, tid: str) -> None:
     b.time_out(tid)
 
