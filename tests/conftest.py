@@ -6,10 +6,15 @@ A broker that cannot start fails the tests that need it; nothing is skipped.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Tests that import Airflow get a throw-away home, never the user's ~/airflow; set before any import.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka2pc-airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from tests.helpers.kafka import KafkaEnv, kafka_local
 

@@ -126,6 +126,10 @@ class WireClient:
     def broker_ids(self) -> list[int]:
         return sorted(int(b.node_id) for b in self._manager.cluster.brokers())
 
+    def topics(self) -> set[str]:
+        """Every topic name on the cluster (public admin API)."""
+        return {str(t) for t in self._admin.list_topics()}
+
     def find_transaction_coordinators(self, transactional_ids: Sequence[str]) -> dict[str, Coordinator]:
         """FindCoordinator(TRANSACTION), batched (v4+); never cached, so a moved coordinator is seen."""
         from kafka.protocol.metadata import FindCoordinatorRequest

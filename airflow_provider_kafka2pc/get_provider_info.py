@@ -1,0 +1,73 @@
+"""The provider's self-description, read by Airflow through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_kafka2pc import __version__
+
+_PKG = "airflow_provider_kafka2pc"
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-kafka2pc",
+        "name": "kafka2pc",
+        "description": "Exactly-once export of Spark DataFrames to Apache Kafka: Kafka transactions as "
+        "two-phase-commit participants, the DAG run as the coordinator.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "kafka2pc",
+                "external-doc-url": "https://kafka.apache.org/documentation/#semantics",
+                "tags": ["apache"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "kafka2pc",
+                "python-modules": [f"{_PKG}.operators.export", f"{_PKG}.operators.commit"],
+            }
+        ],
+        "sensors": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.sensors.recovery"]}],
+        "hooks": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.hooks.kafka2pc"]}],
+        "triggers": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.triggers.recovery"]}],
+        "connection-types": [
+            {
+                "hook-class-name": f"{_PKG}.hooks.kafka2pc.Kafka2PCHook",
+                "hook-name": "Kafka exactly-once export (kafka2pc)",
+                "connection-type": "kafka2pc",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema"],
+                    "relabeling": {
+                        "host": "Bootstrap servers",
+                        "login": "SASL username",
+                        "password": "SASL password",
+                    },
+                    "placeholders": {"host": "broker1:9092,broker2:9092"},
+                },
+                "conn-fields": {
+                    "security_protocol": {
+                        "label": "Security protocol",
+                        "description": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "sasl_mechanism": {
+                        "label": "SASL mechanism",
+                        "description": "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER...",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "decision_topic": {
+                        "label": "Decision topic",
+                        "description": "Compacted topic holding the commit decisions (created if missing)",
+                        "schema": {"type": ["string", "null"], "default": "kafka2pc_decisions"},
+                    },
+                    "config": {
+                        "label": "librdkafka settings",
+                        "description": 'Further client settings, e.g. {"ssl.ca.location": "/etc/ssl/ca.pem"}',
+                        "schema": {"type": ["object", "null"]},
+                    },
+                },
+            }
+        ],
+    }

@@ -1,0 +1,195 @@
+"""Kafka2PCHook: an Airflow connection turned into librdkafka settings and kafka2pc clients.
+
+Nothing here builds a client at import or construction time; Kafka libraries load on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_kafka2pc.txn.config import redact
+from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.recovery import RecoveryResult
+    from airflow_provider_kafka2pc.txn.wire import WireClient
+
+# The official apache-kafka provider's connection type: its extra is the librdkafka config itself.
+KAFKA_CONN_TYPE = "kafka"
+# Keys of a kafka2pc connection's extra that are not librdkafka settings.
+EXTRA_SECURITY_PROTOCOL = "security_protocol"
+EXTRA_SASL_MECHANISM = "sasl_mechanism"
+EXTRA_DECISION_TOPIC = "decision_topic"
+EXTRA_CONFIG = "config"
+_FIELDS = (EXTRA_SECURITY_PROTOCOL, EXTRA_SASL_MECHANISM, EXTRA_DECISION_TOPIC, EXTRA_CONFIG)
+
+
+class Kafka2PCConfigError(ValueError):
+    """The connection cannot be turned into a Kafka client config."""
+
+
+def client_config(
+    conn_type: str,
+    host: str | None,
+    port: int | None,
+    login: str | None,
+    password: str | None,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The librdkafka config of a connection, from its parts (pure: unit-testable without Airflow)."""
+    if conn_type == KAFKA_CONN_TYPE:
+        config = dict(extra)
+    else:
+        unknown = set(extra) - set(_FIELDS)
+        if unknown:
+            raise Kafka2PCConfigError(
+                f"unknown extra field(s) {sorted(unknown)}; librdkafka settings go under {EXTRA_CONFIG!r}"
+            )
+        nested = extra.get(EXTRA_CONFIG) or {}
+        if not isinstance(nested, Mapping):
+            raise Kafka2PCConfigError(f"extra {EXTRA_CONFIG!r} must be an object of librdkafka settings")
+        config = dict(nested)
+        if host:
+            servers = host.strip()
+            if port and "," not in servers and ":" not in servers:
+                servers = f"{servers}:{port}"
+            config["bootstrap.servers"] = servers
+        for field, key in ((EXTRA_SECURITY_PROTOCOL, "security.protocol"), (EXTRA_SASL_MECHANISM, "sasl.mechanism")):
+            if extra.get(field):
+                config[key] = extra[field]
+        if login:
+            config["sasl.username"] = login
+        if password:
+            config["sasl.password"] = password
+    if not config.get("bootstrap.servers"):
+        raise Kafka2PCConfigError("the connection names no Kafka bootstrap servers (host, or bootstrap.servers)")
+    return {k: (str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v) for k, v in config.items()}
+
+
+class Kafka2PCHook(BaseHook):
+    """Kafka settings and clients for kafka2pc's tasks.
+
+    :param kafka2pc_conn_id: a ``kafka2pc`` connection (host = bootstrap servers, login/password =
+        SASL credentials, extra fields for the security protocol, SASL mechanism, decision topic and
+        further librdkafka settings), or an official ``kafka`` connection, whose extra is used as
+        the librdkafka config unchanged.
+    """
+
+    conn_name_attr = "kafka2pc_conn_id"
+    default_conn_name = "kafka2pc_default"
+    conn_type = "kafka2pc"
+    hook_name = "Kafka exactly-once export (kafka2pc)"
+
+    def __init__(self, kafka2pc_conn_id: str = default_conn_name, connection: Connection | None = None) -> None:
+        super().__init__()
+        self.kafka2pc_conn_id = kafka2pc_conn_id
+        # A trigger fetches the connection asynchronously and hands it in.
+        self._conn: Connection | None = connection
+
+    # -- the classic form methods (Airflow 3 reads conn-fields from the provider info first) --------
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["schema"],
+            "relabeling": {"host": "Bootstrap servers", "login": "SASL username", "password": "SASL password"},
+            "placeholders": {
+                "host": "broker1:9092,broker2:9092",
+                EXTRA_CONFIG: '{"ssl.ca.location": "/etc/ssl/ca.pem"}',
+                EXTRA_DECISION_TOPIC: DEFAULT_DECISION_TOPIC,
+            },
+        }
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        try:  # the Flask UI's widgets; Airflow 3's UI uses the provider info's conn-fields instead
+            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+            from flask_babel import lazy_gettext
+            from wtforms import StringField
+        except ImportError:
+            return {}
+
+        return {
+            name: StringField(lazy_gettext(label), widget=BS3TextFieldWidget())
+            for name, label in (
+                (EXTRA_SECURITY_PROTOCOL, "Security protocol"),
+                (EXTRA_SASL_MECHANISM, "SASL mechanism"),
+                (EXTRA_DECISION_TOPIC, "Decision topic"),
+                (EXTRA_CONFIG, "librdkafka settings (JSON)"),
+            )
+        }
+
+    # -- configs -----------------------------------------------------------------------------
+    @property
+    def connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self.get_connection(self.kafka2pc_conn_id)
+        return self._conn
+
+    def get_config(self) -> dict[str, Any]:
+        """The connection's librdkafka settings: for producers, admin clients and the resume adapter."""
+        c = self.connection
+        return client_config(str(c.conn_type), c.host, c.port, c.login, c.password, c.extra_dejson)
+
+    def producer_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The producer config of an export: the connection's settings, then the task's ``overrides``."""
+        config = self.get_config()
+        config.update(overrides or {})
+        return config
+
+    @property
+    def decision_topic(self) -> str:
+        c = self.connection
+        if c.conn_type == KAFKA_CONN_TYPE:
+            return DEFAULT_DECISION_TOPIC
+        return str(c.extra_dejson.get(EXTRA_DECISION_TOPIC) or DEFAULT_DECISION_TOPIC)
+
+    def redacted_config(self) -> dict[str, Any]:
+        return redact(self.get_config())
+
+    # -- clients -----------------------------------------------------------------------------
+    def get_conn(self) -> WireClient:
+        return self.wire_client()
+
+    def wire_client(self, bootstrap_timeout_ms: int = 30000) -> WireClient:
+        from airflow_provider_kafka2pc.txn.wire import WireClient
+
+        return WireClient(self.get_config(), bootstrap_timeout_ms=bootstrap_timeout_ms)
+
+    def decision_log(self) -> DecisionLog:
+        from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+
+        return DecisionLog(self.get_config(), topic=self.decision_topic)
+
+    def recover(self, prefix: str, run: str) -> RecoveryResult:
+        """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once."""
+        from airflow_provider_kafka2pc.txn.recovery import recover
+
+        wire = self.wire_client()
+        decision_log = self.decision_log()
+        try:
+            return recover(wire, prefix, decision_log, run=run)
+        finally:
+            decision_log.close()
+            wire.close()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Reach the cluster and check that it can run transactions (the UI's Test button)."""
+        try:
+            wire = self.wire_client(bootstrap_timeout_ms=10000)
+            try:
+                brokers = wire.broker_ids()
+                kip939 = wire.supports_kip939()
+            finally:
+                wire.close()
+        except Exception as e:  # reported to the user, not raised: this is what the Test button shows
+            return False, f"cannot reach Kafka: {e}"
+        return True, (
+            f"connected to {len(brokers)} broker(s); decision topic {self.decision_topic!r}; "
+            f"KIP-939 two-phase commit {'supported' if kip939 else 'not supported (not needed)'}"
+        )

@@ -1,0 +1,181 @@
+"""Phase two: Kafka2PCCommitOperator (decide and commit) and Kafka2PCAbortOperator (roll back)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, TriggerRule
+
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.payload import ExportPayload, decision_run, pull_exports
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.outcome import TxnRef
+    from airflow_provider_kafka2pc.txn.resume import CommitReport
+
+
+class ConnectionMismatchError(Kafka2PCError):
+    """Committables prepared on one Kafka connection cannot be ended through another."""
+
+
+def _task_ids(export_task_ids: str | Sequence[str]) -> list[str]:
+    return [export_task_ids] if isinstance(export_task_ids, str) else list(export_task_ids)
+
+
+class _PhaseTwo(BaseOperator):
+    """What commit and abort share: the export payloads of this run and the Kafka clients."""
+
+    template_fields: Sequence[str] = ("export_task_ids",)
+    ui_color = "#fdf3e1"
+
+    def __init__(
+        self,
+        *,
+        export_task_ids: str | Sequence[str],
+        kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
+        max_workers: int = 16,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.export_task_ids = export_task_ids
+        self.kafka2pc_conn_id = kafka2pc_conn_id
+        self.max_workers = max_workers
+
+    def payloads(self, context: Context) -> dict[str, ExportPayload | None]:
+        payloads = pull_exports(context, _task_ids(self.export_task_ids))
+        for task_id, p in payloads.items():
+            if p is not None and p.conn_id != self.kafka2pc_conn_id:
+                raise ConnectionMismatchError(
+                    f"export task {task_id!r} prepared on connection {p.conn_id!r}, but {self.task_id!r} uses "
+                    f"{self.kafka2pc_conn_id!r}: one decision needs one Kafka cluster and one decision log"
+                )
+        return payloads
+
+    def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
+        from airflow_provider_kafka2pc.txn.outcome import Verdict
+
+        counts = {v.name.lower(): report.count(v) for v in (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)}
+        for r in report.resolutions:
+            self.log.info(
+                "%s %s (producer id %d, epoch %d): %s; %s",
+                verb,
+                r.ref.transactional_id,
+                r.ref.producer_id,
+                r.ref.producer_epoch,
+                r.outcome.value,
+                r.detail,
+            )
+        self.log.info("%s: %s", verb, counts)
+        return counts
+
+
+class Kafka2PCCommitOperator(_PhaseTwo):
+    """Commit the transactions prepared by one or more export tasks of this DAG run, as one decision.
+
+    Writes a COMMIT decision per transactional id (and marks the run) before the first EndTxn,
+    commits in parallel, classifies every outcome by the broker's own state (DESIGN §5) and writes
+    COMMITTED or LOST. Idempotent: a retry, or a clear of this task, finishes what is left. A
+    transaction that can no longer commit fails the task with ``TransactionLostError``; if nothing
+    was decided yet, the whole run is aborted first, so no part of it becomes visible.
+
+    :param export_task_ids: the export task(s) whose committables to commit.
+    """
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        payloads = self.payloads(context)
+        present = [p for p in payloads.values() if p is not None]
+        committables = [c for p in present for c in p.committables]
+        if not committables:
+            self.log.info("nothing to commit: the exports of this run prepared no transactions")
+            return {"committed": 0, "records": 0}
+        hook = Kafka2PCHook(self.kafka2pc_conn_id)
+        report = self.resolve(committables, [p.prefix for p in present], hook, decision_run(context))
+        counts = self.log_report("commit", report)
+        counts["records"] = sum(c.records for c in committables)
+        return counts
+
+    def resolve(
+        self, committables: Sequence[Committable], prefixes: Sequence[str], hook: Kafka2PCHook, run: str
+    ) -> CommitReport:
+        from airflow_provider_kafka2pc.txn.resume import commit_prepared
+
+        wire, decision_log = hook.wire_client(), hook.decision_log()
+        try:
+            return commit_prepared(
+                committables, wire, decision_log, run, max_workers=self.max_workers, prefixes=prefixes
+            )
+        finally:
+            decision_log.close()
+            wire.close()
+
+
+class Kafka2PCAbortOperator(_PhaseTwo):
+    """Roll back a failed run: its prepared committables and the open transactions of its exporters.
+
+    Runs when an upstream task failed (``trigger_rule="one_failed"``). A transaction with a COMMIT
+    decision is never aborted: it is committed (rolled forward) and logged.
+
+    :param export_task_ids: the export task(s) of the run.
+    :param transactional_id_prefixes: the exporters' prefixes, to find transactions of a prepare
+        that failed before it could push its committables (default: none).
+    :param naming_strategy: their naming strategy; with INCREMENTING only this run's ids are aborted.
+    """
+
+    template_fields: Sequence[str] = ("export_task_ids", "transactional_id_prefixes")
+
+    def __init__(
+        self,
+        *,
+        transactional_id_prefixes: str | Sequence[str] = (),
+        naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
+        trigger_rule: str = TriggerRule.ONE_FAILED,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(trigger_rule=trigger_rule, **kwargs)
+        self.transactional_id_prefixes = transactional_id_prefixes
+        self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+        from airflow_provider_kafka2pc.txn.resume import abort_prepared, ref_of
+
+        hook = Kafka2PCHook(self.kafka2pc_conn_id)
+        refs: dict[str, TxnRef] = {}
+        for p in self.payloads(context).values():
+            if p is not None:
+                refs.update((c.transactional_id, ref_of(c)) for c in p.committables)
+        wire = hook.wire_client()
+        decision_log = hook.decision_log()
+        try:
+            run_key = (
+                naming.sanitize_run_key(context["run_id"])
+                if self.naming_strategy is naming.NamingStrategy.INCREMENTING
+                else None
+            )
+            for prefix in _task_ids(self.transactional_id_prefixes):
+                for s in TransactionInspector(wire).describe_prefix(prefix):
+                    parsed = naming.parse_transactional_id(s.transactional_id)
+                    if run_key is not None and (parsed is None or parsed.run_key != run_key):
+                        continue  # another run's transaction: INCREMENTING runs may overlap
+                    # The broker's current holder of the id: newer than any committable of it.
+                    refs[s.transactional_id] = self._ref(s)
+            if not refs:
+                self.log.info("nothing to abort")
+                return {"committed": 0, "aborted": 0, "lost": 0}
+            report = abort_prepared(list(refs.values()), wire, decision_log, decision_run(context), self.max_workers)
+        finally:
+            decision_log.close()
+            wire.close()
+        return self.log_report("abort", report)
+
+    @staticmethod
+    def _ref(state: Any) -> TxnRef:
+        from airflow_provider_kafka2pc.txn.outcome import TxnRef
+
+        return TxnRef(state.transactional_id, state.producer_id, state.producer_epoch)

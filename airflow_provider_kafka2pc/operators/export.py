@@ -1,0 +1,264 @@
+"""Kafka2PCExportOperator: the prepare phase, a Spark job that leaves one open transaction per partition."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.payload import ExportPayload, decision_run
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.config import redact
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
+
+# What the apache-spark provider's PySparkOperator uses when no Spark connection is given.
+DEFAULT_SPARK_MASTER = "local[*]"
+SPARK_CONNECT_CONN_TYPE = "spark_connect"
+
+
+class MissingTopicError(Kafka2PCError):
+    """The export's default topic does not exist; kafka2pc never creates data topics."""
+
+
+class PoolingNeedsOneActiveRunError(Kafka2PCError):
+    """POOLING ids are shared by every run of the exporter: two runs at once would fence each other."""
+
+
+def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: str) -> None:
+    if naming_strategy is naming.NamingStrategy.POOLING and getattr(dag, "max_active_runs", None) != 1:
+        raise PoolingNeedsOneActiveRunError(
+            f"exporter {prefix!r} uses POOLING transactional ids, which every run of DAG "
+            f"{getattr(dag, 'dag_id', '?')!r} reuses; set max_active_runs=1 on the DAG "
+            f"(it is {getattr(dag, 'max_active_runs', None)}), or use naming_strategy='INCREMENTING'"
+        )
+
+
+def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str) -> Any:
+    """A SparkSession the way the apache-spark provider's PySparkOperator builds one."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    conf = SparkConf()
+    conf.set("spark.app.name", app_name)
+    url = DEFAULT_SPARK_MASTER
+    if spark_conn_id:
+        conn = BaseHook.get_connection(spark_conn_id)
+        if conn.conn_type == SPARK_CONNECT_CONN_TYPE:
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            url = SparkConnectHook(spark_conn_id).get_connection_url()
+        elif conn.port:
+            url = f"{conn.host}:{conn.port}"
+        elif conn.host:
+            url = conn.host
+        for key, value in conn.extra_dejson.items():
+            conf.set(key, str(value))
+    if url.startswith("sc://"):
+        conf.set("spark.remote", url)
+    for key, value in spark_conf.items():
+        conf.set(key, str(value))
+    if not conf.get("spark.remote") and not conf.get("spark.master"):
+        conf.set("spark.master", url)
+    # Forced off unless the user turned it on, which check_session then refuses loudly.
+    if conf.get("spark.speculation") is None:
+        conf.set("spark.speculation", "false")
+    return SparkSession.builder.config(conf=conf).getOrCreate()
+
+
+class _Progress:
+    """Logs the Spark job's task progress while the driver waits for collect()."""
+
+    def __init__(self, spark: Any, log: Any, interval_s: float = 10.0) -> None:
+        self._tracker = getattr(getattr(spark, "sparkContext", None), "statusTracker", None)
+        self._log = log
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka2pc-progress", daemon=True)
+
+    def __enter__(self) -> _Progress:
+        if self._tracker is not None:  # Spark Connect sessions have no status tracker
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        tracker = self._tracker()  # type: ignore[misc]
+        while not self._stop.wait(self._interval_s):
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    self._log.info(
+                        "prepare: stage %d, %d of %d partitions written (%d running, %d failed attempts)",
+                        stage_id,
+                        info.numCompletedTasks,
+                        info.numTasks,
+                        info.numActiveTasks,
+                        info.numFailedTasks,
+                    )
+
+
+class Kafka2PCExportOperator(BaseOperator):
+    """Prepare: export a DataFrame into one open Kafka transaction per non-empty Spark partition.
+
+    The committables go to XCom (``return_value``, JSON); ``Kafka2PCCommitOperator`` makes them
+    visible, ``Kafka2PCAbortOperator`` rolls them back. A re-run of an export whose run already
+    reached its COMMIT decision is skipped, so clearing a finished run never duplicates it.
+
+    :param transactional_id_prefix: names this exporter's transactional ids; letters, digits,
+        ``.`` and ``_``; one exporter per prefix (claimed in the decision log).
+    :param topic: default topic for rows without a ``topic`` column.
+    :param source: ``(spark, context) -> DataFrame``; or give ``sql`` or ``table``.
+    :param spark_conn_id: a ``spark`` or ``spark_connect`` connection; ``local[*]`` when unset.
+    :param spark_conf: Spark settings on top of the connection's (like ``config_kwargs``).
+    :param naming_strategy: ``POOLING`` (default; needs ``max_active_runs=1``) or ``INCREMENTING``.
+    :param delivery_guarantee: ``EXACTLY_ONCE`` (default), ``AT_LEAST_ONCE`` or ``NONE``.
+    :param producer_config: librdkafka producer settings on top of the connection's.
+    :param transaction_timeout_ms: defaults to the broker's ``transaction.max.timeout.ms``.
+    """
+
+    template_fields: Sequence[str] = (
+        "transactional_id_prefix",
+        "topic",
+        "sql",
+        "table",
+        "spark_conn_id",
+        "spark_conf",
+        "producer_config",
+    )
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "sql": "sql",
+        "spark_conf": "json",
+        "producer_config": "json",
+    }
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        transactional_id_prefix: str,
+        topic: str | None = None,
+        source: SourceCallable | None = None,
+        sql: str | None = None,
+        table: str | None = None,
+        kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
+        spark_conn_id: str | None = None,
+        spark_conf: Mapping[str, Any] | None = None,
+        naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
+        delivery_guarantee: str = "EXACTLY_ONCE",
+        producer_config: Mapping[str, Any] | None = None,
+        transaction_timeout_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if sum(x is not None for x in (source, sql, table)) != 1:
+            raise ValueError("give exactly one of source (a callable), sql or table")
+        from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee
+
+        self.transactional_id_prefix = transactional_id_prefix
+        self.topic = topic
+        self.source = source
+        self.sql = sql
+        self.table = table
+        self.kafka2pc_conn_id = kafka2pc_conn_id
+        self.spark_conn_id = spark_conn_id
+        self.spark_conf = dict(spark_conf or {})
+        self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
+        self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
+        self.producer_config = dict(producer_config or {})
+        self.transaction_timeout_ms = transaction_timeout_ms
+
+    def _dataframe(self, spark: Any, context: Context) -> Any:
+        if self.source is not None:
+            return self.source(spark, context)
+        if self.sql is not None:
+            return spark.sql(self.sql)
+        return spark.table(self.table)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+
+        prefix = self.transactional_id_prefix
+        naming.validate_prefix(prefix)
+        check_pooling_dag(self.naming_strategy, context["dag"], prefix)
+        run = decision_run(context)
+        hook = Kafka2PCHook(self.kafka2pc_conn_id)
+        if self.topic is not None:
+            # Fail in seconds on the driver, not after every task's delivery timeout.
+            wire = hook.wire_client()
+            try:
+                if self.topic not in wire.topics():
+                    raise MissingTopicError(
+                        f"topic {self.topic!r} does not exist on {hook.get_config()['bootstrap.servers']}; "
+                        "create it first (the export never creates data topics)"
+                    )
+            finally:
+                wire.close()
+        decision_log = hook.decision_log()
+        try:
+            decision_log.claim_prefix(prefix, owner=f"{self.dag_id}.{self.task_id}")
+            mark = decision_log.read().run_mark(prefix, run)
+        finally:
+            decision_log.close()
+        if mark is not None:
+            raise AirflowSkipException(
+                f"run {run} of exporter {prefix!r} already reached its COMMIT decision "
+                f"({mark.records} records in {mark.transactions} transactions); exporting it again "
+                "would duplicate it. Start a new DAG run to export again."
+            )
+        settings = ExportSettings(
+            transactional_id_prefix=prefix,
+            producer_config=hook.producer_config(self.producer_config),
+            topic=self.topic,
+            naming_strategy=self.naming_strategy,
+            run_key=naming.sanitize_run_key(context["run_id"])
+            if self.naming_strategy is naming.NamingStrategy.INCREMENTING
+            else None,
+            delivery_guarantee=self.delivery_guarantee,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+        )
+        self.log.info(
+            "prepare %s: %s, %s ids, producer config %s",
+            prefix,
+            self.delivery_guarantee.value,
+            self.naming_strategy.value,
+            redact(settings.producer_config),
+        )
+        spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
+        try:
+            df = self._dataframe(spark, context)
+            with _Progress(spark, self.log):
+                result = export_dataframe(df, settings)
+        finally:
+            spark.stop()
+        summary = result.summary()
+        self.log.info(
+            "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s%s",
+            summary["transactions"],
+            prefix,
+            result.records,
+            result.bytes,
+            result.partitions,
+            summary["counts_by_topic"],
+            result.duration_s,
+            f", retried partitions {list(result.retried)}" if result.retried else "",
+        )
+        return ExportPayload(
+            conn_id=self.kafka2pc_conn_id,
+            prefix=prefix,
+            naming_strategy=self.naming_strategy.value,
+            run_key=settings.run_key,
+            delivery_guarantee=self.delivery_guarantee.value,
+            committables=result.committables,
+            summary=summary,
+        ).to_xcom()

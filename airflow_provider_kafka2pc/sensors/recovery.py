@@ -1,0 +1,83 @@
+"""Kafka2PCRecoverySensor: before a new prepare, resolve whatever an earlier run left open."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, conf
+
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.payload import decision_run
+from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class RecoveryError(Kafka2PCError):
+    """The recovery trigger failed; its message says why."""
+
+
+class Kafka2PCRecoverySensor(BaseSensorOperator):
+    """Wait until no transaction of the exporter is open, resolving each one by the decision log.
+
+    For every open transaction of ``transactional_id_prefix``: a COMMIT decision for the same
+    (transactional id, producer id, epoch) commits it (a commit task died after deciding);
+    anything else is aborted (a prepare or a commit died before deciding). Transactions the
+    broker is still completing are polled again. Deferrable (default: ``[operators]
+    default_deferrable``) or poking.
+    """
+
+    template_fields: Sequence[str] = ("transactional_id_prefix",)
+    ui_color = "#e1ecfd"
+
+    def __init__(
+        self,
+        *,
+        transactional_id_prefix: str,
+        kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poke_interval: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.transactional_id_prefix = transactional_id_prefix
+        self.kafka2pc_conn_id = kafka2pc_conn_id
+        self.deferrable = deferrable
+
+    def poke(self, context: Context) -> bool:
+        naming.validate_prefix(self.transactional_id_prefix)
+        result = Kafka2PCHook(self.kafka2pc_conn_id).recover(self.transactional_id_prefix, decision_run(context))
+        self.log.info("recovery of %s: %s", self.transactional_id_prefix, result.describe())
+        return result.done
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        # One pass here first: the common case (nothing open) needs no trip through the triggerer.
+        if self.poke(context):
+            return None
+        self.defer(
+            trigger=Kafka2PCRecoveryTrigger(
+                transactional_id_prefix=self.transactional_id_prefix,
+                run=decision_run(context),
+                kafka2pc_conn_id=self.kafka2pc_conn_id,
+                poke_interval=self.poke_interval,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        if event.get("status") != "success":
+            raise RecoveryError(f"recovery of {self.transactional_id_prefix} failed: {event.get('message', event)}")
+        self.log.info(
+            "recovery of %s done after %s pass(es) in the triggerer: %s",
+            self.transactional_id_prefix,
+            event.get("passes"),
+            event.get("summary"),
+        )

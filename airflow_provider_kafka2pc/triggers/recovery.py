@@ -1,0 +1,74 @@
+"""Kafka2PCRecoveryTrigger: the recovery sensor's wait, run by the triggerer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+
+
+class Kafka2PCRecoveryTrigger(BaseTrigger):
+    """Resolve the prefix's open transactions until none is left, then fire.
+
+    Each pass talks to Kafka with blocking clients, so it runs in a worker thread: the
+    triggerer's event loop, shared with every other trigger, never waits on Kafka.
+    """
+
+    def __init__(
+        self,
+        transactional_id_prefix: str,
+        run: str,
+        kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
+        poke_interval: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.transactional_id_prefix = transactional_id_prefix
+        self.run_name = run
+        self.kafka2pc_conn_id = kafka2pc_conn_id
+        self.poke_interval = poke_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        # Only names: the connection (and its secrets) is looked up again where the trigger runs.
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "transactional_id_prefix": self.transactional_id_prefix,
+                "run": self.run_name,
+                "kafka2pc_conn_id": self.kafka2pc_conn_id,
+                "poke_interval": self.poke_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        passes = 0
+        try:
+            conn = await Kafka2PCHook.aget_connection(self.kafka2pc_conn_id)
+            hook = Kafka2PCHook(self.kafka2pc_conn_id, connection=conn)
+            while True:
+                passes += 1
+                result = await asyncio.to_thread(hook.recover, self.transactional_id_prefix, self.run_name)
+                self.log.info("recovery of %s, pass %d: %s", self.transactional_id_prefix, passes, result.describe())
+                if result.done:
+                    yield TriggerEvent(
+                        {
+                            "status": "success",
+                            "prefix": self.transactional_id_prefix,
+                            "passes": passes,
+                            "summary": result.describe(),
+                        }
+                    )
+                    return
+                await asyncio.sleep(self.poke_interval)
+        except Exception as e:  # handed to the task, which fails with the message
+            yield TriggerEvent(
+                {
+                    "status": "error",
+                    "prefix": self.transactional_id_prefix,
+                    "passes": passes,
+                    "message": f"{type(e).__name__}: {e}",
+                }
+            )

@@ -1,0 +1,41 @@
+"""Run one DAG with ``dag.test()`` in this process and print the task states as JSON (last line).
+
+Usage: python dag_runner.py DAG_FILE DAG_ID [RUN_CONF_JSON]. The caller sets AIRFLOW_HOME and
+the connections in the environment; a separate process keeps each run's Spark and Airflow apart.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+
+
+def main() -> None:
+    path, dag_id = sys.argv[1], sys.argv[2]
+    conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    spec = importlib.util.spec_from_file_location("e2e_dag_module", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag = next(d for d in vars(module).values() if getattr(d, "dag_id", None) == dag_id)
+    started = time.monotonic()
+    run = dag.test(run_conf=conf)
+    states = {ti.task_id: str(ti.state.value if ti.state else None) for ti in run.get_task_instances()}
+    tries = {ti.task_id: ti.try_number for ti in run.get_task_instances()}
+    print(
+        json.dumps(
+            {
+                "run_id": run.run_id,
+                "state": str(run.state.value if hasattr(run.state, "value") else run.state),
+                "tasks": states,
+                "tries": tries,
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

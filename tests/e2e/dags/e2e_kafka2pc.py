@@ -1,0 +1,113 @@
+"""The DAG of the end-to-end tests: the exporter's tasks wired by hand, with failures to inject.
+
+Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
+E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES. The run's
+conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
+from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
+from airflow_provider_kafka2pc.operators.payload import decision_run
+from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
+
+# prepare_fails:   the last row of the last partition raises: the Spark job fails mid-write.
+# prepare_hangs:   the last row of the last partition sleeps: the test kills the run meanwhile.
+# commit_half:     first try of commit: decide, commit half of the transactions, then die.
+# decided_then_die: first try of commit: decide, then die before any EndTxn.
+FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die")
+FAULT = os.environ.get("E2E_FAULT", "")
+assert FAULT in FAULTS, FAULT
+PREFIX = os.environ.get("E2E_PREFIX", "e2e")
+TOPIC = os.environ.get("E2E_TOPIC", "e2e")
+
+
+def source(spark: Any, context: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    conf = context["dag_run"].conf or {}
+    rows, partitions, tag = int(conf.get("rows", 2000)), int(conf.get("partitions", 4)), str(conf.get("tag", "r"))
+    df = spark.range(rows, numPartitions=partitions)
+    key = F.concat(F.lit(f"{tag}-"), F.col("id").cast("string"))
+    if FAULT in ("prepare_fails", "prepare_hangs"):
+        last, fault = rows - 1, FAULT
+
+        def value(i: int) -> str:
+            if i == last:
+                if fault == "prepare_fails":
+                    raise RuntimeError(f"injected: row {i} cannot be exported")
+                time.sleep(3600)
+            return f"value-{i}"
+
+        return df.select(key.alias("key"), F.udf(value, "string")(F.col("id")).alias("value"))
+    return df.select(key.alias("key"), F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"))
+
+
+class E2ECommitOperator(Kafka2PCCommitOperator):
+    """The commit task, dying on its first try at the point the scenario names."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        if FAULT in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
+            from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+            from airflow_provider_kafka2pc.txn.decision_log import Decision
+            from airflow_provider_kafka2pc.txn.outcome import Intent
+            from airflow_provider_kafka2pc.txn.resume import TransactionResolver, ref_of
+
+            payloads = [p for p in self.payloads(context).values() if p is not None]
+            committables = [c for p in payloads for c in p.committables]
+            refs = [ref_of(c) for c in committables]
+            hook = Kafka2PCHook(self.kafka2pc_conn_id)
+            decision_log, wire = hook.decision_log(), hook.wire_client()
+            decision_log.record(
+                refs,
+                Decision.COMMIT,
+                decision_run(context),
+                counts={c.transactional_id: c.records for c in committables},
+                mark_prefixes=[p.prefix for p in payloads],
+            )
+            done = refs[: len(refs) // 2] if FAULT == "commit_half" else []
+            TransactionResolver(wire).resolve(done, Intent.COMMIT)
+            decision_log.close()
+            wire.close()
+            raise RuntimeError(f"injected: commit died after deciding and committing {len(done)} of {len(refs)}")
+        return super().execute(context)
+
+
+with DAG(
+    dag_id="e2e_kafka2pc",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+) as dag:
+    recover = Kafka2PCRecoverySensor(
+        task_id="recover",
+        transactional_id_prefix=PREFIX,
+        deferrable=os.environ.get("E2E_DEFERRABLE", "") == "1",
+        poke_interval=1.0,
+        timeout=300,
+    )
+    prepare = Kafka2PCExportOperator(
+        task_id="prepare",
+        transactional_id_prefix=PREFIX,
+        topic=TOPIC,
+        source=source,
+        spark_conf={"spark.master": "local[2]", "spark.ui.enabled": "false"},
+    )
+    commit = E2ECommitOperator(
+        task_id="commit",
+        export_task_ids="prepare",
+        retries=int(os.environ.get("E2E_COMMIT_RETRIES", "1")),
+        retry_delay=timedelta(seconds=1),
+    )
+    abort = Kafka2PCAbortOperator(task_id="abort", export_task_ids="prepare", transactional_id_prefixes=PREFIX)
+    recover >> prepare >> [commit, abort]

@@ -1,0 +1,117 @@
+"""End to end on real Airflow (``dag.test()``, SQLite), real Spark and the real broker.
+
+Every outcome is judged by a read_committed consumer (counts, unique keys) and by the
+transactions of the prefix still open on the broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import pytest
+
+from tests.helpers.airflow_dagtest import DagTester, kafka2pc_connection
+from tests.helpers.kafka import REPO, KafkaEnv
+
+pytestmark = pytest.mark.kafka
+
+E2E_DAG = REPO / "tests" / "e2e" / "dags" / "e2e_kafka2pc.py"
+EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
+ROWS, PARTITIONS = 3000, 4
+EXAMPLE_TOPIC = "kafka2pc_example_orders"  # dags/kafka2pc_example.py's TOPIC: the DAG never creates it
+
+
+def scenario(kafka: KafkaEnv, fault: str = "", **extra: str) -> tuple[dict[str, str], str, str]:
+    prefix = f"e2e_{uuid.uuid4().hex[:8]}"
+    topic = kafka.topic(partitions=3)
+    env = {**kafka2pc_connection(kafka), "E2E_PREFIX": prefix, "E2E_TOPIC": topic, "E2E_FAULT": fault, **extra}
+    return env, prefix, topic
+
+
+def visible_keys(kafka: KafkaEnv, topic: str) -> Counter[str]:
+    return Counter((r.key or b"").decode() for r in kafka.read_committed(topic))
+
+
+def exactly_once(keys: Counter[str], tag: str, rows: int = ROWS) -> None:
+    mine = {k: n for k, n in keys.items() if k.startswith(f"{tag}-")}
+    assert len(mine) == rows, f"{len(mine)} distinct keys of run {tag!r} visible, expected {rows}"
+    assert set(mine.values()) == {1}, f"duplicates: {[k for k, n in mine.items() if n > 1][:5]}"
+
+
+def conf(tag: str) -> dict[str, object]:
+    return {"tag": tag, "rows": ROWS, "partitions": PARTITIONS}
+
+
+def test_example_dag_exports_exactly_once(kafka: KafkaEnv, dag_tester: DagTester) -> None:
+    kafka.topic(partitions=4, name=EXAMPLE_TOPIC)
+    result = dag_tester.run(
+        EXAMPLE_DAG, "kafka2pc_example", {"rows": 20_000, "partitions": 4}, kafka2pc_connection(kafka)
+    )
+    assert result.state == "success", result.log
+    assert result.tasks == {
+        "orders.recover": "success",
+        "orders.prepare": "success",
+        "orders.commit": "success",
+        "orders.abort": "skipped",
+    }
+    keys = visible_keys(kafka, EXAMPLE_TOPIC)
+    assert len(keys) == 20_000 and set(keys.values()) == {1}
+    assert kafka.open_transactions("kafka2pc_example.orders") == []
+
+
+def test_prepare_fails_mid_job_abort_leaves_nothing(kafka: KafkaEnv, dag_tester: DagTester) -> None:
+    env, prefix, topic = scenario(kafka, "prepare_fails")
+    result = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("a"), env)
+    assert result.state == "failed"
+    assert result.tasks["prepare"] == "failed"
+    assert result.tasks["abort"] == "success"
+    assert result.tasks["commit"] == "upstream_failed"
+    assert "injected: row" in result.log.read_text(errors="replace")
+    assert visible_keys(kafka, topic) == Counter()
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_commit_dies_halfway_and_its_retry_commits_the_rest(kafka: KafkaEnv, dag_tester: DagTester) -> None:
+    env, prefix, topic = scenario(kafka, "commit_half")
+    result = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("a"), env)
+    assert result.state == "success", result.log
+    assert result.tries["commit"] == 2  # the first try died after committing half
+    assert "injected: commit died after deciding and committing 2 of 4" in result.log.read_text(errors="replace")
+    exactly_once(visible_keys(kafka, topic), "a")
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(
+    kafka: KafkaEnv, dag_tester: DagTester
+) -> None:
+    env, prefix, topic = scenario(kafka, "decided_then_die", E2E_COMMIT_RETRIES="0")
+    first = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("first"), env)
+    assert first.state == "failed" and first.tasks["commit"] == "failed"
+    assert visible_keys(kafka, topic) == Counter()  # decided, but no EndTxn was sent
+    assert len(kafka.open_transactions(prefix)) == PARTITIONS
+
+    second = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("second"), {**env, "E2E_FAULT": ""})
+    assert second.state == "success", second.log
+    log = second.log.read_text(errors="replace")
+    assert f"recovery of {prefix}: committed {PARTITIONS}, aborted 0" in log
+    keys = visible_keys(kafka, topic)
+    exactly_once(keys, "first")
+    exactly_once(keys, "second")
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_run_died_during_prepare_leftovers_are_aborted_by_the_next_run(kafka: KafkaEnv, dag_tester: DagTester) -> None:
+    env, prefix, topic = scenario(kafka, "prepare_hangs")
+    proc, log = dag_tester.start(E2E_DAG, "e2e_kafka2pc", conf("dead"), env)
+    # Every partition has its transaction open; the last one hangs on its last row: kill it all.
+    dag_tester.kill_when(proc, log, lambda: len(kafka.open_transactions(prefix)) == PARTITIONS)
+    assert len(kafka.open_transactions(prefix)) == PARTITIONS
+
+    second = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("alive"), {**env, "E2E_FAULT": ""})
+    assert second.state == "success", second.log
+    assert f"recovery of {prefix}: committed 0, aborted {PARTITIONS}" in second.log.read_text(errors="replace")
+    keys = visible_keys(kafka, topic)
+    assert not any(k.startswith("dead-") for k in keys)
+    exactly_once(keys, "alive")
+    assert kafka.open_transactions(prefix) == []

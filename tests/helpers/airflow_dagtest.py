@@ -1,0 +1,119 @@
+"""Running DAGs with ``dag.test()`` against the real local Kafka, one subprocess per run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.kafka import REPO, KafkaEnv
+
+RUNNER = REPO / "tests" / "e2e" / "dag_runner.py"
+
+
+def airflow_base_env(home: Path, dags_folder: Path) -> dict[str, str]:
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def kafka2pc_connection(kafka: KafkaEnv) -> dict[str, str]:
+    return {"AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap})}
+
+
+def migrate(home: Path, dags_folder: Path) -> None:
+    env = {**os.environ, **airflow_base_env(home, dags_folder)}
+    airflow = Path(sys.executable).parent / "airflow"
+    done = subprocess.run([str(airflow), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise AssertionError(f"airflow db migrate failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+@dataclass
+class DagRunResult:
+    state: str
+    tasks: dict[str, str]
+    tries: dict[str, int]
+    seconds: float
+    log: Path
+
+    def task(self, task_id: str) -> str:
+        return self.tasks[task_id]
+
+
+@dataclass
+class DagTester:
+    home: Path
+    dags_folder: Path
+    logs: Path
+
+    def env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        return {**os.environ, **airflow_base_env(self.home, self.dags_folder), **extra}
+
+    def start(
+        self, dag_file: Path, dag_id: str, conf: Mapping[str, Any], env: Mapping[str, str]
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{dag_id}-{time.time_ns()}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(RUNNER), str(dag_file), dag_id, json.dumps(dict(conf))],
+                # dag.test() serializes the DAGs of the folder it runs from: the DAG file's own.
+                env={**self.env(env), "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a test can kill Spark's JVM with it
+            )
+        return proc, log
+
+    def run(
+        self, dag_file: Path, dag_id: str, conf: Mapping[str, Any], env: Mapping[str, str], timeout_s: float = 600
+    ) -> DagRunResult:
+        proc, log = self.start(dag_file, dag_id, conf, env)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise AssertionError(f"dag.test of {dag_id} did not finish in {timeout_s} s; log: {log}") from None
+        lines = log.read_text(errors="replace").splitlines()
+        last = next((ln for ln in reversed(lines) if ln.startswith('{"run_id"')), None)
+        if proc.returncode != 0 or last is None:
+            raise AssertionError(
+                f"dag.test of {dag_id} crashed (exit {proc.returncode}); tail of {log}:\n" + "\n".join(lines[-60:])
+            )
+        data = json.loads(last)
+        return DagRunResult(data["state"], data["tasks"], data["tries"], data["seconds"], log)
+
+    def kill_when(
+        self, proc: subprocess.Popen[bytes], log: Path, condition: Callable[[], bool], timeout_s: float = 300
+    ) -> None:
+        """SIGKILL the whole run (Airflow, Spark's JVM, Python workers) once ``condition`` holds."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be killed; log: {log}")
+            if time.monotonic() > deadline:
+                kill_group(proc)
+                raise AssertionError(f"condition not reached in {timeout_s} s; log: {log}")
+            time.sleep(0.5)
+        kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
