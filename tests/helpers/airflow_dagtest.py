@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.helpers.kafka import REPO, KafkaEnv
 
-RUNNER = REPO / "tests" / "e2e" / "dag_runner.py"
+RUNNER = REPO / "scripts" / "dag_test.py"
 
 
 def airflow_base_env(home: Path, dags_folder: Path) -> dict[str, str]:

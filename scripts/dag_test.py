@@ -1,6 +1,6 @@
 """Run one DAG with ``dag.test()`` in this process and print the task states as JSON (last line).
 
-Usage: python dag_runner.py DAG_FILE DAG_ID [RUN_CONF_JSON]. The caller sets AIRFLOW_HOME and
+Usage: python scripts/dag_test.py DAG_FILE DAG_ID [RUN_CONF_JSON]. The caller sets AIRFLOW_HOME and
 the connections in the environment; a separate process keeps each run's Spark and Airflow apart.
 """
 
