@@ -1,0 +1,550 @@
+"""A real, standalone Airflow 3 (api-server, scheduler, dag-processor, triggerer) for end-to-end tests.
+
+Each component runs as its own process (own process group) against a fresh AIRFLOW_HOME with a SQLite
+metadata DB and the LocalExecutor. Tests talk to it only through the public REST API v2, with a JWT
+obtained from the SimpleAuthManager's ``POST /auth/token``, like any external client would.
+
+Usage::
+
+    with StandaloneAirflow(home, dags_folder, env={"AIRFLOW_CONN_KAFKA": "..."}) as af:
+        af.wait_for_dags("my_dag")
+        run_id = af.trigger("my_dag")
+        assert af.wait_run("my_dag", run_id, timeout=120) == "success"
+
+Component logs stay in ``<home>/logs/components/<name>.log`` after ``stop()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import httpx
+import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
+
+# The project root goes on PYTHONPATH so DAG files (and the tasks they run) can import the provider
+# straight from the checkout without installing it.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
+TERMINAL_RUN_STATES: frozenset[str] = frozenset({"success", "failed"})
+_ADMIN_USER = "admin"
+
+
+class AirflowHarnessError(RuntimeError):
+    """Airflow did not start, did not answer as expected, or a wait timed out (message carries log tails)."""
+
+
+@dataclass
+class _Component:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class StandaloneAirflow:
+    """Start, drive (REST API v2 only) and stop a standalone Airflow; see the module docstring."""
+
+    def __init__(
+        self,
+        home: Path,
+        dags_folder: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        parallelism: int = 4,
+        startup_timeout: float = 180.0,
+        config: Mapping[str, str] | None = None,
+        dag_ids: Sequence[str] = (),
+    ) -> None:
+        """Prepare (but do not start) an instance.
+
+        :param home: AIRFLOW_HOME; created if missing. DB, logs and airflow.cfg live here.
+        :param dags_folder: the DAG files to parse.
+        :param env: extra environment for every component and task (``AIRFLOW_CONN_*``, ``PYSPARK_PYTHON``...).
+        :param parallelism: LocalExecutor worker processes; they are forked up front, so keep it small.
+        :param startup_timeout: seconds for ``airflow db migrate`` plus all components to become healthy.
+        :param config: extra ``AIRFLOW__SECTION__KEY`` overrides, applied after the harness defaults.
+        :param dag_ids: DAGs that ``start()`` waits for (parsed and visible in the API) before returning.
+        """
+        self.dag_ids = tuple(dag_ids)
+        self.home = Path(home).resolve()
+        self.dags_folder = Path(dags_folder).resolve()
+        self.startup_timeout = startup_timeout
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = self.home / "logs" / "components"
+        self._password = secrets.token_urlsafe(16)
+        self._components: list[_Component] = []
+        self._client: httpx.Client | None = None
+        self._token: str | None = None
+        self.env = self._build_env(parallelism, env or {}, config or {})
+        # Measured by start(); tests report them.
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ configuration
+
+    def _build_env(self, parallelism: int, extra_env: Mapping[str, str], config: Mapping[str, str]) -> dict[str, str]:
+        # Nothing Airflow-related leaks in from the developer's shell: the instance is defined here only.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        pythonpath = [str(_REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+        # Tools a task may spawn (spark-submit, airflow) resolve to this venv, not to whatever is on PATH.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env["AIRFLOW_HOME"] = str(self.home)
+        # Log files stay complete up to a SIGKILL, and log tails during startup are current.
+        env["PYTHONUNBUFFERED"] = "1"
+        # >= 64 bytes: the JWTs are HS512-signed and PyJWT warns about shorter keys.
+        secret = secrets.token_urlsafe(64)
+        settings = {
+            "CORE__DAGS_FOLDER": str(self.dags_folder),
+            "CORE__LOAD_EXAMPLES": "False",
+            "CORE__EXECUTOR": "LocalExecutor",
+            # Fork-based LocalExecutor starts all workers at once; tasks talk to the api-server, not to
+            # SQLite, so the DB writers stay the four components whatever this is.
+            "CORE__PARALLELISM": str(parallelism),
+            "CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+            "CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "API__HOST": "127.0.0.1",
+            "API__PORT": str(self.port),
+            "API__BASE_URL": self.base_url,
+            "API__WORKERS": "1",
+            # Every process must sign/verify the same JWTs (REST token, task execution tokens) and
+            # session cookies; left to the default, each process could generate its own.
+            "API__SECRET_KEY": secret,
+            "API_AUTH__JWT_SECRET": secret,
+            # A real login (users + a known password file) so the tests use the API like a client would.
+            "CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "CORE__SIMPLE_AUTH_MANAGER_USERS": f"{_ADMIN_USER}:ADMIN",
+            "CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "simple_auth_manager_passwords.json"),
+            # Fast loops: a test waits on each of these several times per run.
+            "SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            "SCHEDULER__JOB_HEARTBEAT_SEC": "2",
+            "TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            # A task stuck in "queued" fails in minutes, not after the default 10.
+            "SCHEDULER__TASK_QUEUED_TIMEOUT": "180",
+            "SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "15",
+            "DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+            "DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "DAG_PROCESSOR__PRINT_STATS_INTERVAL": "0",
+            "DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "150",
+            "LOGGING__COLORED_CONSOLE_LOG": "False",
+            "LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
+        }
+        for key, value in settings.items():
+            env[f"AIRFLOW__{key}"] = value
+        for key, value in config.items():
+            env[key if key.startswith("AIRFLOW__") else f"AIRFLOW__{key}"] = value
+        env.update(extra_env)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Migrate the DB, start the four components and wait until the health endpoint says all are up."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.home / "simple_auth_manager_passwords.json").write_text(json.dumps({_ADMIN_USER: self._password}))
+        deadline = time.monotonic() + self.startup_timeout
+        t0 = time.monotonic()
+        self._migrate(deadline)
+        self.timings["db_migrate"] = time.monotonic() - t0
+        atexit.register(self.stop)  # a crashed test session must not leave Airflow running
+        t1 = time.monotonic()
+        self._spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"])
+        # No serve-logs sidecars: all components share this home, so the api-server reads task logs from
+        # disk, and fixed default ports (8793/8794) would clash with concurrently running instances.
+        self._spawn("scheduler", ["scheduler", "--skip-serve-logs"])
+        self._spawn("dag-processor", ["dag-processor"])
+        self._spawn("triggerer", ["triggerer", "--skip-serve-logs"])
+        try:
+            self._wait_healthy(deadline)
+            self.timings["components_healthy"] = time.monotonic() - t1
+            if self.dag_ids:
+                self.wait_for_dags(*self.dag_ids, timeout=max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["startup_total"] = time.monotonic() - t0
+
+    def _migrate(self, deadline: float) -> None:
+        log_path = self.log_dir / "db-migrate.log"
+        with log_path.open("wb") as log:
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "airflow", "db", "migrate"],
+                    env=self.env,
+                    cwd=self.home,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as e:
+                raise AirflowHarnessError(f"airflow db migrate timed out:\n{_tail(log_path, 60)}") from e
+        if proc.returncode != 0:
+            raise AirflowHarnessError(f"airflow db migrate exited {proc.returncode}:\n{_tail(log_path, 60)}")
+
+    def _spawn(self, name: str, args: Sequence[str]) -> None:
+        log_path = self.log_dir / f"{name}.log"
+        log_file = log_path.open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env,
+            cwd=self.home,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            # Own session = own process group, so stop() can signal the component with all its children.
+            start_new_session=True,
+        )
+        self._components.append(_Component(name, proc, log_path, log_file))
+
+    def _wait_healthy(self, deadline: float) -> None:
+        last: object = "no answer yet"
+        while True:
+            self._check_alive()
+            try:
+                r = self.client.get("/api/v2/monitor/health", timeout=5)
+                if r.status_code == 200:
+                    last = health = r.json()
+                    if all(
+                        isinstance(health.get(part), dict) and health[part].get("status") == "healthy"
+                        for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                    ):
+                        self._login()
+                        return
+                else:
+                    last = f"HTTP {r.status_code}: {r.text[:300]}"
+            except httpx.TransportError as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                raise AirflowHarnessError(
+                    f"Airflow not healthy after {self.startup_timeout:.0f}s; last health answer: {last}\n"
+                    + self.logs_tail()
+                )
+            time.sleep(0.5)
+
+    def _check_alive(self) -> None:
+        dead = [c for c in self._components if c.proc.poll() is not None]
+        if dead:
+            names = ", ".join(f"{c.name} (exit {c.proc.returncode})" for c in dead)
+            raise AirflowHarnessError(f"Airflow component(s) exited: {names}\n" + self.logs_tail())
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM each component, SIGKILL its process group and stray descendants still alive after ``grace``.
+
+        Idempotent. Logs are kept under ``log_dir``.
+        """
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if not self._components:
+            return
+        t0 = time.monotonic()
+        # Collect descendants first: a task process that changed its session would escape killpg.
+        by_pid: dict[int, psutil.Process] = {}
+        for c in self._components:
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(c.proc.pid)
+                by_pid.update((q.pid, q) for q in [p, *p.children(recursive=True)])
+        procs = list(by_pid.values())
+        # SIGTERM only the component's main process: it shuts its own children down, and a second
+        # SIGTERM (e.g. one sent to the whole group) makes the triggerer skip its graceful exit.
+        for c in self._components:
+            with contextlib.suppress(ProcessLookupError):
+                c.proc.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        if alive:
+            # Seen here: the triggerer waits 10 s for its trigger subprocess, and the api-server can spend
+            # seconds in interpreter teardown. The DB is throwaway, so waiting longer buys nothing.
+            with (self.log_dir / "harness.log").open("a") as note:
+                for p in alive:
+                    with contextlib.suppress(psutil.Error):
+                        note.write(f"SIGKILL after {grace:.0f}s grace: pid {p.pid} {' '.join(p.cmdline())[:200]}\n")
+            # Only groups that still have a live member: a reaped leader's pid could have been reused.
+            groups: set[int] = set()
+            for p in alive:
+                with contextlib.suppress(OSError):
+                    groups.add(os.getpgid(p.pid))
+            for c in self._components:
+                if c.proc.pid in groups:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(c.proc.pid, signal.SIGKILL)
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            psutil.wait_procs(alive, timeout=5)
+        for c in self._components:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=5)
+            c.log_file.close()
+        self._components = []
+        self.timings["stop"] = time.monotonic() - t0
+
+    def logs_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` of every component's log, for failure messages."""
+        parts = [f"(component logs in {self.log_dir})"]
+        for path in sorted(self.log_dir.glob("*.log")):
+            parts.append(f"----- {path.name} (last {lines} lines) -----\n{_tail(path, lines)}")
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ HTTP plumbing
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.base_url, timeout=30)
+        return self._client
+
+    def _login(self) -> None:
+        r = self.client.post("/auth/token", json={"username": _ADMIN_USER, "password": self._password})
+        if r.status_code not in (200, 201):
+            raise AirflowHarnessError(f"POST /auth/token -> HTTP {r.status_code}: {r.text[:500]}")
+        self._token = r.json()["access_token"]
+
+    @property
+    def token(self) -> str:
+        """A JWT for the REST API (admin role)."""
+        if self._token is None:
+            self._login()
+        assert self._token is not None
+        return self._token
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        expect: Iterable[int] = (200,),
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Call the REST API (``path`` starts with ``/api/v2/``) as admin; raise on an unexpected status."""
+        expected = set(expect)
+        for attempt in range(2):
+            r = self.client.request(
+                method,
+                path,
+                json=json_body,
+                params=params,
+                headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
+            )
+            if r.status_code == 401 and attempt == 0:
+                self._login()  # token expired (long session): log in again once
+                continue
+            break
+        if r.status_code not in expected:
+            raise AirflowHarnessError(
+                f"{method} {path} -> HTTP {r.status_code} (expected {sorted(expected)}): {r.text}"
+            )
+        return r
+
+    # ------------------------------------------------------------------ DAGs and runs
+
+    def wait_for_dags(self, *dag_ids: str, timeout: float = 120.0) -> None:
+        """Wait until the dag-processor has parsed and serialized each DAG (``GET /api/v2/dags/{id}``)."""
+        deadline = time.monotonic() + timeout
+        pending = list(dag_ids)
+        while pending:
+            self._check_alive()
+            r = self.request("GET", f"/api/v2/dags/{pending[0]}", expect=(200, 404))
+            if r.status_code == 200:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise AirflowHarnessError(
+                    f"DAG(s) {pending} not parsed within {timeout:.0f}s; import errors: {self.import_errors()}\n"
+                    + self.logs_tail()
+                )
+            time.sleep(1)
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        body = self.request("GET", "/api/v2/importErrors", params={"limit": 100}).json()
+        return list(body.get("import_errors", []))
+
+    def unpause(self, dag_id: str) -> None:
+        self.request("PATCH", f"/api/v2/dags/{dag_id}", json_body={"is_paused": False})
+
+    def pause(self, dag_id: str) -> None:
+        self.request("PATCH", f"/api/v2/dags/{dag_id}", json_body={"is_paused": True})
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, run_id: str | None = None) -> str:
+        """Create a manual run (no logical date) and return its run_id."""
+        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
+        if run_id is not None:
+            body["dag_run_id"] = run_id
+        r = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json_body=body)
+        return str(r.json()["dag_run_id"])
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json())
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return str(self.dag_run(dag_id, run_id)["state"])
+
+    def wait_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        timeout: float = 300.0,
+        *,
+        states: Iterable[str] = TERMINAL_RUN_STATES,
+        on_poll: Callable[[dict[str, str | None]], None] | None = None,
+        poll: float = 1.0,
+    ) -> str:
+        """Poll the run until its state is one of ``states``; return that state.
+
+        ``on_poll`` gets the task states at every poll (e.g. to observe a transient "deferred").
+        On timeout the error carries the task states and the component log tails.
+        """
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            state = self.run_state(dag_id, run_id)
+            if on_poll is not None:
+                on_poll(self.task_states(dag_id, run_id))
+            if state in wanted:
+                return state
+            if time.monotonic() > deadline:
+                raise AirflowHarnessError(
+                    f"run {dag_id}/{run_id} still {state!r} after {timeout:.0f}s (waiting for {sorted(wanted)}); "
+                    f"tasks: {self.task_states(dag_id, run_id)}\n" + self.logs_tail()
+                )
+            time.sleep(poll)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        r = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+        return list(r.json()["task_instances"])
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        """task_id -> state (mapped tasks: ``task_id[map_index]``)."""
+        out: dict[str, str | None] = {}
+        for ti in self.task_instances(dag_id, run_id):
+            key = ti["task_id"] if ti.get("map_index", -1) == -1 else f"{ti['task_id']}[{ti['map_index']}]"
+            out[key] = ti["state"]
+        return out
+
+    def task_tries(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict[str, Any]]:
+        """Every try of a task instance (``try_number``, ``state``, ``start_date``... per try), oldest first."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+        path += "/tries" if map_index == -1 else f"/{map_index}/tries"
+        tries = list(self.request("GET", path).json()["task_instances"])
+        return sorted(tries, key=lambda t: int(t["try_number"]))
+
+    def clear_tasks(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_ids: Sequence[str],
+        *,
+        include_downstream: bool = False,
+        include_upstream: bool = False,
+        only_failed: bool = False,
+        reset_dag_runs: bool = True,
+    ) -> list[str]:
+        """Clear (re-run) tasks of one run; returns the cleared task_ids. The run goes back to "queued"."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": list(task_ids),
+            "include_downstream": include_downstream,
+            "include_upstream": include_upstream,
+            "only_failed": only_failed,
+            "reset_dag_runs": reset_dag_runs,
+        }
+        r = self.request("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances", json_body=body)
+        return [ti["task_id"] for ti in r.json()["task_instances"]]
+
+    def clear_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> None:
+        """Clear a whole run (all tasks, or only the failed ones)."""
+        self.request(
+            "POST",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/clear",
+            json_body={"dry_run": False, "only_failed": only_failed},
+        )
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
+        """The stored (JSON) value of an XCom; raises AirflowHarnessError if there is none."""
+        r = self.request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
+            params={"map_index": map_index},
+        )
+        return r.json()["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
+        """A task try's log as plain text (one line per structured log event)."""
+        r = self.request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+            params={"full_content": "true", "map_index": map_index},
+            headers={"Accept": "application/json"},
+        )
+        return "\n".join(_format_log_event(item) for item in r.json().get("content", []))
+
+
+# Context every structured task-log event repeats; dropped so a failure message stays readable.
+_LOG_CONTEXT_KEYS = frozenset(
+    {"timestamp", "level", "event", "logger", "run_id", "ti_id", "task_id", "dag_id", "map_index", "try_number"}
+    | {"filename", "lineno"}
+)
+
+
+def _format_log_event(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    line = f"{item.get('timestamp', '')} {item.get('level', '')} {item.get('event', '')}"
+    for exc in item.get("error_detail") or []:
+        frame = (exc.get("frames") or [{}])[-1]
+        line += (
+            f"\n    {exc.get('exc_type')}: {exc.get('exc_value')} (at {frame.get('filename')}:{frame.get('lineno')})"
+        )
+    extra = {k: v for k, v in item.items() if k not in _LOG_CONTEXT_KEYS and k != "error_detail"}
+    return line + (f" {json.dumps(extra, default=str)}" if extra else "")
