@@ -22,13 +22,13 @@ def main() -> None:
     dag = next(d for d in vars(module).values() if getattr(d, "dag_id", None) == dag_id)
     started = time.monotonic()
     run = dag.test(run_conf=conf)
-    states = {ti.task_id: str(ti.state.value if ti.state else None) for ti in run.get_task_instances()}
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
     tries = {ti.task_id: ti.try_number for ti in run.get_task_instances()}
     print(
         json.dumps(
             {
                 "run_id": run.run_id,
-                "state": str(run.state.value if hasattr(run.state, "value") else run.state),
+                "state": str(getattr(run.state, "value", run.state)),
                 "tasks": states,
                 "tries": tries,
                 "seconds": round(time.monotonic() - started, 1),

@@ -58,9 +58,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        # One pass here first: the common case (nothing open) needs no trip through the triggerer.
-        if self.poke(context):
-            return None
+        # Every pass, the first included, runs in the triggerer: the worker slot is freed at once.
         self.defer(
             trigger=Kafka2PCRecoveryTrigger(
                 transactional_id_prefix=self.transactional_id_prefix,
