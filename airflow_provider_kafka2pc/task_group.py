@@ -9,11 +9,7 @@ from airflow.sdk import TaskGroup
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
-from airflow_provider_kafka2pc.operators.export import (
-    Kafka2PCExportOperator,
-    SourceCallable,
-    check_pooling_dag,
-)
+from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator, check_pooling_dag
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.txn import naming
 
@@ -21,57 +17,33 @@ from airflow_provider_kafka2pc.txn import naming
 def kafka2pc_export_group(
     *,
     transactional_id_prefix: str,
-    topic: str | None = None,
-    source: SourceCallable | None = None,
-    sql: str | None = None,
-    table: str | None = None,
     kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
-    spark_conn_id: str | None = None,
-    spark_conf: Mapping[str, Any] | None = None,
     naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
-    delivery_guarantee: str = "EXACTLY_ONCE",
-    producer_config: Mapping[str, Any] | None = None,
-    transaction_timeout_ms: int | None = None,
     group_id: str | None = None,
     recover_kwargs: Mapping[str, Any] | None = None,
-    export_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
     abort_kwargs: Mapping[str, Any] | None = None,
+    **export_kwargs: Any,
 ) -> TaskGroup:
     """A task group ``recover >> prepare >> [commit, abort]`` for one exporter.
 
+    ``export_kwargs`` are the export's own arguments (``topic``, ``source``/``sql``/``table``,
+    ``spark_conn_id``, ``spark_conf``, ``delivery_guarantee``, ``producer_config``, ``retries``...:
+    see ``Kafka2PCExportOperator``); ``recover_kwargs``, ``commit_kwargs`` and ``abort_kwargs`` go
+    to the other tasks (a ``deferrable`` or ``poke_interval`` for ``recover``, retries...).
+
     Call it inside a ``DAG`` context. With POOLING ids (the default) the DAG must have
     ``max_active_runs=1``: two runs at once would share transactional ids and fence each other,
-    so any other value is refused here, at parse time. ``*_kwargs`` go to the single tasks
-    (retries, pools, a ``deferrable`` or ``poke_interval`` for ``recover``...). The group's tasks
-    are ``recover``, ``prepare``, ``commit`` and ``abort``.
+    so any other value is refused here, at parse time. The group's tasks are ``recover``,
+    ``prepare``, ``commit`` and ``abort``.
     """
     prefix = naming.validate_prefix(transactional_id_prefix)
     strategy = naming.NamingStrategy(str(naming_strategy).upper())
+    shared = {"transactional_id_prefix": prefix, "kafka2pc_conn_id": kafka2pc_conn_id}
     with TaskGroup(group_id or prefix.replace(".", "_")) as group:
         check_pooling_dag(strategy, group.dag, prefix)
-        recover = Kafka2PCRecoverySensor(
-            task_id="recover",
-            transactional_id_prefix=prefix,
-            kafka2pc_conn_id=kafka2pc_conn_id,
-            **(recover_kwargs or {}),
-        )
-        prepare = Kafka2PCExportOperator(
-            task_id="prepare",
-            transactional_id_prefix=prefix,
-            topic=topic,
-            source=source,
-            sql=sql,
-            table=table,
-            kafka2pc_conn_id=kafka2pc_conn_id,
-            spark_conn_id=spark_conn_id,
-            spark_conf=spark_conf,
-            naming_strategy=strategy,
-            delivery_guarantee=delivery_guarantee,
-            producer_config=producer_config,
-            transaction_timeout_ms=transaction_timeout_ms,
-            **(export_kwargs or {}),
-        )
+        recover = Kafka2PCRecoverySensor(task_id="recover", **shared, **(recover_kwargs or {}))
+        prepare = Kafka2PCExportOperator(task_id="prepare", naming_strategy=strategy, **shared, **export_kwargs)
         commit = Kafka2PCCommitOperator(
             task_id="commit",
             export_task_ids=prepare.task_id,

@@ -42,6 +42,6 @@ with DAG(
         transactional_id_prefix="kafka2pc_example.orders",
         topic=TOPIC,
         source=generated_orders,
-        export_kwargs={"retries": 0},
+        retries=0,
         commit_kwargs={"retries": 3},
     )

@@ -8,7 +8,6 @@ read_committed consumer sees and that no transaction of the exporter is left ope
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -17,20 +16,10 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_FILE = REPO / "dags" / "kafka2pc_example.py"
 DAG_ID, TOPIC, PREFIX = "kafka2pc_example", "kafka2pc_example_orders", "kafka2pc_example.orders"
-
-
-def kafka_local() -> Any:
-    spec = importlib.util.spec_from_file_location("kafka_local", REPO / "scripts" / "kafka_local.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kafka_local"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def say(message: str) -> None:
@@ -84,7 +73,8 @@ def main() -> int:
     args = parser.parse_args()
 
     shutil.rmtree(args.dir, ignore_errors=True)
-    kl = kafka_local()
+    import kafka_local as kl  # scripts/kafka_local.py: this script's own directory is on sys.path
+
     kafka_dir, home = args.dir / "kafka", args.dir / "airflow"
     say("starting a local Kafka broker")
     bootstrap = kl.start_cluster(kafka_dir, brokers=1)["bootstrap_servers"]
