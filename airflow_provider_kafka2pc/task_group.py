@@ -39,7 +39,7 @@ def kafka2pc_export_group(
     """
     prefix = naming.validate_prefix(transactional_id_prefix)
     strategy = naming.NamingStrategy(str(naming_strategy).upper())
-    shared = {"transactional_id_prefix": prefix, "kafka2pc_conn_id": kafka2pc_conn_id}
+    shared: dict[str, Any] = {"transactional_id_prefix": prefix, "kafka2pc_conn_id": kafka2pc_conn_id}
     with TaskGroup(group_id or prefix.replace(".", "_")) as group:
         check_pooling_dag(strategy, group.dag, prefix)
         recover = Kafka2PCRecoverySensor(task_id="recover", **shared, **(recover_kwargs or {}))
