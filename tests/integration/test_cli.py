@@ -21,23 +21,15 @@ from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import ref_of
 from tests.helpers.kafka import REPO, KafkaEnv, generate, prepare_in_subprocess
+from tests.helpers.no_airflow import REFUSE_AIRFLOW
 
 pytestmark = pytest.mark.kafka
 
 SCRIPT = Path(sys.executable).parent / "kafka2pc"
 # Runs the module with every airflow import refused, then checks none slipped in.
-NO_AIRFLOW = textwrap.dedent(
+NO_AIRFLOW = REFUSE_AIRFLOW + textwrap.dedent(
     """
-    import runpy, sys
-    from importlib.abc import MetaPathFinder
-
-    class NoAirflow(MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "airflow" or name.startswith("airflow."):
-                raise ImportError("the CLI must not import " + name)
-            return None
-
-    sys.meta_path.insert(0, NoAirflow())
+    import runpy
     sys.argv = ["kafka2pc", *sys.argv[1:]]
     try:
         runpy.run_module("airflow_provider_kafka2pc.cli", run_name="__main__")

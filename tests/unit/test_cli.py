@@ -17,6 +17,7 @@ from airflow_provider_kafka2pc import cli
 from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot, RunMark
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
 from airflow_provider_kafka2pc.txn.wire import WireClient
+from tests.helpers.no_airflow import REFUSE_AIRFLOW
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, record, txn_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -390,18 +391,8 @@ def test_durations(ms: int | None, text: str) -> None:
 
 def test_the_cli_never_imports_airflow() -> None:
     """Import, parse, validate and connect (to nothing) with every airflow import refused."""
-    script = textwrap.dedent(
+    script = REFUSE_AIRFLOW + textwrap.dedent(
         """
-        import sys
-        from importlib.abc import MetaPathFinder
-
-        class NoAirflow(MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name == "airflow" or name.startswith("airflow."):
-                    raise ImportError("the CLI must not import " + name)
-                return None
-
-        sys.meta_path.insert(0, NoAirflow())
         from airflow_provider_kafka2pc import cli
         assert cli.main(["list", "--prefix", "bad-prefix"]) == cli.EXIT_USAGE
         code = cli.main(["resolve", "--prefix", "p", "--bootstrap-servers", "127.0.0.1:9", "--timeout", "1"])
