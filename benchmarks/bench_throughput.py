@@ -211,7 +211,7 @@ class Runner:
 SPARK_TUNING: dict[str, str] = {
     "acks": "all",
     "enable.idempotence": "true",
-    "linger.ms": "20",
+    "linger.ms": "5",
     "batch.size": "1000000",
     "compression.type": "lz4",
     "max.in.flight.requests.per.connection": "5",

@@ -14,12 +14,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.contract import validate_schema
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.txn.writer import DeliveryWriter
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +109,95 @@ def _out_arrow_schema() -> Any:
 
 
 def _encode_column(col: Any) -> list[bytes | None]:
+    """A string or binary column as Python bytes (None for null); strings are UTF-8 already.
+
+    Casting string to binary only relabels the buffers, so no per-row ``str.encode()``."""
     import pyarrow as pa
 
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return [None if v is None else v.encode() for v in col.to_pylist()]
+    if pa.types.is_string(col.type):
+        col = col.cast(pa.binary())
+    elif pa.types.is_large_string(col.type):
+        col = col.cast(pa.large_binary())
     return col.to_pylist()  # type: ignore[no-any-return]
+
+
+def _byte_count(*cols: Any) -> int:
+    """Bytes of keys plus values (nulls count 0), computed by Arrow instead of per record."""
+    import pyarrow.compute as pc
+
+    return sum(int(pc.sum(pc.binary_length(c)).as_py() or 0) for c in cols if c is not None)
+
+
+def _headers_column(col: Any) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each row's headers as (key, value bytes) pairs; None for a null or empty list."""
+    import pyarrow.compute as pc
+
+    flat = col.flatten()  # the header structs of all rows, this slice only
+    names = pc.struct_field(flat, "key").to_pylist()
+    values = _encode_column(pc.struct_field(flat, "value"))
+    out: list[list[tuple[str, bytes | None]] | None] = []
+    start = 0
+    for n in pc.list_value_length(col).fill_null(0).to_pylist():
+        out.append(list(zip(names[start : start + n], values[start : start + n], strict=True)) if n else None)
+        start += n
+    return out
+
+
+def _open_writer(settings: ExportSettings, slot: int) -> DeliveryWriter:
+    from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
+
+    if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+        return TransactionalWriter(
+            settings.producer_config, settings.transactional_id(slot), settings.transaction_timeout_ms
+        ).open()
+    extra = (
+        {"enable.idempotence": True, "acks": "all"}
+        if settings.delivery_guarantee is DeliveryGuarantee.AT_LEAST_ONCE
+        else {"enable.idempotence": False, "acks": 1}
+    )
+    return DeliveryWriter({**settings.producer_config, **extra}, f"partition {slot}").open()
+
+
+def _write_batch(writer: DeliveryWriter, batch: Any, default_topic: str | None, slot: int) -> None:
+    """One Arrow batch through the writer: a tight loop when every record goes to the default
+    topic through librdkafka's partitioner without headers (Spark's usual key/value frame), the
+    general loop when there is a topic, partition or headers column."""
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    names = batch.schema.names
+    value_col = batch.column(names.index("value"))
+    key_col = batch.column(names.index("key")) if "key" in names else None
+    values = _encode_column(value_col)
+    keys = _encode_column(key_col) if key_col is not None else None
+    nbytes = _byte_count(value_col, key_col)
+    if not {"topic", "partition", "headers"} & set(names):
+        if default_topic is None:
+            raise Kafka2PCError(f"partition {slot} has no topic column and there is no default topic")
+        writer.produce_batch(default_topic, values, keys, nbytes)
+        return
+    topics: list[Any] = (
+        [t or default_topic for t in batch.column(names.index("topic")).to_pylist()]
+        if "topic" in names
+        else [default_topic] * n
+    )
+    if None in topics:
+        raise Kafka2PCError(f"row {topics.index(None)} of partition {slot} has no topic and there is no default topic")
+    # -1 (null or negative, as before) lets librdkafka's partitioner choose.
+    partitions = (
+        pc.max_element_wise(batch.column(names.index("partition")), -1).to_pylist()
+        if "partition" in names
+        else [-1] * n
+    )
+    headers = _headers_column(batch.column(names.index("headers"))) if "headers" in names else [None] * n
+    writer.produce_rows(topics, values, keys if keys is not None else [None] * n, partitions, headers, nbytes)
 
 
 def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: Iterator[Any]) -> Iterator[Any]:
     """The body of one Spark task; also callable without Spark (tests, other engines)."""
     import pyarrow as pa
 
-    from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
+    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
 
     writer: DeliveryWriter | None = None
     fail_after = (
@@ -126,42 +206,15 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
         else None
     )
     for batch in batches:
-        n = batch.num_rows
-        if n == 0:
+        if batch.num_rows == 0:
             continue
         if writer is None:
-            if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
-                writer = TransactionalWriter(
-                    settings.producer_config, settings.transactional_id(slot), settings.transaction_timeout_ms
-                ).open()
-            else:
-                extra = (
-                    {"enable.idempotence": True, "acks": "all"}
-                    if settings.delivery_guarantee is DeliveryGuarantee.AT_LEAST_ONCE
-                    else {"enable.idempotence": False, "acks": 1}
-                )
-                writer = DeliveryWriter({**settings.producer_config, **extra}, f"partition {slot}").open()
-        names = batch.schema.names
-        values = _encode_column(batch.column(names.index("value")))
-        keys = _encode_column(batch.column(names.index("key"))) if "key" in names else [None] * n
-        topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
-        parts = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
-        headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
-        produce = writer.produce
-        default_topic = settings.topic
-        for i in range(n):
-            topic = (topics[i] if topics is not None else None) or default_topic
-            if topic is None:
-                raise Kafka2PCError(f"row {i} of partition {slot} has no topic and there is no default topic")
-            hdrs = None
-            if headers is not None and headers[i]:
-                hdrs = [
-                    (h["key"], h["value"].encode() if isinstance(h["value"], str) else h["value"]) for h in headers[i]
-                ]
-            produce(topic, values[i], keys[i], parts[i] if parts is not None else None, hdrs)
-            if fail_after is not None and writer.records >= fail_after:
-                writer.flush_and_verify()  # the records reach the broker inside the open transaction
-                raise RuntimeError(f"injected failure in partition {slot}, attempt {attempt}")
+            writer = _open_writer(settings, slot)
+        if fail_after is not None and writer.records + batch.num_rows >= fail_after:
+            _write_batch(writer, batch.slice(0, fail_after - writer.records), settings.topic, slot)
+            writer.flush_and_verify()  # the records reach the broker inside the open transaction
+            raise RuntimeError(f"injected failure in partition {slot}, attempt {attempt}")
+        _write_batch(writer, batch, settings.topic, slot)
     if writer is None:
         return
     committable_json: str | None = None
