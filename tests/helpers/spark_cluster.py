@@ -1,0 +1,220 @@
+"""Real Spark processes on loopback for tests: a standalone master with workers, and a Connect server.
+
+Everything is started from the scripts that ship with the pip-installed pyspark (``bin/spark-class``,
+``bin/spark-submit``), each process in its own process group so that stopping it also stops the
+executors and Python workers it forked. Logs stay in the given directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.kafka import REPO
+
+START_TIMEOUT_S = 120.0
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    home = Path(pyspark.__file__).resolve().parent
+    assert (home / "bin" / "spark-class").exists() and (home / "jars").is_dir(), f"no Spark launcher in {home}"
+    return home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(directory: Path, daemon_memory: str) -> dict[str, str]:
+    conf = directory / "conf"
+    conf.mkdir(parents=True, exist_ok=True)  # empty: no spark-defaults or spark-env from the machine
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=str(spark_home()),
+        SPARK_CONF_DIR=str(conf),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOCAL_DIRS=str(directory / "local"),
+        # The heap of a JVM that the launcher counts as a daemon: master, worker, Connect server.
+        SPARK_DAEMON_MEMORY=daemon_memory,
+        PYSPARK_PYTHON=sys.executable,
+        # Executors and Python workers run in their own work directories, not in the checkout: put
+        # the checkout on their path so the test runs with or without the editable install.
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    env.pop("SPARK_REMOTE", None)
+    return env
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class _Group:
+    directory: Path
+    processes: list[_Process] = field(default_factory=list)
+
+    def spawn(self, name: str, cmd: list[str], daemon_memory: str = "256m") -> _Process:
+        log = self.directory / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+                env=_env(self.directory, daemon_memory),
+                start_new_session=True,  # own process group: executors and Python workers die with it
+            )
+        p = _Process(name, popen, log)
+        self.processes.append(p)
+        return p
+
+    def wait_until(self, what: str, ready: Callable[[], bool], timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for p in self.processes:
+                if p.popen.poll() is not None:
+                    raise AssertionError(f"{p.name} exited ({p.popen.returncode}) waiting for {what}:\n{p.tail()}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in self.processes)
+                raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{logs}")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        # Workers first, master last, so that nothing tries to reconnect in between.
+        for p in reversed(self.processes):
+            _kill_group(p.popen, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in reversed(self.processes):
+            with suppress(subprocess.TimeoutExpired):
+                p.popen.wait(max(0.1, deadline - time.monotonic()))
+            _kill_group(p.popen, signal.SIGKILL)  # the group may still hold executors or Python workers
+            p.popen.wait()
+
+
+def _kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(popen.pid, sig)  # start_new_session: the group id is the process id
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+@dataclass(frozen=True)
+class StandaloneCluster:
+    master_url: str
+    master_ui: str
+    worker_dirs: tuple[Path, ...]
+    directory: Path
+
+    def state(self) -> Any:
+        return _get_json(f"{self.master_ui}/json/")
+
+
+@contextmanager
+def standalone_cluster(
+    directory: Path, workers: int = 2, cores: int = 1, memory: str = "1g"
+) -> Iterator[StandaloneCluster]:
+    """A master and ``workers`` workers on 127.0.0.1; yields once every worker is ALIVE at the master."""
+    home = spark_home()
+    group = _Group(directory)
+    port, ui_port = free_port(), free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    cluster = StandaloneCluster(
+        master_url,
+        f"http://127.0.0.1:{ui_port}",
+        tuple(directory / f"worker{i}" for i in range(workers)),
+        directory,
+    )
+    try:
+        master = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
+        group.spawn("master", [*master, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)])
+        group.wait_until("the master", lambda: cluster.state()["status"] == "ALIVE")
+        for i, work_dir in enumerate(cluster.worker_dirs):
+            work_dir.mkdir()
+            # Port 0: the worker's RPC endpoint and web UI pick free ports themselves.
+            cmd = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker"]
+            cmd += ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0"]
+            cmd += ["--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir), master_url]
+            group.spawn(f"worker{i}", cmd)
+        group.wait_until(
+            f"{workers} alive workers",
+            lambda: sum(w["state"] == "ALIVE" for w in cluster.state()["workers"]) == workers,
+        )
+        yield cluster
+    finally:
+        group.stop()
+
+
+@dataclass(frozen=True)
+class ConnectServer:
+    url: str  # sc://host:port
+    directory: Path
+    log: Path
+
+
+@contextmanager
+def connect_server(directory: Path, master: str = "local[2, 4]") -> Iterator[ConnectServer]:
+    """A Spark Connect server (the class shipped in pyspark's spark-connect jar) on 127.0.0.1.
+
+    ``local[2, 4]``: two cores and up to four attempts per task, as on a cluster.
+    """
+    home = spark_home()
+    group = _Group(directory)
+    port = free_port()
+    cmd = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    cmd += ["--name", "kafka2pc-connect-tests", "--master", master]
+    for key, value in {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+    }.items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd.append("spark-internal")  # spark-submit's name for "the main class is on Spark's own classpath"
+    try:
+        # Runs the driver and the executor of local mode: Spark refuses a heap under ~450 MB.
+        p = group.spawn("connect-server", cmd, daemon_memory="1g")
+
+        def listening() -> bool:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return "Spark Connect server started" in p.tail(100_000)
+
+        group.wait_until("the Spark Connect server", listening)
+        yield ConnectServer(f"sc://127.0.0.1:{port}", directory, p.log)
+    finally:
+        group.stop()

@@ -1,0 +1,182 @@
+"""The Spark prepare job on a real standalone cluster: a master and two workers, each its own JVM.
+
+Local mode runs every task inside the driver's JVM; here the tasks run in executor processes
+started by two workers, so the transactions are opened in processes other than the driver and
+committed from the test process, as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_kafka2pc.spark.job import ExportResult, ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.resume import commit_prepared
+from tests.helpers.kafka import REPO, KafkaEnv
+from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
+
+pytestmark = pytest.mark.kafka
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), workers=WORKERS) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: StandaloneCluster) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    with pytest.MonkeyPatch.context() as mp:
+        # The driver reads PYSPARK_PYTHON once, when the context starts, and sends it with every
+        # Python function: the executors run this venv's interpreter (spark.pyspark.python is only
+        # read by spark-submit).
+        mp.setenv("PYSPARK_PYTHON", sys.executable)
+        session = (
+            SparkSession.builder.master(cluster.master_url)
+            .appName("kafka2pc-cluster-tests")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            # The REST API of the UI tells which executor ran which task. Set explicitly: a session
+            # that started this process's JVM earlier (spark.ui.enabled=false in local mode) left
+            # its settings behind as JVM defaults.
+            .config("spark.ui.enabled", "true")
+            .config("spark.ui.port", "0")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executor.cores", "1")
+            .config("spark.executor.memory", "512m")
+            .config("spark.cores.max", str(WORKERS))
+            .config("spark.task.maxFailures", "4")
+            # Executors run in the workers' directories: the checkout must be on their path.
+            .config("spark.executorEnv.PYTHONPATH", str(REPO))
+            .getOrCreate()
+        )
+    try:
+        # getOrCreate returns a session that is still active in this process whatever its master;
+        # running these tests in local mode would prove nothing.
+        assert session.sparkContext.master == cluster.master_url, (
+            f"another SparkSession ({session.sparkContext.master}) is still active in this process"
+        )
+        _wait_for_executors(session, WORKERS)
+        yield session
+    finally:
+        session.stop()
+
+
+def _wait_for_executors(session: Any, n: int, timeout_s: float = 120) -> None:
+    # Without this the first executor to register could run every task before the second arrives.
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + timeout_s
+    while status.size() < n + 1:  # + the driver's block manager
+        assert time.monotonic() < deadline, f"only {status.size() - 1} of {n} executors registered"
+        time.sleep(0.2)
+        status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def _tasks_of_group(session: Any, group: str, successes: int, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """Every task attempt of the jobs in ``group``, from the driver's REST API (index, attempt, executorId, status).
+
+    The status store is fed by the listener bus, after the job has returned: poll until it has them all.
+    """
+    sc = session.sparkContext
+    base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tasks: list[dict[str, Any]] = []
+        for job in sc.statusTracker().getJobIdsForGroup(group):
+            for stage in _get_json(f"{base}/jobs/{job}")["stageIds"]:
+                for attempt in _get_json(f"{base}/stages/{stage}?details=true"):
+                    tasks += attempt.get("tasks", {}).values()
+        if sum(t["status"] == "SUCCESS" for t in tasks) >= successes:
+            return tasks
+        assert time.monotonic() < deadline, f"the status store shows {tasks}"
+        time.sleep(0.2)
+
+
+def _export(session: Any, df: Any, settings: ExportSettings) -> tuple[ExportResult, list[dict[str, Any]]]:
+    group = f"export-{uuid.uuid4().hex[:8]}"
+    session.sparkContext.setJobGroup(group, "kafka2pc export")
+    result = export_dataframe(df, settings)
+    return result, _tasks_of_group(session, group, result.partitions)
+
+
+def _settings(env: KafkaEnv, topic: str, **kw: Any) -> ExportSettings:
+    return ExportSettings(f"c{uuid.uuid4().hex[:8]}", env.config, topic, **kw)
+
+
+def _log(env: KafkaEnv) -> DecisionLog:
+    return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
+
+
+def _app_dirs(cluster: StandaloneCluster, app_id: str) -> list[Path]:
+    return [d / app_id for d in cluster.worker_dirs if (d / app_id).is_dir()]
+
+
+def test_export_on_two_workers_is_exactly_once(spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv) -> None:
+    rows = 20_000
+    topic = kafka.topic(4)
+    df = spark.range(rows, numPartitions=4).selectExpr(
+        "cast(id as string) as key", "concat('value-', cast(id as string)) as value"
+    )
+    s = _settings(kafka, topic)
+    result, tasks = _export(spark, df, s)
+
+    # The tasks ran in two executors, one per worker, and none in the driver.
+    done = [t for t in tasks if t["status"] == "SUCCESS"]
+    assert sorted(t["index"] for t in done) == [0, 1, 2, 3]
+    executors = {t["executorId"] for t in done}
+    assert len(executors) == WORKERS and "driver" not in executors, tasks
+    assert len(_app_dirs(cluster, spark.sparkContext.applicationId)) == WORKERS  # each worker started an executor
+
+    assert result.records == rows and len(result.committables) == 4 and result.retried == ()
+    assert [c.transactional_id for c in result.committables] == [s.transactional_id(i) for i in range(4)]
+    assert kafka.read_committed(topic) == []  # prepared on the executors, not visible
+    assert len(kafka.open_transactions(s.transactional_id_prefix)) == 4
+
+    # The executors have finished; the transactions are committed from this process.
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="cluster1")
+    records = kafka.read_committed(topic)
+    assert len(records) == rows and len({r.key for r in records}) == rows
+    assert {r.key for r in records} == {str(i).encode() for i in range(rows)}
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_a_task_failed_on_one_executor_is_fenced_by_its_retry(
+    spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv
+) -> None:
+    rows = 20_000
+    topic = kafka.topic(2)
+    df = spark.range(rows, numPartitions=4).selectExpr("cast(id as string) as key", "cast(id as string) as value")
+    # Partition 1's first attempt writes 3,000 records into its open transaction, then dies.
+    s = _settings(kafka, topic, fail_first_attempt=(1, 3_000))
+    result, tasks = _export(spark, df, s)
+
+    failed = [t for t in tasks if t["status"] == "FAILED"]
+    assert [(t["index"], t["attempt"]) for t in failed] == [(1, 0)], tasks
+    assert "injected failure" in failed[0].get("errorMessage", "")
+    assert "driver" not in {t["executorId"] for t in tasks}
+
+    assert result.records == rows and len(result.committables) == 4 and result.retried == (1,)
+    assert kafka.read_committed(topic) == []
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="cluster2")
+    records = kafka.read_committed(topic)
+    # The 3,000 records of the failed attempt were aborted when the retry fenced it: no duplicates.
+    assert len(records) == rows and len({r.key for r in records}) == rows
+    assert kafka.open_transactions(s.transactional_id_prefix) == []

@@ -1,0 +1,98 @@
+"""The Spark prepare job through Spark Connect: the DataFrame is a client-side plan, and the job runs
+in a separate Spark Connect server process (pyspark's own spark-connect jar, ``local[2, 4]``).
+
+The partition function is pickled by the client and run by the server's Python workers, so the
+server's Python must be able to import this package, and be the same Python version as the client.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.resume import commit_prepared
+from tests.helpers.kafka import KafkaEnv
+from tests.helpers.spark_cluster import ConnectServer, connect_server
+
+pytestmark = pytest.mark.kafka
+
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    with connect_server(tmp_path_factory.mktemp("spark-connect")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def spark(server: ConnectServer) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    # The builder marks the whole process as "Connect mode" in os.environ and never unmarks it for
+    # a remote server; a classic session created later in this process would then fail to start.
+    was_set = CONNECT_MODE in os.environ
+    session = SparkSession.builder.remote(server.url).getOrCreate()
+    try:
+        assert isinstance(session, ConnectSession), type(session)
+        yield session
+    finally:
+        session.stop()
+        if not was_set:
+            os.environ.pop(CONNECT_MODE, None)
+
+
+def _settings(env: KafkaEnv, topic: str, **kw: Any) -> ExportSettings:
+    return ExportSettings(f"sc{uuid.uuid4().hex[:8]}", env.config, topic, **kw)
+
+
+def _log(env: KafkaEnv) -> DecisionLog:
+    return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
+
+
+def test_export_through_spark_connect_is_exactly_once(spark: Any, kafka: KafkaEnv) -> None:
+    from pyspark.core.context import SparkContext
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+    rows = 20_000
+    topic = kafka.topic(4)
+    df = spark.range(rows, numPartitions=4).selectExpr(
+        "cast(id as string) as key", "concat('value-', cast(id as string)) as value"
+    )
+    assert isinstance(df, ConnectDataFrame)
+    s = _settings(kafka, topic)
+    result = export_dataframe(df, s)
+    # No Spark context in this process: the tasks ran in the server.
+    assert SparkContext._active_spark_context is None
+
+    assert result.records == rows and len(result.committables) == 4 and result.retried == ()
+    assert [c.transactional_id for c in result.committables] == [s.transactional_id(i) for i in range(4)]
+    assert kafka.read_committed(topic) == []  # prepared, not visible
+    assert len(kafka.open_transactions(s.transactional_id_prefix)) == 4
+
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="connect1")
+    records = kafka.read_committed(topic)
+    assert len(records) == rows and {r.key for r in records} == {str(i).encode() for i in range(rows)}
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_a_failed_task_is_fenced_by_its_retry_through_spark_connect(spark: Any, kafka: KafkaEnv) -> None:
+    rows = 10_000
+    topic = kafka.topic(2)
+    df = spark.range(rows, numPartitions=2).selectExpr("cast(id as string) as key", "cast(id as string) as value")
+    s = _settings(kafka, topic, fail_first_attempt=(1, 2_000))
+    result = export_dataframe(df, s)
+    assert result.records == rows and len(result.committables) == 2
+    assert result.retried == (1,)  # the server retried partition 1 with the same transactional id
+    assert kafka.read_committed(topic) == []
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="connect2")
+    records = kafka.read_committed(topic)
+    assert len(records) == rows and len({r.key for r in records}) == rows
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
