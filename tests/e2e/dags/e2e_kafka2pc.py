@@ -2,7 +2,8 @@
 
 Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
 E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES. The run's
-conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``.
+conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give ``fault``
+to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per run).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ PREFIX = os.environ.get("E2E_PREFIX", "e2e")
 TOPIC = os.environ.get("E2E_TOPIC", "e2e")
 
 
+def fault_of(context: Any) -> str:
+    """The run's fault: its conf's ``fault`` if there is one, else E2E_FAULT."""
+    fault = str((context["dag_run"].conf or {}).get("fault", FAULT))
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+    return fault
+
+
 def source(spark: Any, context: Any) -> Any:
     from pyspark.sql import functions as F
 
@@ -38,8 +47,9 @@ def source(spark: Any, context: Any) -> Any:
     rows, partitions, tag = int(conf.get("rows", 2000)), int(conf.get("partitions", 4)), str(conf.get("tag", "r"))
     df = spark.range(rows, numPartitions=partitions)
     key = F.concat(F.lit(f"{tag}-"), F.col("id").cast("string"))
-    if FAULT in ("prepare_fails", "prepare_hangs"):
-        last, fault = rows - 1, FAULT
+    fault = fault_of(context)
+    if fault in ("prepare_fails", "prepare_hangs"):
+        last = rows - 1
 
         def value(i: int) -> str:
             if i == last:
@@ -56,7 +66,8 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
     """The commit task, dying on its first try at the point the scenario names."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if FAULT in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
+        fault = fault_of(context)
+        if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
             from airflow_provider_kafka2pc.txn.decision_log import Decision
             from airflow_provider_kafka2pc.txn.outcome import Intent
@@ -74,7 +85,7 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
                 counts={c.transactional_id: c.records for c in committables},
                 mark_prefixes=[p.prefix for p in payloads],
             )
-            done = refs[: len(refs) // 2] if FAULT == "commit_half" else []
+            done = refs[: len(refs) // 2] if fault == "commit_half" else []
             TransactionResolver(wire).resolve(done, Intent.COMMIT)
             decision_log.close()
             wire.close()
