@@ -104,13 +104,15 @@ def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(
 def test_run_died_during_prepare_leftovers_are_aborted_by_the_next_run(kafka: KafkaEnv, dag_tester: DagTester) -> None:
     env, prefix, topic = scenario(kafka, "prepare_hangs")
     proc, log = dag_tester.start(E2E_DAG, "e2e_kafka2pc", conf("dead"), env)
-    # Every partition has its transaction open; the last one hangs on its last row: kill it all.
-    dag_tester.kill_when(proc, log, lambda: len(kafka.open_transactions(prefix)) == PARTITIONS)
-    assert len(kafka.open_transactions(prefix)) == PARTITIONS
+    # Kill the whole run (Airflow, Spark's JVM, Python workers) while the last partition hangs:
+    # the partitions before it have prepared their transactions, which nobody will decide.
+    dag_tester.kill_when(proc, log, lambda: len(kafka.open_transactions(prefix)) >= PARTITIONS - 1)
+    leftovers = len(kafka.open_transactions(prefix))
+    assert leftovers >= PARTITIONS - 1
 
     second = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("alive"), {**env, "E2E_FAULT": ""})
     assert second.state == "success", second.log
-    assert f"recovery of {prefix}: committed 0, aborted {PARTITIONS}" in second.log.read_text(errors="replace")
+    assert f"recovery of {prefix}: committed 0, aborted {leftovers}" in second.log.read_text(errors="replace")
     keys = visible_keys(kafka, topic)
     assert not any(k.startswith("dead-") for k in keys)
     exactly_once(keys, "alive")
