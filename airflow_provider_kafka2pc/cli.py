@@ -38,9 +38,9 @@ from airflow_provider_kafka2pc.txn.decision_log import (
 )
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, InvalidPrefixError, Kafka2PCError
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import TxnRef, Verdict
+from airflow_provider_kafka2pc.txn.outcome import Verdict
 from airflow_provider_kafka2pc.txn.recovery import RecoveryPlan, RecoveryResult, plan_recovery, recover
-from airflow_provider_kafka2pc.txn.resume import Resolution
+from airflow_provider_kafka2pc.txn.resume import Resolution, ref_of
 from airflow_provider_kafka2pc.txn.wire import TxnListing, TxnState, WireClient
 
 EXIT_OK = 0
@@ -246,7 +246,7 @@ def _plan_rows(
     action.update({tid: "wait" for tid in plan.wait})
     rows = []
     for s in sorted(states, key=lambda s: _id_order(s.transactional_id)):
-        matching = snapshot.get(TxnRef(s.transactional_id, s.producer_id, s.producer_epoch))
+        matching = snapshot.get(ref_of(s))
         latest = snapshot.latest.get(s.transactional_id)
         rows.append(
             {

@@ -164,7 +164,7 @@ class Kafka2PCAbortOperator(_PhaseTwo):
                     if run_key is not None and (parsed is None or parsed.run_key != run_key):
                         continue  # another run's transaction: INCREMENTING runs may overlap
                     # The broker's current holder of the id: newer than any committable of it.
-                    refs[s.transactional_id] = self._ref(s)
+                    refs[s.transactional_id] = ref_of(s)
             if not refs:
                 self.log.info("nothing to abort")
                 return {"committed": 0, "aborted": 0, "lost": 0}
@@ -173,9 +173,3 @@ class Kafka2PCAbortOperator(_PhaseTwo):
             decision_log.close()
             wire.close()
         return self.log_report("abort", report)
-
-    @staticmethod
-    def _ref(state: Any) -> TxnRef:
-        from airflow_provider_kafka2pc.txn.outcome import TxnRef
-
-        return TxnRef(state.transactional_id, state.producer_id, state.producer_epoch)

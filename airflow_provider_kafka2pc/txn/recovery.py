@@ -15,7 +15,7 @@ from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import Intent, TxnRef
-from airflow_provider_kafka2pc.txn.resume import Resolution, TransactionResolver, record_final
+from airflow_provider_kafka2pc.txn.resume import Resolution, TransactionResolver, record_final, ref_of
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def plan_recovery(open_states: Sequence[TxnState], snapshot: DecisionSnapshot) -
     abort: list[TxnRef] = []
     wait: list[str] = []
     for s in sorted(open_states, key=lambda s: s.transactional_id):
-        ref = TxnRef(s.transactional_id, s.producer_id, s.producer_epoch)
+        ref = ref_of(s)
         if s.state == "Ongoing":
             (commit if snapshot.decided_commit(ref) else abort).append(ref)
         else:
@@ -112,7 +112,7 @@ def _settle(
             and s.state == "CompleteCommit"
             and (s.producer_id, s.producer_epoch) == (r.producer_id, r.producer_epoch)
         ):
-            done.append(TxnRef(r.transactional_id, r.producer_id, r.producer_epoch))
+            done.append(ref_of(r))
     if done:
         decision_log.record(done, Decision.COMMITTED, run)
     return tuple(t.transactional_id for t in done)

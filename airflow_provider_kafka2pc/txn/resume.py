@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot
@@ -188,7 +189,17 @@ def _check_unique(refs: Sequence[TxnRef]) -> None:
         seen.add(r.transactional_id)
 
 
-def ref_of(c: Committable) -> TxnRef:
+class _HoldsProducer(Protocol):
+    @property
+    def transactional_id(self) -> str: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+
+
+def ref_of(c: _HoldsProducer) -> TxnRef:
+    """The (id, pid, epoch) of a committable, a DescribeTransactions row or a decision record."""
     return TxnRef(c.transactional_id, c.producer_id, c.producer_epoch)
 
 
