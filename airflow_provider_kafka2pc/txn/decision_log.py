@@ -1,7 +1,7 @@
-"""The durable decision log: a compacted Kafka topic keyed by transactional id.
+"""The decision topic: reading and appending records of the decision protocol (``txn/protocol.py``).
 
-COMMIT is written and flushed (acks=all) before the first EndTxn of a run; COMMITTED, ABORTED
-or LOST after. Records carry ids and counts only, never connection settings.
+One partition, compacted, LogAppendTime, acks=all with an idempotent producer. Records carry ids
+and counts only, never connection settings. An existing topic is checked before it is trusted.
 """
 
 from __future__ import annotations
@@ -9,141 +9,58 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
 from airflow_provider_kafka2pc.txn.naming import validate_prefix
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol import CLAIM_KEY, DecisionRecord, Entry, LogState, RunStatus, replay
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DECISION_TOPIC = "kafka2pc_decisions"
-# Prefix claims and run marks live in the same topic; ':' never occurs in a transactional id we write.
-_CLAIM_KEY = "kafka2pc.prefix:{}"
-_RUN_KEY = "kafka2pc.run:{}:{}"  # prefix, run: one key per run, so later runs never compact it away
+# One decision lists every transaction of a run: 5,000 transactions are ~300 KB of JSON before
+# lz4. The topic and the producer allow 32 MiB, so runs of several hundred thousand fit.
+MAX_RECORD_BYTES = 32 * 1024 * 1024
+TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "message.timestamp.type": "LogAppendTime",  # the protocol's deadlines are broker time
+    "max.message.bytes": str(MAX_RECORD_BYTES),
+    "unclean.leader.election.enable": "false",
+    "segment.ms": str(60 * 60 * 1000),  # compaction never touches the active segment: roll hourly
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(24 * 60 * 60 * 1000),  # tombstones outlive any reader's scan
+}
+
+Item = tuple[bytes, bytes | None]
+KeepRun = Callable[[str, str, bytes], bool]  # (prefix, run, raw value): keep this run record?
 
 
-class Decision(StrEnum):
-    COMMIT = "COMMIT"  # the coordinator decided; written before any EndTxn
-    COMMITTED = "COMMITTED"  # EndTxn(commit) done, or the broker showed it committed
-    ABORTED = "ABORTED"
-    LOST = "LOST"
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    decision: Decision
-    run: str
-    at_ms: int
-    records: int = 0
-    reason: str = ""
-
-    def is_for(self, ref: TxnRef) -> bool:
-        return (self.transactional_id, self.producer_id, self.producer_epoch) == (
-            ref.transactional_id,
-            ref.producer_id,
-            ref.producer_epoch,
-        )
-
-    def to_json(self) -> bytes:
-        d: dict[str, Any] = {
-            "tid": self.transactional_id,
-            "pid": self.producer_id,
-            "epoch": self.producer_epoch,
-            "decision": self.decision.value,
-            "run": self.run,
-            "at_ms": self.at_ms,
-            "records": self.records,
-        }
-        if self.reason:
-            d["reason"] = self.reason
-        return json.dumps(d, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> DecisionRecord:
-        d = json.loads(raw)
-        return cls(
-            d["tid"],
-            int(d["pid"]),
-            int(d["epoch"]),
-            Decision(d["decision"]),
-            str(d.get("run", "")),
-            int(d.get("at_ms", 0)),
-            int(d.get("records", 0)),
-            str(d.get("reason", "")),
-        )
-
-
-@dataclass(frozen=True)
-class RunMark:
-    """A run of an exporter (prefix) reached its COMMIT decision: never export that run again."""
-
-    prefix: str
-    run: str
-    at_ms: int
-    transactions: int
-    records: int
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "prefix": self.prefix,
-                "run": self.run,
-                "at_ms": self.at_ms,
-                "txns": self.transactions,
-                "records": self.records,
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> RunMark:
-        d = json.loads(raw)
-        return cls(str(d["prefix"]), str(d["run"]), int(d["at_ms"]), int(d["txns"]), int(d["records"]))
-
-
-class DecisionSnapshot:
-    """The latest decision per transactional id, as read from the log."""
-
-    def __init__(
-        self,
-        latest: Mapping[str, DecisionRecord],
-        claims: Mapping[str, str],
-        runs: Mapping[tuple[str, str], RunMark] | None = None,
-    ) -> None:
-        self.latest = dict(latest)
-        self.claims = dict(claims)
-        self.runs = dict(runs or {})
-
-    def run_mark(self, prefix: str, run: str) -> RunMark | None:
-        return self.runs.get((prefix, run))
-
-    def get(self, ref: TxnRef) -> DecisionRecord | None:
-        rec = self.latest.get(ref.transactional_id)
-        return rec if rec is not None and rec.is_for(ref) else None
-
-    def decided_commit(self, ref: TxnRef) -> bool:
-        rec = self.get(ref)
-        return rec is not None and rec.decision in (Decision.COMMIT, Decision.COMMITTED)
-
-    def committed(self, ref: TxnRef) -> bool:
-        rec = self.get(ref)
-        return rec is not None and rec.decision is Decision.COMMITTED
+def _no_runs(_prefix: str, _run: str, _raw: bytes) -> bool:
+    return False
 
 
 class DecisionLogError(Kafka2PCError):
     pass
 
 
+class UnsafeDecisionTopicError(DecisionLogError):
+    """The decision topic exists with settings that could lose or reorder decisions."""
+
+
+@dataclass(frozen=True)
+class Position:
+    offset: int
+    timestamp_ms: int  # LogAppendTime: the broker's clock
+
+
 class DecisionLog:
-    """Reads and writes the decision topic with confluent-kafka."""
+    """Reads and appends the decision topic with confluent-kafka.
+
+    ``append`` and ``scan`` are the only I/O; everything else is the protocol's ``replay``.
+    """
 
     def __init__(
         self,
@@ -155,12 +72,13 @@ class DecisionLog:
         self._config = {k: v for k, v in config.items() if not k.startswith(("transactional.", "transaction."))}
         self.topic = topic
         self._replication_factor = replication_factor
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s
         self._producer: Any = None
         self._ready = False
 
     # -- topic --------------------------------------------------------------
     def ensure_topic(self) -> None:
+        """Create the topic with safe settings, or check an existing one; once per instance."""
         if self._ready:
             return
         from confluent_kafka import KafkaError, KafkaException
@@ -168,7 +86,7 @@ class DecisionLog:
 
         admin = AdminClient(connection_only(self._config))
         try:
-            md = admin.list_topics(timeout=self._timeout_s)
+            md = admin.list_topics(timeout=self.timeout_s)
         except KafkaException as e:
             raise BrokerUnavailableError(
                 f"cannot reach Kafka at {self._config.get('bootstrap.servers')} for the decision log: {e}"
@@ -177,17 +95,29 @@ class DecisionLog:
             rf = self._replication_factor or min(3, len(md.brokers))
             new = NewTopic(
                 self.topic,
-                num_partitions=1,  # one partition reads back fastest; compaction keeps it small
+                num_partitions=1,  # one partition: one total order of decisions
                 replication_factor=rf,
-                config={"cleanup.policy": "compact", "min.insync.replicas": str(min(2, rf))},
+                config={**TOPIC_CONFIG, "min.insync.replicas": str(min(2, rf))},
             )
             try:
-                admin.create_topics([new], operation_timeout=self._timeout_s)[self.topic].result()
+                admin.create_topics([new], operation_timeout=self.timeout_s)[self.topic].result()
                 log.info("created decision log topic %s (replication factor %d)", self.topic, rf)
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise DecisionLogError(f"cannot create decision log topic {self.topic!r}: {e}") from e
+                self._check_topic(admin, admin.list_topics(timeout=self.timeout_s))
+        else:
+            self._check_topic(admin, md)
         self._ready = True
+
+    def _check_topic(self, admin: Any, md: Any) -> None:
+        from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+        res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        configs = {k: v.value for k, v in admin.describe_configs([res])[res].result(timeout=self.timeout_s).items()}
+        partitions = md.topics[self.topic].partitions
+        rf = min(len(p.replicas) for p in partitions.values()) if partitions else 0
+        check_topic_settings(self.topic, configs, len(partitions), rf, len(md.brokers))
 
     # -- write --------------------------------------------------------------
     def _get_producer(self) -> Any:
@@ -195,92 +125,97 @@ class DecisionLog:
             from confluent_kafka import Producer
 
             conf = dict(self._config)
-            conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 0})
+            conf.update(
+                {
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 0,
+                    "compression.type": "lz4",
+                    "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
+                }
+            )
             self._producer = Producer(conf)
-            self._producer.list_topics(timeout=self._timeout_s)  # connect now, not on the first write
+            self._producer.list_topics(timeout=self.timeout_s)  # connect now, not on the first write
         return self._producer
 
-    def write(self, records: Iterable[DecisionRecord], marks: Iterable[RunMark] = ()) -> None:
-        """Append and flush; returns only when every record is acknowledged by all in-sync replicas.
-
-        Marks go first: the topic has one partition and the producer is idempotent, so a reader
-        that sees a run's COMMIT decisions also sees its mark.
-        """
-        items = [(_RUN_KEY.format(m.prefix, m.run).encode(), m.to_json()) for m in marks]
-        items += [(rec.transactional_id.encode(), rec.to_json()) for rec in records]
-        self._append(items)
-
-    def _append(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+    def append(self, items: Sequence[Item]) -> list[Position]:
+        """Append and flush; returns once every record is acknowledged by all in-sync replicas."""
         self.ensure_topic()
         producer = self._get_producer()
         errors: list[str] = []
-        count = 0
+        positions: dict[int, Position] = {}
 
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
+        def on_delivery(i: int) -> Callable[[Any, Any], None]:
+            def cb(err: Any, msg: Any) -> None:
+                if err is not None:
+                    errors.append(str(err))
+                else:
+                    positions[i] = Position(int(msg.offset()), int(msg.timestamp()[1]))
 
-        for key, value in items:
-            producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
-            count += 1
+            return cb
+
+        for i, (key, value) in enumerate(items):
+            if value is not None and len(value) > MAX_RECORD_BYTES:
+                raise DecisionLogError(
+                    f"a decision of {len(value)} bytes exceeds the decision topic's limit of {MAX_RECORD_BYTES}: "
+                    "commit fewer Spark partitions per run (coalesce the DataFrame)"
+                )
+            producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery(i))
             producer.poll(0)
-        remaining = producer.flush(self._timeout_s)
-        if remaining or errors:
+        remaining = producer.flush(self.timeout_s)
+        if remaining or errors or len(positions) != len(items):
             raise DecisionLogError(
                 f"decision log write to {self.topic!r} failed: {remaining} unacknowledged, errors {errors[:3]}"
             )
-        log.debug("wrote %d record(s) to %s", count, self.topic)
+        log.debug("appended %d record(s) to %s", len(items), self.topic)
+        return [positions[i] for i in range(len(items))]
 
-    def record(
-        self,
-        refs: Iterable[TxnRef],
-        decision: Decision,
-        run: str,
-        reasons: Mapping[str, str] | None = None,
-        counts: Mapping[str, int] | None = None,
-        mark_prefixes: Iterable[str] = (),
-    ) -> None:
-        """Write ``decision`` for every ref; ``mark_prefixes`` also marks the run done for those exporters."""
-        now = int(time.time() * 1000)
-        refs = list(refs)  # read twice: the marks count them
-        total = sum((counts or {}).values())
-        marks = [RunMark(p, run, now, len(refs), total) for p in sorted(set(mark_prefixes))]
-        self.write(
-            (
-                DecisionRecord(
-                    r.transactional_id,
-                    r.producer_id,
-                    r.producer_epoch,
-                    decision,
-                    run,
-                    now,
-                    (counts or {}).get(r.transactional_id, 0),
-                    (reasons or {}).get(r.transactional_id, ""),
-                )
-                for r in refs
-            ),
-            marks,
-        )
+    def decide(self, decision: DecisionRecord, keep_run: KeepRun | None = _no_runs) -> LogState:
+        """Append ``decision`` and read the log back up to it: the ruling every actor will see."""
+        pos = self.append([(decision.key, decision.to_json())])[0]
+        state = self.read(until=pos.offset, keep_run=keep_run)
+        if decision.decision_id not in state.decisions:
+            raise DecisionLogError(f"decision {decision.decision_id} at offset {pos.offset} was not read back")
+        return state
 
     def claim_prefix(self, prefix: str, owner: str) -> None:
         """Register ``owner`` as the only exporter of ``prefix``; refuse if another owns it."""
         validate_prefix(prefix)
-        current = self.read().claims.get(prefix)
+        current = self.read(keep_run=_no_runs).claims.get(prefix)
         if current is not None and current != owner:
             raise PrefixCollisionError(prefix, current, owner)
         if current is None:
             value = json.dumps({"prefix": prefix, "owner": owner, "at_ms": int(time.time() * 1000)}).encode()
-            self._append([(_CLAIM_KEY.format(prefix).encode(), value)])
+            self.append([((CLAIM_KEY + prefix).encode(), value)])
 
     # -- read ---------------------------------------------------------------
-    def read(self) -> DecisionSnapshot:
-        """Everything from the beginning up to the current end, latest record per key."""
+    def read(self, until: int | None = None, keep_run: KeepRun | None = None) -> LogState:
+        """Replay the log from its start up to offset ``until`` (default: its current end)."""
+        return replay(self.scan(until), keep_run)
+
+    def read_for(self, prefix: str, run: str | None = None) -> LogState:
+        """The state one exporter needs, not the hundred thousand runs it finished before."""
+        return self.read(keep_run=self.keep_for(prefix, run))
+
+    @staticmethod
+    def keep_for(prefix: str, run: str | None = None) -> KeepRun:
+        """Run records of ``run`` and the prefix's runs that are not COMMITTED (a loss must be met)."""
+        committed = f'"status":"{RunStatus.COMMITTED.value}"'.encode()
+        return lambda p, r, raw: p == prefix and (r == run or committed not in raw)
+
+    @staticmethod
+    def keep_run_of(prefixes: Sequence[str], run: str) -> KeepRun:
+        wanted = set(prefixes)
+        return lambda p, r, _raw: r == run and p in wanted
+
+    def scan(self, until: int | None = None) -> Iterator[Entry]:
         self.ensure_topic()
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         conf = connection_only(self._config)
         conf.update(
             {
+                # No group is joined and no offset committed: assign() needs no Group ACL.
                 "group.id": "kafka2pc-decision-reader",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
@@ -288,49 +223,67 @@ class DecisionLog:
             }
         )
         consumer = Consumer(conf)
-        latest: dict[str, DecisionRecord] = {}
-        claims: dict[str, str] = {}
-        runs: dict[tuple[str, str], RunMark] = {}
         try:
-            md = consumer.list_topics(self.topic, timeout=self._timeout_s)
-            parts = [p for p in md.topics[self.topic].partitions]
-            ends = {
-                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self._timeout_s)[1]
-                for p in parts
-            }
-            pending = {p for p, end in ends.items() if end > 0}
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in pending])
-            deadline = time.monotonic() + self._timeout_s
-            while pending:
+            tp = TopicPartition(self.topic, 0)
+            end = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)[1]
+            last = end - 1 if until is None else until
+            if last < 0:
+                return
+            consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            deadline = time.monotonic() + self.timeout_s
+            while True:
                 if time.monotonic() > deadline:
-                    raise DecisionLogError(f"timed out reading decision log {self.topic!r}")
+                    raise DecisionLogError(f"timed out reading decision log {self.topic!r} up to offset {last}")
                 # A short poll: a long one waits out its timeout whenever fewer records remain.
                 for msg in consumer.consume(num_messages=10000, timeout=0.02):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(msg.partition())
+                            if int(msg.offset() or 0) > last:
+                                return
                             continue
                         raise DecisionLogError(f"reading decision log {self.topic!r}: {err}")
-                    key = (msg.key() or b"").decode()
-                    partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
-                    if offset + 1 >= ends[partition]:
-                        pending.discard(partition)
-                    value = msg.value()
-                    if key.startswith(_CLAIM_KEY.format("")):
-                        if value:
-                            claims[key.split(":", 1)[1]] = json.loads(value)["owner"]
-                    elif key.startswith(_RUN_KEY.format("", "")[:-1]):
-                        if value:
-                            mark = RunMark.from_json(value)
-                            runs[(mark.prefix, mark.run)] = mark
-                    elif value:
-                        latest[key] = DecisionRecord.from_json(value)
+                    offset = int(msg.offset() or 0)
+                    if offset > last:
+                        return
+                    yield Entry(offset, int(msg.timestamp()[1]), msg.key() or b"", msg.value())
+                    if offset == last:
+                        return
         finally:
             consumer.close()
-        return DecisionSnapshot(latest, claims, runs)
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(self._timeout_s)
+            self._producer.flush(self.timeout_s)
             self._producer = None
+
+
+def check_topic_settings(topic: str, configs: Mapping[str, str | None], partitions: int, rf: int, brokers: int) -> None:
+    """Refuse a decision topic that could drop, reorder or lose decisions; say how to fix it."""
+    problems = []
+    if configs.get("cleanup.policy") != "compact":
+        problems.append(
+            f"cleanup.policy={configs.get('cleanup.policy')} (must be exactly 'compact': 'delete' expires "
+            "decisions and run records)"
+        )
+    if partitions != 1:
+        problems.append(f"{partitions} partitions (must be 1: the log is the order of decisions)")
+    if configs.get("message.timestamp.type") != "LogAppendTime":
+        problems.append(
+            f"message.timestamp.type={configs.get('message.timestamp.type')} (must be LogAppendTime: "
+            "deadlines are broker time)"
+        )
+    if rf < min(3, brokers):
+        problems.append(f"replication factor {rf} on a {brokers}-broker cluster (must be at least {min(3, brokers)})")
+    isr = int(configs.get("min.insync.replicas") or 1)
+    if isr < min(2, rf):
+        problems.append(f"min.insync.replicas={isr} (must be at least {min(2, rf)}: one disk must not lose a decision)")
+    if configs.get("unclean.leader.election.enable") == "true":
+        problems.append("unclean.leader.election.enable=true (an unclean leader drops acknowledged decisions)")
+    if problems:
+        raise UnsafeDecisionTopicError(
+            f"decision topic {topic!r} is unsafe: " + "; ".join(problems) + ". Fix it with kafka-configs.sh "
+            f"--alter --entity-type topics --entity-name {topic} --add-config ..., or delete it (nothing in "
+            "flight) or use another decision topic so kafka2pc creates it with "
+            + ", ".join(f"{k}={v}" for k, v in TOPIC_CONFIG.items())
+        )

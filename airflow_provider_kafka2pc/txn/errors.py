@@ -68,8 +68,9 @@ class TransactionLostError(Kafka2PCError):
     Raised instead of dropping a committable silently.
     """
 
-    def __init__(self, lost: Sequence[LostTransaction]) -> None:
+    def __init__(self, lost: Sequence[LostTransaction], visible: str = "") -> None:
         self.lost = tuple(lost)
+        self.visible = visible  # "none": the run was aborted whole; "part": the rest of it is visible
         records = sum(t.records for t in self.lost)
         lines = [
             f"  {t.transactional_id} (producer id {t.producer_id}, epoch {t.producer_epoch}): "
@@ -78,5 +79,19 @@ class TransactionLostError(Kafka2PCError):
         ]
         super().__init__(
             f"{len(self.lost)} transaction(s) with {records} record(s) are lost and will never be "
-            "visible:\n" + "\n".join(lines)
+            "visible:\n" + "\n".join(lines) + _VISIBLE.get(visible, "")
         )
+
+
+_VISIBLE = {
+    "none": "\nNothing of the run is visible: it was aborted as a whole. Clear the whole DAG run to export it again.",
+    "part": (
+        "\nThe rest of the run, decided COMMIT before the loss, IS visible: the run is partly visible. "
+        "Re-export the lost partitions, or acknowledge the loss with "
+        "`kafka2pc acknowledge --prefix PREFIX --run RUN` so that recovery stops failing on it."
+    ),
+    "decided": (
+        "\nNothing of the run is visible, but it was decided COMMIT: acknowledge the loss with "
+        "`kafka2pc acknowledge --prefix PREFIX --run RUN`, then start a new DAG run to export it again."
+    ),
+}

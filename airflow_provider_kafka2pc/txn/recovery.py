@@ -1,8 +1,13 @@
-"""Recovery: resolve every lingering transaction of one exporter by the decision log (DESIGN §3.1).
+"""Recovery: bring one exporter's lingering transactions to the end the decision log rules (DESIGN §3.1).
 
-Ongoing with a COMMIT decision for the same (id, producer id, epoch) → commit; any other Ongoing
-→ abort; PrepareCommit / PrepareAbort → the broker is finishing it, look again later. Ids of other
-prefixes are never touched: listing filters by an exact, delimiter-aware match.
+One pass:
+1. read the log; list the prefix's open transactions (exact, delimiter-aware match);
+2. every Ongoing transaction that no decision in force rules gets one ABORT decision (appended
+   and read back *before* any EndTxn): a live commit that appended its COMMIT first wins;
+3. obey every decision in force that touches the prefix: COMMIT → roll forward (a transaction the
+   broker shows aborted or superseded is LOST), ABORT → abort; record outcomes, retire what is final;
+4. Prepare* states are the broker's to finish: not done, look again;
+5. a loss, new or recorded in a run record and not acknowledged, fails the pass loudly.
 """
 
 from __future__ import annotations
@@ -12,10 +17,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.errors import LostTransaction, TransactionLostError
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Intent, TxnRef
-from airflow_provider_kafka2pc.txn.resume import Resolution, TransactionResolver, record_final, ref_of
+from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, new_decision
+from airflow_provider_kafka2pc.txn.resume import (
+    Resolution,
+    TransactionResolver,
+    committed_in,
+    covered_state,
+    lost_of_decisions,
+    lost_of_run,
+    now_ms,
+    obey,
+    ref_of,
+)
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
 
 log = logging.getLogger(__name__)
@@ -23,8 +40,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RecoveryPlan:
-    commit: tuple[TxnRef, ...]
-    abort: tuple[TxnRef, ...]
+    commit: tuple[TxnRef, ...]  # open, ruled by a COMMIT in force: roll forward
+    abort: tuple[TxnRef, ...]  # open, ruled by an ABORT or by nothing yet: abort (after deciding)
     wait: tuple[str, ...]  # ids the broker is still completing
 
     @property
@@ -36,83 +53,74 @@ class RecoveryPlan:
 class RecoveryResult:
     plan: RecoveryPlan
     resolutions: tuple[Resolution, ...]
-    settled: tuple[str, ...]  # decided ids found committed and now recorded COMMITTED
+    lost: tuple[LostTransaction, ...] = ()  # decided COMMIT, never visible, not acknowledged
 
     @property
     def done(self) -> bool:
-        """Nothing of the prefix is open any more (given what was listed)."""
-        return not self.plan.wait
+        """Nothing of the prefix is open any more (given what was listed) and nothing is lost."""
+        return not self.plan.wait and not self.lost
 
     def describe(self) -> str:
         outcomes = [r.outcome.value for r in self.resolutions]
         return (
             f"committed {outcomes.count('committed')}, aborted {outcomes.count('aborted')}, "
-            f"lost {outcomes.count('lost')}, still completing on the broker {len(self.plan.wait)}, "
-            f"settled {len(self.settled)}"
+            f"lost {len(self.lost)}, still completing on the broker {len(self.plan.wait)}"
         )
 
+    def raise_for_loss(self) -> None:
+        if self.lost:
+            raise TransactionLostError(self.lost, visible="part")
 
-def plan_recovery(open_states: Sequence[TxnState], snapshot: DecisionSnapshot) -> RecoveryPlan:
+
+def plan_recovery(open_states: Sequence[TxnState], state: LogState) -> RecoveryPlan:
     commit: list[TxnRef] = []
     abort: list[TxnRef] = []
     wait: list[str] = []
     for s in sorted(open_states, key=lambda s: s.transactional_id):
         ref = ref_of(s)
-        if s.state == "Ongoing":
-            (commit if snapshot.decided_commit(ref) else abort).append(ref)
-        else:
+        if s.state != "Ongoing":
             wait.append(s.transactional_id)
+            continue
+        d = state.ruled_by(ref)
+        (commit if d is not None and d.kind is Kind.COMMIT else abort).append(ref)
     return RecoveryPlan(tuple(commit), tuple(abort), tuple(wait))
 
 
 def recover(
-    wire: WireClient, prefix: str, decision_log: DecisionLog, run: str = "recovery", max_workers: int = 16
+    wire: WireClient,
+    prefix: str,
+    decision_log: DecisionLog,
+    run: str = "recovery",
+    max_workers: int = 16,
+    actor: str = "recovery",
+    raise_on_loss: bool = True,
 ) -> RecoveryResult:
     naming.validate_prefix(prefix)
     inspector = TransactionInspector(wire)
-    snapshot = decision_log.read()
-    plan = plan_recovery(inspector.describe_prefix(prefix), snapshot)
+    state = decision_log.read_for(prefix)
+    open_states = inspector.describe_prefix(prefix)
+    plan = plan_recovery(open_states, state)
+    undecided = [s for s in open_states if s.state == "Ongoing" and ref_of(s) not in state.ruling]
     if not plan.empty:
         log.info(
-            "recovery of %s: commit %d, abort %d, wait for %d",
+            "recovery of %s: roll forward %d, abort %d (%d without a decision yet), wait for %d",
             prefix,
             len(plan.commit),
             len(plan.abort),
+            len(undecided),
             len(plan.wait),
         )
-    resolver = TransactionResolver(wire, snapshot.committed, max_workers=max_workers)
-    resolutions = resolver.resolve(plan.commit, Intent.COMMIT) + resolver.resolve(plan.abort, Intent.ABORT)
-    record_final(decision_log, resolutions, run)
-    return RecoveryResult(plan, tuple(resolutions), _settle(inspector, prefix, snapshot, decision_log, run, plan))
-
-
-def _settle(
-    inspector: TransactionInspector,
-    prefix: str,
-    snapshot: DecisionSnapshot,
-    decision_log: DecisionLog,
-    run: str,
-    plan: RecoveryPlan,
-) -> tuple[str, ...]:
-    """Close the gap 'EndTxn done, COMMITTED not yet written' before a new run reuses the id."""
-    handled = {r.transactional_id for r in plan.commit} | set(plan.wait)
-    pending = [
-        r
-        for tid, r in snapshot.latest.items()
-        if r.decision is Decision.COMMIT and naming.belongs_to(tid, prefix) and tid not in handled
-    ]
-    if not pending:
-        return ()
-    states = inspector.describe(r.transactional_id for r in pending)
-    done = []
-    for r in pending:
-        s = states.get(r.transactional_id)
-        if (
-            s is not None
-            and s.state == "CompleteCommit"
-            and (s.producer_id, s.producer_epoch) == (r.producer_id, r.producer_epoch)
-        ):
-            done.append(ref_of(r))
-    if done:
-        decision_log.record(done, Decision.COMMITTED, run)
-    return tuple(t.transactional_id for t in done)
+    if undecided:
+        decision = new_decision(Kind.ABORT, (covered_state(s) for s in undecided), run, actor, (), now_ms())
+        state = decision_log.decide(decision, keep_run=decision_log.keep_for(prefix))
+        # Whatever came first rules: a COMMIT appended before ours turns an abort into a roll-forward.
+        plan = plan_recovery(open_states, state)
+    resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers)
+    touching = state.decisions_touching(lambda tid: naming.belongs_to(tid, prefix))
+    ids = [d.decision_id for d in touching]
+    resolutions = obey(decision_log, state, ids, resolver)
+    lost = lost_of_decisions(state, ids) + [t for rec in state.lost_runs(prefix) for t in lost_of_run(rec)]
+    result = RecoveryResult(plan, tuple(resolutions), tuple({t.transactional_id: t for t in lost}.values()))
+    if raise_on_loss:
+        result.raise_for_loss()
+    return result

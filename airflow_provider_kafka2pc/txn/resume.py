@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
     CoordinatorError,
+    Kafka2PCError,
     LostTransaction,
     MalformedCommittableError,
     TransactionLostError,
@@ -35,6 +36,19 @@ from airflow_provider_kafka2pc.txn.outcome import (
     observe,
     reason,
     verdict,
+)
+from airflow_provider_kafka2pc.txn.protocol import (
+    Covered,
+    DecisionRecord,
+    Kind,
+    LogState,
+    LostTxn,
+    OutcomeRecord,
+    RunRecord,
+    RunStatus,
+    finalize,
+    new_decision,
+    prefix_of,
 )
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient, error_name
 
@@ -206,9 +220,123 @@ def ref_of(c: _HoldsProducer) -> TxnRef:
 @dataclass(frozen=True)
 class CommitReport:
     resolutions: tuple[Resolution, ...]
+    note: str = ""  # e.g. "already committed", from the run's own record
 
     def count(self, v: Verdict) -> int:
         return sum(1 for r in self.resolutions if r.outcome is v)
+
+
+def deadline_of(state: TxnState | None) -> int | None:
+    """The broker's deadline of an open transaction: its start time + transaction.timeout.ms."""
+    if state is None or state.start_time_ms <= 0 or state.timeout_ms <= 0:
+        return None
+    return state.start_time_ms + state.timeout_ms
+
+
+def covered(c: Committable, state: TxnState | None) -> Covered:
+    return Covered(
+        c.transactional_id, c.producer_id, c.producer_epoch, c.records, c.describe_partitions(), deadline_of(state)
+    )
+
+
+def covered_state(s: TxnState) -> Covered:
+    """A transaction known only from the broker (recovery, abort): no record count."""
+    return Covered(
+        s.transactional_id,
+        s.producer_id,
+        s.producer_epoch,
+        0,
+        tuple(f"{t}-{p}" for t, p in s.topic_partitions),
+        deadline_of(s),
+    )
+
+
+def obey(
+    decision_log: DecisionLog,
+    state: LogState,
+    decision_ids: Sequence[str],
+    resolver: TransactionResolver,
+) -> list[Resolution]:
+    """End what each decision in force rules and has not ended yet; record outcomes; retire what
+    is final. Returns the resolutions of this call (transactions already resolved are skipped)."""
+    done: list[Resolution] = []
+    items: list[tuple[bytes, bytes | None]] = []
+    for did in dict.fromkeys(decision_ids):
+        if not state.in_force(did):
+            items += finalize(state, did, now_ms())
+            continue
+        d = state.decisions[did]
+        todo = state.unresolved(did)
+        intent = Intent.COMMIT if d.kind is Kind.COMMIT else Intent.ABORT
+        if todo:
+            log.info(
+                "%s %d transaction(s) under %s decision %s of %s (%s)",
+                intent.value.lower(),
+                len(todo),
+                d.kind.value,
+                did,
+                d.run,
+                d.actor,
+            )
+        resolutions = resolver.resolve([c.ref for c in todo], intent)
+        done += resolutions
+        by_tid = {c.transactional_id: c for c in d.txns}
+        outcome = state.outcome(did).merge(
+            OutcomeRecord(
+                did,
+                frozenset(r.ref.transactional_id for r in resolutions if r.outcome is Verdict.COMMITTED),
+                frozenset(r.ref.transactional_id for r in resolutions if r.outcome is Verdict.ABORTED),
+                tuple(
+                    LostTxn(by_tid[r.ref.transactional_id], r.detail) for r in resolutions if r.outcome is Verdict.LOST
+                ),
+            )
+        )
+        state.outcomes[did] = outcome
+        if resolutions:
+            items.append((outcome.key, outcome.to_json()))
+        items += finalize(state, did, now_ms())
+    if items:
+        decision_log.append(items)
+    return done
+
+
+def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
+    """For the outcome table's CONSULT_LOG: did an actor see this transaction committed?"""
+
+    def committed(ref: TxnRef) -> bool:
+        did = state.ruling.get(ref)
+        return did is not None and ref.transactional_id in state.outcome(did).committed
+
+    return committed
+
+
+def lost_of_decisions(state: LogState, decision_ids: Sequence[str]) -> list[LostTransaction]:
+    return [
+        LostTransaction(
+            t.covered.transactional_id,
+            t.covered.producer_id,
+            t.covered.producer_epoch,
+            t.covered.records,
+            t.covered.partitions,
+            t.reason,
+        )
+        for did in dict.fromkeys(decision_ids)
+        for t in state.outcome(did).lost
+    ]
+
+
+def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
+    return [
+        LostTransaction(
+            t.covered.transactional_id,
+            t.covered.producer_id,
+            t.covered.producer_epoch,
+            t.covered.records,
+            t.covered.partitions,
+            t.reason,
+        )
+        for t in rec.lost
+    ]
 
 
 def commit_prepared(
@@ -216,101 +344,212 @@ def commit_prepared(
     wire: WireClient,
     decision_log: DecisionLog,
     run: str,
-    deadline_margin_ms: int = 1000,
     max_workers: int = 16,
     prefixes: Sequence[str] = (),
+    end_txn_timeout_s: float = 60.0,
 ) -> CommitReport:
-    """Phase two, COMMIT: decide durably, end every transaction, record the result.
+    """Phase two, COMMIT, by the protocol of DESIGN §3a.
 
-    Atomicity first: if some committable can no longer commit (aborted, timed out, fenced, past
-    its deadline) and nothing of the run is committed or decided yet, the whole run is aborted
-    and ``TransactionLostError`` names the cause, so no part becomes visible. Once anything is
-    decided, everything that can commit is rolled forward, and the loss is reported the same way.
-    ``prefixes`` are marked in the log as committed for ``run`` with the COMMIT decisions, so an
-    export task of that run that is cleared and re-run knows not to export again.
+    1. The run's own record says it is final → answer from it ("already committed", or the loss),
+       touching nothing: a clear of an old run never writes over newer runs' state.
+    2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
+       within the commit's own worst case of its broker deadline), the whole run is aborted:
+       ABORT is appended, read back, obeyed, and ``TransactionLostError`` says why.
+    3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
+       a retry) and read back. If an earlier decision rules any transaction of it, the COMMIT is
+       void: the run is aborted the same way and ``DecisionConflictError`` names who won.
+    4. EndTxn for all, in parallel; outcomes recorded; the run collapses to its run record.
+       A transaction lost after the decision raises ``TransactionLostError``.
     """
     refs = [ref_of(c) for c in committables]
     _check_unique(refs)
     by_tid = {c.transactional_id: c for c in committables}
-    snapshot = decision_log.read()
-    resolver = TransactionResolver(wire, snapshot.committed, max_workers=max_workers)
-    observed = resolver.observe_all(refs)
-    now_ms = int(time.time() * 1000)
+    # Every run gets a run record per exporter, derived from the ids if the caller named none.
+    run_prefixes = sorted(set(prefixes) | {p for c in committables if (p := prefix_of(c.transactional_id))})
+    keep = decision_log.keep_run_of(run_prefixes, run)
+    state = decision_log.read(keep_run=keep)
+    finished = [state.runs.get((p, run)) for p in run_prefixes]
+    if run_prefixes and all(f is not None and f.status is not RunStatus.DECIDED for f in finished):
+        return _answer_from_run_records(run, [f for f in finished if f is not None])
 
-    doomed: dict[str, str] = {}
-    for ref in refs:
-        obs = observed[ref.transactional_id][0]
-        v = verdict(obs, Intent.COMMIT)
-        # FENCING: the broker is aborting it on timeout right now; it can only end aborted.
-        if (
-            v is Verdict.LOST
-            or obs is Observation.FENCING
-            or (v is Verdict.CONSULT_LOG and not snapshot.committed(ref))
-        ):
-            doomed[ref.transactional_id] = reason(obs)
-        elif obs is Observation.OPEN and by_tid[ref.transactional_id].remaining_ms(now_ms) < deadline_margin_ms:
-            doomed[ref.transactional_id] = (
-                f"past its deadline: transaction.timeout.ms={by_tid[ref.transactional_id].transaction_timeout_ms} "
-                "elapsed since its first record"
-            )
-    decided = any(snapshot.decided_commit(r) for r in refs) or any(
-        observed[r.transactional_id][0] in (Observation.COMMITTED, Observation.COMMITTING) for r in refs
-    )
-
-    if doomed and not decided:
-        log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
-        resolutions = resolver.resolve(refs, Intent.ABORT, observed)
-        decision_log.record(refs, Decision.ABORTED, run, reasons=doomed)
-        raise TransactionLostError(_lost(by_tid, doomed))
-
-    decision_log.record(
-        refs,
-        Decision.COMMIT,
-        run,
-        counts={c.transactional_id: c.records for c in committables},
-        mark_prefixes=prefixes,
-    )
-    resolutions = resolver.resolve(refs, Intent.COMMIT, observed)
-    lost = {r.ref.transactional_id: r.detail for r in resolutions if r.outcome is Verdict.LOST}
-    record_final(decision_log, resolutions, run)
+    resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers, timeout_s=end_txn_timeout_s)
+    mine = state.commit_of_run(run, refs)
+    if mine is None:
+        ruled = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) is not None}
+        observed = resolver.observe_all(refs)
+        if ruled:  # decided before we got here: by another actor (ABORT), or by another run
+            return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
+        margin_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
+        doomed = _doomed(refs, observed, margin_ms)
+        if doomed:
+            log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
+            _abort_run(decision_log, resolver, refs, observed, run, by_tid)
+            raise TransactionLostError(_lost(by_tid, doomed), visible="none")
+        decision = new_decision(
+            Kind.COMMIT,
+            (covered(c, observed[c.transactional_id][1]) for c in committables),
+            run,
+            "commit",
+            run_prefixes,
+            now_ms(),
+        )
+        state = decision_log.decide(decision, keep_run=keep)
+        log.info(
+            "decision: COMMIT %s for run %s, %d transaction(s), at offset %d",
+            decision.decision_id,
+            run,
+            len(refs),
+            state.offsets[decision.decision_id],
+        )
+        if not state.in_force(decision.decision_id):
+            return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
+        mine = decision
+    resolver.committed_in_log = committed_in(state)
+    resolutions = obey(decision_log, state, [mine.decision_id], resolver)
+    lost = lost_of_decisions(state, [mine.decision_id])
     if lost:
-        raise TransactionLostError(_lost(by_tid, lost))
+        committed = state.outcome(mine.decision_id).committed
+        raise TransactionLostError(lost, visible="part" if committed else "decided")
     return CommitReport(tuple(resolutions))
 
 
+def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
+    lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
+    if lost:
+        raise TransactionLostError(lost, visible="part")
+    note = ", ".join(f"{r.prefix}: {r.status.value.lower()} ({r.records} records)" for r in records)
+    log.info("run %s is final in the decision log (%s); nothing to do", run, note)
+    return CommitReport((), note=f"already {note}")
+
+
+def _doomed(
+    refs: Sequence[TxnRef], observed: Mapping[str, tuple[Observation, TxnState | None]], margin_ms: int
+) -> dict[str, str]:
+    doomed: dict[str, str] = {}
+    now = now_ms()
+    for ref in refs:
+        obs, s = observed[ref.transactional_id]
+        if obs is not Observation.OPEN:
+            # FENCING: the broker is aborting it on timeout right now; it can only end aborted.
+            doomed[ref.transactional_id] = reason(obs)
+            continue
+        deadline = deadline_of(s)
+        if deadline is not None and now + margin_ms > deadline:
+            doomed[ref.transactional_id] = (
+                f"too close to its broker deadline: started at {s.start_time_ms if s else '?'} with "
+                f"transaction.timeout.ms={s.timeout_ms if s else '?'}, {deadline - now} ms left, and a commit may "
+                f"need {margin_ms} ms (decision write + EndTxn retries); raise transaction.timeout.ms or commit sooner"
+            )
+    return doomed
+
+
+class DecisionConflictError(Kafka2PCError):
+    """The run's COMMIT came after another decision for one of its transactions: the run is aborted."""
+
+
+def _abort_run(
+    decision_log: DecisionLog,
+    resolver: TransactionResolver,
+    refs: Sequence[TxnRef],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+    run: str,
+    by_tid: Mapping[str, Committable],
+    conflict: Mapping[TxnRef, DecisionRecord | None] | None = None,
+    void: DecisionRecord | None = None,
+) -> CommitReport:
+    """Abort every transaction of the run (ABORT appended and read back first), and say who won."""
+    decision = new_decision(
+        Kind.ABORT,
+        (covered(by_tid[r.transactional_id], observed[r.transactional_id][1]) for r in refs),
+        run,
+        "commit",
+        (),
+        now_ms(),
+    )
+    state = decision_log.decide(decision)
+    if void is not None:
+        conflict = {c.ref: state.ruled_by(c.ref) for c in void.txns if state.ruled_by(c.ref) not in (None, decision)}
+    resolver.committed_in_log = committed_in(state)
+    rulers = [d for d in (state.ruled_by(r) for r in refs) if d is not None]
+    resolutions = obey(decision_log, state, [d.decision_id for d in rulers], resolver)
+    if conflict is None:
+        return CommitReport(tuple(resolutions))
+    winners = {d.decision_id: d for d in conflict.values() if d is not None}
+    who = "; ".join(
+        f"{d.kind.value} {d.decision_id} by {d.actor} for {d.run} at {_iso(d.at_ms)}" for d in winners.values()
+    )
+    committed_elsewhere = [r for r in resolutions if r.outcome is Verdict.COMMITTED]
+    raise DecisionConflictError(
+        f"run {run} was not committed: an earlier decision in the decision log covers "
+        f"{len(conflict)} of its {len(refs)} transaction(s) ({who}). First decision wins, so this run was aborted "
+        f"as a whole and none of its records are visible"
+        + (
+            f" (except {len(committed_elsewhere)} transaction(s) that another run's COMMIT rules: "
+            "its committables do not belong to this run)"
+            if committed_elsewhere
+            else ""
+        )
+        + ". Clear the whole DAG run to export it again."
+    )
+
+
 def abort_prepared(
-    committables: Sequence[Committable] | Sequence[TxnRef],
+    committables: Sequence[Committable] | Sequence[TxnRef] | Sequence[Covered],
     wire: WireClient,
     decision_log: DecisionLog,
     run: str,
     max_workers: int = 16,
+    actor: str = "abort",
 ) -> CommitReport:
-    """Phase two, ABORT. A transaction with a COMMIT decision is rolled forward, never aborted."""
-    refs = [c if isinstance(c, TxnRef) else ref_of(c) for c in committables]
-    snapshot = decision_log.read()
-    resolver = TransactionResolver(wire, snapshot.committed, max_workers=max_workers)
-    forward = [r for r in refs if snapshot.decided_commit(r)]
-    back = [r for r in refs if not snapshot.decided_commit(r)]
-    if forward:
-        log.warning(
-            "rolling forward %d transaction(s) that have a COMMIT decision: %s",
-            len(forward),
-            [r.transactional_id for r in forward],
+    """Phase two, ABORT: append ABORT for what has no decision yet, read back, obey the first
+    decision of each transaction. One whose first decision is COMMIT is rolled forward, never aborted."""
+    refs = [_as_ref(c) for c in committables]
+    _check_unique(refs)
+    state = decision_log.read(keep_run=_no_runs)
+    resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers)
+    undecided = [r for r in refs if r not in state.ruling]
+    if undecided:
+        observed = resolver.observe_all(undecided)
+        known = {_as_ref(c).transactional_id: c for c in committables}
+        decision = new_decision(
+            Kind.ABORT,
+            (_covered_any(known[r.transactional_id], observed[r.transactional_id][1]) for r in undecided),
+            run,
+            actor,
+            (),
+            now_ms(),
         )
-    resolutions = resolver.resolve(forward, Intent.COMMIT) + resolver.resolve(back, Intent.ABORT)
-    record_final(decision_log, resolutions, run)
-    return CommitReport(tuple(resolutions))
+        state = decision_log.decide(decision)
+        resolver.committed_in_log = committed_in(state)
+    rulers = [d.decision_id for d in (state.ruled_by(r) for r in refs) if d is not None]
+    forward = [r.transactional_id for r in refs if (d := state.ruled_by(r)) is not None and d.kind is Kind.COMMIT]
+    if forward:
+        log.warning("rolling forward %d transaction(s) whose first decision is COMMIT: %s", len(forward), forward)
+    return CommitReport(tuple(obey(decision_log, state, rulers, resolver)))
 
 
-def record_final(decision_log: DecisionLog, resolutions: Sequence[Resolution], run: str) -> None:
-    for v, d in (
-        (Verdict.COMMITTED, Decision.COMMITTED),
-        (Verdict.ABORTED, Decision.ABORTED),
-        (Verdict.LOST, Decision.LOST),
-    ):
-        refs = [r.ref for r in resolutions if r.outcome is v]
-        if refs:
-            decision_log.record(refs, d, run, reasons={r.ref.transactional_id: r.detail for r in resolutions})
+def _as_ref(c: Committable | TxnRef | Covered) -> TxnRef:
+    return c if isinstance(c, TxnRef) else ref_of(c)
+
+
+def _covered_any(c: Committable | TxnRef | Covered, s: TxnState | None) -> Covered:
+    if isinstance(c, Committable):
+        return covered(c, s)
+    if isinstance(c, Covered):
+        return c
+    return Covered(c.transactional_id, c.producer_id, c.producer_epoch, 0, (), deadline_of(s))
+
+
+def _no_runs(_p: str, _r: str, _raw: bytes) -> bool:
+    return False
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def _lost(by_tid: dict[str, Committable], reasons: dict[str, str]) -> list[LostTransaction]:
@@ -323,10 +562,11 @@ def _lost(by_tid: dict[str, Committable], reasons: dict[str, str]) -> list[LostT
 
 __all__ = [
     "CommitReport",
-    "DecisionSnapshot",
+    "DecisionConflictError",
     "Resolution",
     "TransactionResolver",
     "abort_prepared",
     "commit_prepared",
+    "obey",
     "ref_of",
 ]

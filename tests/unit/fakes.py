@@ -9,15 +9,16 @@ tests script error codes and state changes on top of that.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionRecord, DecisionSnapshot, RunMark
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, Position
 from airflow_provider_kafka2pc.txn.outcome import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
@@ -28,6 +29,7 @@ from airflow_provider_kafka2pc.txn.outcome import (
     TRANSACTIONAL_ID_NOT_FOUND,
     TxnRef,
 )
+from airflow_provider_kafka2pc.txn.protocol import DECISION_KEY, Covered, DecisionRecord, Entry, Kind, new_decision
 from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient
 
 TOPIC = "events"
@@ -85,10 +87,29 @@ def txn_state(
     )
 
 
-def record(
-    tid: str, decision: Decision, producer_id: int = 1000, producer_epoch: int = 0, run: str = "run-1"
-) -> DecisionRecord:
-    return DecisionRecord(tid, producer_id, producer_epoch, decision, run, at_ms=now_ms(), records=10)
+def legacy_record(
+    tid: str, decision: str, producer_id: int = 1000, producer_epoch: int = 0, run: str = "run-1"
+) -> tuple[bytes, bytes]:
+    """A per-id record as 0.1.0 wrote it (key = transactional id), for the upgrade path."""
+    value = json.dumps(
+        {"tid": tid, "pid": producer_id, "epoch": producer_epoch, "decision": decision, "run": run, "at_ms": now_ms()}
+    )
+    return tid.encode(), value.encode()
+
+
+def decision_item(
+    kind: Kind, refs: Sequence[TxnRef], run: str = "run-1", actor: str = "test", prefixes: Sequence[str] = ()
+) -> tuple[bytes, bytes]:
+    """One decision record covering ``refs``, ready to seed a ``MemoryDecisionLog``."""
+    d = new_decision(
+        kind,
+        (Covered(r.transactional_id, r.producer_id, r.producer_epoch, 10) for r in refs),
+        run,
+        actor,
+        prefixes,
+        now_ms(),
+    )
+    return d.key, d.to_json()
 
 
 @dataclass(frozen=True)
@@ -254,35 +275,67 @@ def _error_row(tid: str, code: int, node_id: int) -> TxnState:
 
 
 class MemoryDecisionLog(DecisionLog):
-    """The decision log without Kafka: the real ``record`` over an in-memory ``write``/``read``."""
+    """The decision log without Kafka: the real protocol over an in-memory ``append``/``scan``.
 
-    def __init__(self, events: list[str] | None = None, initial: Iterable[DecisionRecord] = ()) -> None:
+    Offsets grow by one per record; timestamps play LogAppendTime from the wall clock (or
+    ``broker_time_ms`` when a test sets it). ``compact()`` does what Kafka's cleaner does.
+    """
+
+    def __init__(self, events: list[str] | None = None, initial: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
         super().__init__({"bootstrap.servers": "unused:9092"})
         self._lock = threading.Lock()
         self.events: list[str] = events if events is not None else []
-        self.written: list[DecisionRecord] = []
-        self._latest: dict[str, DecisionRecord] = {r.transactional_id: r for r in initial}
-        self._runs: dict[tuple[str, str], RunMark] = {}
+        self.entries: list[Entry] = []
+        self.broker_time_ms: int | None = None
+        self.append(list(initial))
 
     def ensure_topic(self) -> None:
         raise AssertionError("a unit test must not reach for the decision log topic")
 
-    def write(self, records: Iterable[DecisionRecord], marks: Iterable[RunMark] = ()) -> None:
+    def append(self, items: Sequence[tuple[bytes, bytes | None]]) -> list[Position]:
+        out = []
         with self._lock:
-            for m in marks:
-                self._runs[(m.prefix, m.run)] = m
-                self.events.append(f"run mark {m.prefix} {m.run}")
-            for r in records:
-                self.written.append(r)
-                self._latest[r.transactional_id] = r
-                self.events.append(f"decision {r.decision.value} {r.transactional_id}")
+            for key, value in items:
+                offset = self.entries[-1].offset + 1 if self.entries else 0
+                ts = self.broker_time_ms if self.broker_time_ms is not None else now_ms()
+                self.entries.append(Entry(offset, ts, key, value))
+                out.append(Position(offset, ts))
+                self.events.append(_describe(key, value))
+        return out
 
-    def read(self) -> DecisionSnapshot:
+    def scan(self, until: int | None = None) -> Iterator[Entry]:
         with self._lock:
-            return DecisionSnapshot(self._latest, {}, self._runs)
+            entries = list(self.entries)
+        return iter([e for e in entries if until is None or e.offset <= until])
 
-    def decisions(self, tid: str) -> list[Decision]:
-        return [r.decision for r in self.written if r.transactional_id == tid]
+    def compact(self) -> None:
+        """Keep the latest record per key and drop tombstones, as the log cleaner eventually does."""
+        with self._lock:
+            latest = {e.key: e for e in self.entries}
+            self.entries = sorted((e for e in latest.values() if e.value is not None), key=lambda e: e.offset)
+
+    def decisions_of(self, tid: str) -> list[DecisionRecord]:
+        """Every decision ever appended that covers ``tid``, in log order (tombstoned ones too)."""
+        out = []
+        for e in self.entries:
+            if e.key.startswith(DECISION_KEY.encode()) and e.value is not None:
+                d = DecisionRecord.from_json(e.value)
+                if any(c.transactional_id == tid for c in d.txns):
+                    out.append(d)
+        return out
+
+    def decisions(self, tid: str) -> list[Kind]:
+        return [d.kind for d in self.decisions_of(tid)]
+
+
+def _describe(key: bytes, value: bytes | None) -> str:
+    k = key.decode()
+    if value is None:
+        return f"tombstone {k}"
+    if k.startswith(DECISION_KEY):
+        d = DecisionRecord.from_json(value)
+        return f"decision {d.kind.value} {' '.join(c.transactional_id for c in d.txns)}"
+    return f"record {k}"
 
 
 class FakeClock:

@@ -1,0 +1,479 @@
+"""The decision protocol (DESIGN §3a): one decision per run, the log is the order, the first wins.
+
+Every actor (commit, abort, recovery, the CLI) follows the same three steps:
+
+1. **append** its decision (COMMIT or ABORT) as *one* record listing every transaction it
+   covers, acks=all, and learn the record's offset;
+2. **read back** the log up to that offset and ``replay`` it;
+3. **obey** the ruling: for each transaction, the first decision in force that covers it.
+
+``replay`` is a pure function of the log, so every actor that reads the same log reaches the same
+ruling. Its rules, in log order:
+
+- A COMMIT is *in force* only if none of its transactions is already ruled by an earlier decision
+  and it was appended (broker time, LogAppendTime) before every transaction's broker deadline
+  (start + transaction.timeout.ms). Otherwise it is *void* for all of its transactions: a run is
+  never half decided. A commit that finds its decision void aborts the whole run.
+- An ABORT rules every transaction it covers that no earlier decision rules. (Transactions already
+  ruled by a COMMIT are rolled forward by whoever meets them; ABORT is per transaction.)
+
+Keys are chosen for compaction (a later record with the same key replaces an earlier one):
+a decision's key is unique (``kafka2pc.decision:{id}``), so nothing can replace it while it
+matters. It is removed (tombstoned) only when it no longer can matter:
+
+- a COMMIT in force, once every transaction it covers is final on the broker: it collapses into a
+  small *run record* per exporter (``kafka2pc.run:{prefix}:{run}``: COMMITTED, or LOST with the
+  lost transactions), which is what a later clear of the run needs;
+- an ABORT, once its transactions are final *and* their broker deadlines have passed (plus a
+  slack): any COMMIT appended after that is void by the deadline rule, so forgetting the ABORT
+  changes no ruling;
+- a void decision at any time (it rules nothing).
+
+Outcomes (which transactions of a decision ended committed, aborted or lost) are kept under
+``kafka2pc.outcome:{id}``, replaced by each actor with the union of what it knows.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.naming import parse_transactional_id
+from airflow_provider_kafka2pc.txn.outcome import TxnRef
+
+# Key families of the decision topic. ':' never occurs in a transactional id kafka2pc writes, so a
+# key without one of these prefixes is a per-id record of 0.1.0 (read for the upgrade).
+DECISION_KEY = "kafka2pc.decision:"
+OUTCOME_KEY = "kafka2pc.outcome:"
+RUN_KEY = "kafka2pc.run:"
+CLAIM_KEY = "kafka2pc.prefix:"
+
+FORMAT_VERSION = 2
+# How long after the last deadline an ABORT is kept: covers clock differences between brokers.
+ABORT_RETENTION_SLACK_MS = 5 * 60 * 1000
+
+
+class Kind(StrEnum):
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+
+
+class RunStatus(StrEnum):
+    """What a run record says of one exporter's run."""
+
+    DECIDED = "DECIDED"  # a COMMIT in force (0.1.0 run marks mean this too); not yet final
+    COMMITTED = "COMMITTED"  # every transaction committed: never export this run again
+    LOST = "LOST"  # decided COMMIT, part of it can never become visible: fail loudly
+    ACKNOWLEDGED = "ACKNOWLEDGED"  # LOST, and an operator acknowledged it with the CLI
+
+
+@dataclass(frozen=True)
+class Covered:
+    """One transaction a decision covers."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    records: int = 0
+    partitions: tuple[str, ...] = ()
+    deadline_ms: int | None = None  # broker clock: transaction start + transaction.timeout.ms
+
+    @property
+    def ref(self) -> TxnRef:
+        return TxnRef(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    def to_list(self) -> list[Any]:
+        return [
+            self.transactional_id,
+            self.producer_id,
+            self.producer_epoch,
+            self.records,
+            self.deadline_ms,
+            list(self.partitions),
+        ]
+
+    @classmethod
+    def from_list(cls, v: Sequence[Any]) -> Covered:
+        return cls(str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]))
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """COMMIT or ABORT of a set of transactions, as one record."""
+
+    decision_id: str
+    kind: Kind
+    run: str  # the DAG run (dag_id/run_id) the decision is about, or who decided
+    actor: str  # commit, abort, recovery, cli
+    prefixes: tuple[str, ...]  # the exporters whose runs a COMMIT marks
+    txns: tuple[Covered, ...]
+    at_ms: int  # the writer's clock; the record's LogAppendTime is what the rules use
+
+    @property
+    def key(self) -> bytes:
+        return (DECISION_KEY + self.decision_id).encode()
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "v": FORMAT_VERSION,
+                "id": self.decision_id,
+                "kind": self.kind.value,
+                "run": self.run,
+                "actor": self.actor,
+                "prefixes": list(self.prefixes),
+                "at_ms": self.at_ms,
+                "txns": [c.to_list() for c in self.txns],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> DecisionRecord:
+        d = json.loads(raw)
+        return cls(
+            str(d["id"]),
+            Kind(d["kind"]),
+            str(d["run"]),
+            str(d["actor"]),
+            tuple(d["prefixes"]),
+            tuple(Covered.from_list(c) for c in d["txns"]),
+            int(d["at_ms"]),
+        )
+
+
+def new_decision(
+    kind: Kind, txns: Iterable[Covered], run: str, actor: str, prefixes: Iterable[str] = (), now_ms: int = 0
+) -> DecisionRecord:
+    covered = tuple(txns)
+    seen: set[str] = set()
+    for c in covered:
+        if c.transactional_id in seen:
+            raise ValueError(f"a decision covers transactional id {c.transactional_id!r} twice")
+        seen.add(c.transactional_id)
+    return DecisionRecord(uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms)
+
+
+@dataclass(frozen=True)
+class LostTxn:
+    covered: Covered
+    reason: str
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """How the transactions of one decision ended, as far as any actor has seen."""
+
+    decision_id: str
+    committed: frozenset[str] = frozenset()
+    aborted: frozenset[str] = frozenset()
+    lost: tuple[LostTxn, ...] = ()
+
+    @property
+    def key(self) -> bytes:
+        return (OUTCOME_KEY + self.decision_id).encode()
+
+    @property
+    def lost_ids(self) -> frozenset[str]:
+        return frozenset(t.covered.transactional_id for t in self.lost)
+
+    def resolved(self) -> frozenset[str]:
+        return self.committed | self.aborted | self.lost_ids
+
+    def merge(self, other: OutcomeRecord) -> OutcomeRecord:
+        lost = {t.covered.transactional_id: t for t in (*self.lost, *other.lost)}
+        return OutcomeRecord(
+            self.decision_id,
+            self.committed | other.committed,
+            self.aborted | other.aborted,
+            tuple(lost[k] for k in sorted(lost)),
+        )
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "v": FORMAT_VERSION,
+                "id": self.decision_id,
+                "committed": sorted(self.committed),
+                "aborted": sorted(self.aborted),
+                "lost": [[*t.covered.to_list(), t.reason] for t in self.lost],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> OutcomeRecord:
+        d = json.loads(raw)
+        return cls(
+            str(d["id"]),
+            frozenset(d["committed"]),
+            frozenset(d["aborted"]),
+            tuple(LostTxn(Covered.from_list(t[:6]), str(t[6])) for t in d["lost"]),
+        )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What is left of one exporter's run once its COMMIT is final: small, one key per run."""
+
+    prefix: str
+    run: str
+    status: RunStatus
+    transactions: int
+    records: int
+    at_ms: int
+    decision_id: str = ""
+    lost: tuple[LostTxn, ...] = ()
+    note: str = ""
+
+    @property
+    def key(self) -> bytes:
+        return run_key(self.prefix, self.run)
+
+    def to_json(self) -> bytes:
+        d: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "prefix": self.prefix,
+            "run": self.run,
+            "status": self.status.value,
+            "txns": self.transactions,
+            "records": self.records,
+            "at_ms": self.at_ms,
+            "decision": self.decision_id,
+        }
+        if self.lost:
+            d["lost"] = [[*t.covered.to_list(), t.reason] for t in self.lost]
+        if self.note:
+            d["note"] = self.note
+        return _dumps(d)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> RunRecord:
+        d = json.loads(raw)
+        # 0.1.0 wrote a run mark with its COMMIT decisions and never anything final.
+        status = RunStatus(d["status"]) if "status" in d else RunStatus.DECIDED
+        return cls(
+            str(d["prefix"]),
+            str(d["run"]),
+            status,
+            int(d["txns"]),
+            int(d["records"]),
+            int(d["at_ms"]),
+            str(d.get("decision", "")),
+            tuple(LostTxn(Covered.from_list(t[:6]), str(t[6])) for t in d.get("lost", ())),
+            str(d.get("note", "")),
+        )
+
+
+def run_key(prefix: str, run: str) -> bytes:
+    return f"{RUN_KEY}{prefix}:{run}".encode()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One record of the log as read: offset, broker timestamp, key, value (None: tombstone)."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes
+    value: bytes | None
+
+
+@dataclass
+class LogState:
+    """The log replayed: live decisions in log order, the ruling, outcomes, runs and claims."""
+
+    decisions: dict[str, DecisionRecord] = field(default_factory=dict)  # insertion = log order
+    offsets: dict[str, int] = field(default_factory=dict)
+    appended_ms: dict[str, int] = field(default_factory=dict)
+    ruling: dict[TxnRef, str] = field(default_factory=dict)  # transaction -> decision id in force
+    void: dict[str, str] = field(default_factory=dict)  # decision id -> why it rules nothing
+    voided_by: dict[str, str] = field(default_factory=dict)  # void decision id -> the one that came first
+    outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
+    runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
+    end_offset: int = -1  # the last offset read
+    broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
+
+    def ruled_by(self, ref: TxnRef) -> DecisionRecord | None:
+        did = self.ruling.get(ref)
+        return None if did is None else self.decisions[did]
+
+    def in_force(self, decision_id: str) -> bool:
+        return decision_id in self.decisions and decision_id not in self.void
+
+    def outcome(self, decision_id: str) -> OutcomeRecord:
+        return self.outcomes.get(decision_id) or OutcomeRecord(decision_id)
+
+    def unresolved(self, decision_id: str) -> list[Covered]:
+        """Transactions a decision in force rules that no actor has seen end yet."""
+        d = self.decisions[decision_id]
+        done = self.outcome(decision_id).resolved()
+        return [c for c in d.txns if c.transactional_id not in done and self.ruling.get(c.ref) == decision_id]
+
+    def commit_of_run(self, run: str, refs: Iterable[TxnRef]) -> DecisionRecord | None:
+        """The COMMIT in force of ``run`` that rules every one of ``refs``, if there is one."""
+        ids = {self.ruling.get(r) for r in refs}
+        if len(ids) != 1:
+            return None
+        d = self.decisions.get(next(iter(ids)) or "")
+        return d if d is not None and d.kind is Kind.COMMIT and d.run == run else None
+
+    def run_status(self, prefix: str, run: str) -> RunRecord | None:
+        """The run's record, or a DECIDED one derived from a live COMMIT in force."""
+        rec = self.runs.get((prefix, run))
+        if rec is not None and rec.status is not RunStatus.DECIDED:
+            return rec
+        for did, d in self.decisions.items():
+            if d.kind is Kind.COMMIT and d.run == run and prefix in d.prefixes and self.in_force(did):
+                return RunRecord(
+                    prefix, run, RunStatus.DECIDED, len(d.txns), sum(c.records for c in d.txns), d.at_ms, did
+                )
+        return rec
+
+    def lost_runs(self, prefix: str) -> list[RunRecord]:
+        return [r for (p, _), r in self.runs.items() if p == prefix and r.status is RunStatus.LOST]
+
+    def decisions_touching(self, prefix_of: Any) -> list[DecisionRecord]:
+        """Live decisions in force with a transaction for which ``prefix_of(tid)`` is true."""
+        return [
+            d
+            for did, d in self.decisions.items()
+            if self.in_force(did) and any(prefix_of(c.transactional_id) for c in d.txns)
+        ]
+
+
+def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
+    """The state every actor derives from the same log. ``keep_run(prefix, run, raw)`` filters run
+    records (a reader that needs one run should not hold a hundred thousand)."""
+    latest: dict[bytes, Entry] = {}
+    state = LogState()
+    for e in entries:
+        state.end_offset = max(state.end_offset, e.offset)
+        state.broker_time_ms = max(state.broker_time_ms, e.timestamp_ms)
+        key = e.key
+        if key.startswith(RUN_KEY.encode()):
+            prefix, _, run = key[len(RUN_KEY) :].decode().partition(":")
+            if e.value is None:
+                state.runs.pop((prefix, run), None)
+            elif keep_run is None or keep_run(prefix, run, e.value):
+                state.runs[(prefix, run)] = RunRecord.from_json(e.value)
+            continue
+        if key.startswith(CLAIM_KEY.encode()):
+            if e.value:
+                state.claims[key[len(CLAIM_KEY) :].decode()] = json.loads(e.value)["owner"]
+            continue
+        # Decisions, outcomes and 0.1.0 per-id records: latest value per key, in first-offset order.
+        latest.pop(key, None)  # a re-written key moves to its newest offset, as compaction leaves it
+        latest[key] = e
+    for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
+        if e.value is None:
+            continue
+        if key.startswith(DECISION_KEY.encode()):
+            d = DecisionRecord.from_json(e.value)
+        elif key.startswith(OUTCOME_KEY.encode()):
+            o = OutcomeRecord.from_json(e.value)
+            state.outcomes[o.decision_id] = o
+            continue
+        else:
+            legacy = _legacy(e)
+            if legacy is None:
+                continue
+            d = legacy
+        state.decisions[d.decision_id] = d
+        state.offsets[d.decision_id] = e.offset
+        state.appended_ms[d.decision_id] = e.timestamp_ms
+        _rule(state, d, e.timestamp_ms)
+    return state
+
+
+def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
+    refs = [c.ref for c in d.txns]
+    if d.kind is Kind.ABORT:
+        for r in refs:
+            state.ruling.setdefault(r, d.decision_id)
+        return
+    earlier = [state.ruling[r] for r in refs if r in state.ruling]
+    if earlier:
+        state.void[d.decision_id] = f"decision {earlier[0]} came first"
+        state.voided_by[d.decision_id] = earlier[0]
+        return
+    late = [c for c in d.txns if c.deadline_ms is not None and appended_ms > c.deadline_ms]
+    if late:
+        state.void[d.decision_id] = f"appended after the broker deadline of {late[0].transactional_id}"
+        return
+    for r in refs:
+        state.ruling[r] = d.decision_id
+
+
+def _legacy(e: Entry) -> DecisionRecord | None:
+    """A 0.1.0 per-id record whose latest value is COMMIT: a decision still in flight."""
+    assert e.value is not None
+    d = json.loads(e.value)
+    if d.get("decision") != "COMMIT":
+        return None  # COMMITTED / ABORTED are final; a 0.1.0 LOST was already reported
+    c = Covered(str(d["tid"]), int(d["pid"]), int(d["epoch"]), int(d.get("records", 0)))
+    return DecisionRecord(f"v1.{e.key.decode()}", Kind.COMMIT, str(d.get("run", "")), "0.1.0", (), (c,), 0)
+
+
+# -- what an actor writes after it obeyed -----------------------------------------------------
+
+
+def finalize(state: LogState, decision_id: str, now_ms: int) -> list[tuple[bytes, bytes | None]]:
+    """Records that retire a decision whose transactions are all final; [] while it still matters.
+
+    Run records go first: the topic has one partition and the producer is idempotent, so a reader
+    that no longer sees the decision sees what it left.
+    """
+    d = state.decisions[decision_id]
+    tombstones: list[tuple[bytes, bytes | None]] = [(d.key, None), (OUTCOME_KEY.encode() + decision_id.encode(), None)]
+    if d.decision_id.startswith("v1."):
+        tombstones = [(d.decision_id[3:].encode(), None)]
+    if not state.in_force(decision_id):
+        return tombstones
+    if state.unresolved(decision_id):
+        return []
+    # What this decision made void goes with it, or it would come back into force.
+    for did, by in state.voided_by.items():
+        if by == decision_id:
+            voided = state.decisions[did]
+            tombstones[:0] = [(voided.key, None), (OUTCOME_KEY.encode() + did.encode(), None)]
+    outcome = state.outcome(decision_id)
+    if d.kind is Kind.ABORT:
+        deadlines = [c.deadline_ms or state.appended_ms[decision_id] for c in d.txns]
+        if state.broker_time_ms < max(deadlines, default=0) + ABORT_RETENTION_SLACK_MS:
+            return []
+        return tombstones
+    items: list[tuple[bytes, bytes | None]] = []
+    for prefix in d.prefixes:
+        mine = [c for c in d.txns if prefix_of(c.transactional_id) == prefix]
+        lost = tuple(t for t in outcome.lost if prefix_of(t.covered.transactional_id) == prefix)
+        rec = RunRecord(
+            prefix,
+            d.run,
+            RunStatus.LOST if lost else RunStatus.COMMITTED,
+            len(mine),
+            sum(c.records for c in mine),
+            now_ms,
+            decision_id,
+            lost,
+        )
+        items.append((rec.key, rec.to_json()))
+    if outcome.lost and not d.prefixes:  # a 0.1.0 decision has no run record to carry the loss
+        return []
+    return items + tombstones
+
+
+def prefix_of(tid: str) -> str:
+    parsed = parse_transactional_id(tid)
+    return parsed.prefix if parsed is not None else ""
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _dumps(d: Mapping[str, Any]) -> bytes:
+    return json.dumps(d, separators=(",", ":")).encode()
