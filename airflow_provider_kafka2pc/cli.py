@@ -1,14 +1,20 @@
 """``kafka2pc``: look at and resolve one exporter's transactions from a shell, without Airflow.
 
-    kafka2pc list --prefix P        open transactions of P on the broker, each joined with its
-                                    decision and the action recovery would take
-    kafka2pc describe --prefix P    the decision log's latest record per transactional id of P
-    kafka2pc resolve --prefix P     run recovery: commit what is decided, abort the rest
-                                    (--dry-run: print the plan, change nothing)
+    kafka2pc list --prefix P          open transactions of P on the broker, each joined with the
+                                      decision that rules it and the action recovery would take;
+                                      and P's losses: LOST runs, COMMIT decisions with lost outcomes
+    kafka2pc describe --prefix P      decisions in force and void ones touching P, and P's run records
+    kafka2pc resolve --prefix P       run recovery: roll forward what a COMMIT rules, abort the rest
+                                      (--dry-run: print the plan, change nothing)
+    kafka2pc acknowledge --prefix P --run R [--note TEXT]
+                                      mark the LOST run R of P as ACKNOWLEDGED: recovery stops
+                                      failing on it (its lost records stay lost)
 
-Exit status: 0 done (resolve: nothing of the prefix is left open); 1 transactions of the prefix
-are still open (resolve, and resolve --dry-run when there is something to do); 2 bad usage or an
-invalid prefix; 3 Kafka unreachable or failing; 4 a transaction with a COMMIT decision was lost.
+Exit status: 0 nothing of the prefix is open and nothing is lost (acknowledge: done); 1 transactions
+of the prefix are open (list, resolve --dry-run: something to do; resolve: still open after
+--wait); 2 bad usage, an invalid prefix, or acknowledge of a run that is not LOST; 3 Kafka
+unreachable or failing; 4 a loss: a run of the prefix is LOST and not acknowledged, or a COMMIT
+decision in force has transactions that can never become visible (takes precedence over 1).
 
 Only the transaction core is imported: no Airflow, and Kafka clients only when a command runs.
 """
@@ -16,6 +22,7 @@ Only the transaction core is imported: no Airflow, and Kafka clients only when a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -30,15 +37,23 @@ from typing import Any, TextIO
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import connection_only, redact
-from airflow_provider_kafka2pc.txn.decision_log import (
-    DEFAULT_DECISION_TOPIC,
-    DecisionLog,
-    DecisionRecord,
-    DecisionSnapshot,
+from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
+from airflow_provider_kafka2pc.txn.errors import (
+    BrokerUnavailableError,
+    InvalidPrefixError,
+    Kafka2PCError,
+    LostTransaction,
 )
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, InvalidPrefixError, Kafka2PCError
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Verdict
+from airflow_provider_kafka2pc.txn.outcome import TxnRef, Verdict
+from airflow_provider_kafka2pc.txn.protocol import (
+    DecisionRecord,
+    Kind,
+    LogState,
+    LostTxn,
+    RunRecord,
+    RunStatus,
+)
 from airflow_provider_kafka2pc.txn.recovery import RecoveryPlan, RecoveryResult, plan_recovery, recover
 from airflow_provider_kafka2pc.txn.resume import Resolution, ref_of
 from airflow_provider_kafka2pc.txn.wire import TxnListing, TxnState, WireClient
@@ -54,6 +69,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 10.0
 DEFAULT_RUN = "kafka2pc-cli"
+ACTOR = "cli"  # who the decisions this command appends name
 _POLL_S = 0.5
 _LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
 
@@ -84,7 +100,7 @@ class Connection:
         return self._log
 
     def decision_topic_exists(self) -> bool:
-        """Asked before reading, because DecisionLog.read() creates a missing topic."""
+        """Asked before reading, because DecisionLog.read() and append() create a missing topic."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
@@ -166,18 +182,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kafka2pc",
         description="Inspect and resolve the Kafka transactions of a kafka2pc exporter.",
-        epilog="Exit status: 0 done, 1 transactions still open, 2 bad usage, 3 Kafka failing, 4 lost.",
+        epilog=(
+            "Exit status: 0 nothing open and nothing lost, 1 transactions open, 2 bad usage (or acknowledge of "
+            "a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, or lost transactions under a COMMIT)."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("list", parents=[common], help="open transactions of a prefix and what recovery would do")
+    p = sub.add_parser(
+        "list", parents=[common], help="open transactions of a prefix, what recovery would do, and the prefix's losses"
+    )
     p.set_defaults(handler=cmd_list)
 
-    p = sub.add_parser("describe", parents=[common], help="the decision log's latest record per transactional id")
+    p = sub.add_parser(
+        "describe", parents=[common], help="decisions touching a prefix (in force and void) and its run records"
+    )
     p.set_defaults(handler=cmd_describe)
 
-    p = sub.add_parser("resolve", parents=[common], help="commit what is decided, abort the rest")
+    p = sub.add_parser("resolve", parents=[common], help="roll forward what a COMMIT rules, abort the rest")
     p.add_argument("--dry-run", action="store_true", help="print the plan only; change nothing")
     p.add_argument(
         "--wait",
@@ -193,6 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="resolve even if the decision topic does not exist (every open transaction is then aborted)",
     )
     p.set_defaults(handler=cmd_resolve)
+
+    p = sub.add_parser(
+        "acknowledge",
+        parents=[common],
+        help="acknowledge a LOST run so that recovery stops failing on it (the lost records stay lost)",
+    )
+    p.add_argument("--run", required=True, help="the run whose loss to acknowledge, as its run record names it")
+    p.add_argument("--note", default="", metavar="TEXT", help="why, by whom: kept on the run record")
+    p.set_defaults(handler=cmd_acknowledge)
     return parser
 
 
@@ -227,27 +259,52 @@ def _read_properties(path: str) -> list[tuple[str, str]]:
     ]
 
 
-# -- list -----------------------------------------------------------------------------------
+# -- reading the decision log ---------------------------------------------------------------
 
 
-def _snapshot(conn: Connection) -> tuple[DecisionSnapshot, bool]:
+def _read(conn: Connection, read: Callable[[DecisionLog], LogState]) -> tuple[LogState, bool]:
     """The decision log without creating its topic: read-only commands must change nothing."""
     if not conn.decision_topic_exists():
-        return DecisionSnapshot({}, {}), False
-    return conn.decision_log().read(), True
+        return LogState(), False
+    return read(conn.decision_log()), True
 
 
-def _plan_rows(
-    states: Sequence[TxnState], snapshot: DecisionSnapshot, now_ms: int
-) -> tuple[list[dict[str, Any]], RecoveryPlan]:
-    plan = plan_recovery(states, snapshot)
-    action = {r.transactional_id: "commit" for r in plan.commit}
-    action.update({r.transactional_id: "abort" for r in plan.abort})
-    action.update({tid: "wait" for tid in plan.wait})
+def _touches(prefix: str) -> Callable[[str], bool]:
+    return lambda tid: naming.belongs_to(tid, prefix)
+
+
+def _lost_decisions(state: LogState, prefix: str) -> list[DecisionRecord]:
+    """COMMIT decisions in force touching ``prefix`` with lost outcomes, not yet collapsed to a run record."""
+    return [
+        d
+        for d in state.decisions_touching(_touches(prefix))
+        if d.kind is Kind.COMMIT and state.outcome(d.decision_id).lost
+    ]
+
+
+def _losses(state: LogState, prefix: str) -> dict[str, Any]:
+    return {
+        "lost_runs": [_run_json(r) for r in sorted(state.lost_runs(prefix), key=lambda r: (r.at_ms, r.run))],
+        "lost_decisions": [
+            _decision_ref_json(d) | {"lost": [_lost_txn_json(t) for t in state.outcome(d.decision_id).lost]}
+            for d in _lost_decisions(state, prefix)
+        ],
+    }
+
+
+# -- list -----------------------------------------------------------------------------------
+
+_ACTIONS = {"commit": "roll forward", "abort": "abort", "wait": "wait"}
+
+
+def _plan_rows(states: Sequence[TxnState], state: LogState, now_ms: int) -> tuple[list[dict[str, Any]], RecoveryPlan]:
+    plan = plan_recovery(states, state)
+    action = {r.transactional_id: _ACTIONS["commit"] for r in plan.commit}
+    action.update({r.transactional_id: _ACTIONS["abort"] for r in plan.abort})
+    action.update({tid: _ACTIONS["wait"] for tid in plan.wait})
     rows = []
     for s in sorted(states, key=lambda s: _id_order(s.transactional_id)):
-        matching = snapshot.get(ref_of(s))
-        latest = snapshot.latest.get(s.transactional_id)
+        ruling = state.ruled_by(ref_of(s))
         rows.append(
             {
                 "transactional_id": s.transactional_id,
@@ -258,26 +315,49 @@ def _plan_rows(
                 "start_time_ms": s.start_time_ms if s.start_time_ms > 0 else None,
                 "age_ms": now_ms - s.start_time_ms if s.start_time_ms > 0 else None,
                 "timeout_ms": s.timeout_ms,
-                # Only a record for the same (id, producer id, epoch) counts; the latest one of
-                # any epoch is shown too, so a stale COMMIT explains itself.
-                "decision": matching.decision.value if matching is not None else None,
-                "latest_record": _record_json(latest) if latest is not None else None,
+                # Only a decision for the same (id, producer id, epoch) rules it; another one in
+                # the log for the id (another epoch, or void) is shown too, so it explains itself.
+                "decision": _decision_ref_json(ruling) if ruling is not None else None,
+                "other_decision": _other_decision(state, s, ruling),
                 "action": action[s.transactional_id],
             }
         )
     return rows, plan
 
 
+def _other_decision(state: LogState, s: TxnState, ruling: DecisionRecord | None) -> dict[str, Any] | None:
+    """The newest live decision naming this id that does not rule this transaction, if any."""
+    for did, d in reversed(state.decisions.items()):
+        if ruling is not None and did == ruling.decision_id:
+            continue
+        for c in d.txns:
+            if c.transactional_id == s.transactional_id:
+                return _decision_ref_json(d) | {
+                    "producer_id": c.producer_id,
+                    "producer_epoch": c.producer_epoch,
+                    "void": state.void.get(did),
+                }
+    return None
+
+
+def _list_exit(plan: RecoveryPlan, losses: Mapping[str, Any]) -> int:
+    if losses["lost_runs"] or losses["lost_decisions"]:
+        return EXIT_LOST
+    return EXIT_OK if plan.empty else EXIT_OPEN
+
+
 def cmd_list(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
     wire = conn.wire()  # first: the fastest way to find out that the broker is down
     states = TransactionInspector(wire, args.timeout).describe_prefix(args.prefix)
-    snapshot, exists = _snapshot(conn)
-    rows, plan = _plan_rows(states, snapshot, _now_ms())
+    state, exists = _read(conn, lambda log: log.read_for(args.prefix))
+    rows, plan = _plan_rows(states, state, _now_ms())
+    losses = _losses(state, args.prefix)
     if args.json:
-        _print_json(out, _header(args, exists) | {"transactions": rows, "plan": _plan_json(plan)})
+        _print_json(out, _header(args, exists) | {"transactions": rows, "plan": _plan_json(plan)} | losses)
     else:
         _print_open(out, args, rows, exists)
-    return EXIT_OK
+        _print_losses(out, args, losses)
+    return _list_exit(plan, losses)
 
 
 def _print_open(out: TextIO, args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], exists: bool) -> None:
@@ -287,7 +367,18 @@ def _print_open(out: TextIO, args: argparse.Namespace, rows: Sequence[Mapping[st
     if rows:
         out.write(
             _table(
-                ["TRANSACTIONAL ID", "STATE", "PRODUCER ID", "EPOCH", "PARTITIONS", "AGE", "DECISION", "ACTION"],
+                [
+                    "TRANSACTIONAL ID",
+                    "STATE",
+                    "PRODUCER ID",
+                    "EPOCH",
+                    "PARTITIONS",
+                    "AGE",
+                    "DECISION",
+                    "RUN",
+                    "ACTOR",
+                    "ACTION",
+                ],
                 [
                     [
                         r["transactional_id"],
@@ -297,6 +388,8 @@ def _print_open(out: TextIO, args: argparse.Namespace, rows: Sequence[Mapping[st
                         _partitions(r["partitions"]),
                         _duration(r["age_ms"]),
                         _decision_cell(r),
+                        r["decision"]["run"] if r["decision"] else "-",
+                        r["decision"]["actor"] if r["decision"] else "-",
                         "wait (broker completing)" if r["action"] == "wait" else r["action"],
                     ]
                     for r in rows
@@ -306,72 +399,161 @@ def _print_open(out: TextIO, args: argparse.Namespace, rows: Sequence[Mapping[st
 
 
 def _decision_cell(row: Mapping[str, Any]) -> str:
-    if row["decision"] is not None:
-        return str(row["decision"])
-    latest = row["latest_record"]
-    if latest is None:
+    d = row["decision"]
+    if d is not None:
+        return f"{d['kind']} {_short(d['decision_id'])}"
+    other = row["other_decision"]
+    if other is None:
         return "none"
-    return f"none (log: {latest['decision']} for producer {latest['producer_id']} epoch {latest['producer_epoch']})"
+    what = (
+        f"void: {other['void']}"
+        if other["void"]
+        and (other["producer_id"], other["producer_epoch"]) == (row["producer_id"], row["producer_epoch"])
+        else f"for producer {other['producer_id']} epoch {other['producer_epoch']}"
+    )
+    return f"none (log: {other['kind']} {_short(other['decision_id'])} {what})"
+
+
+def _print_losses(out: TextIO, args: argparse.Namespace, losses: Mapping[str, Any]) -> None:
+    for r in losses["lost_runs"]:
+        out.write(
+            f"LOST: run {r['run']} of {args.prefix} (decision {r['decision_id'] or '?'}): "
+            f"{len(r['lost'])} of its {r['transactions']} transaction(s) can never become visible\n"
+        )
+        out.write(_lost_table(r["lost"]))
+        out.write(
+            f"  handle it (re-export the lost partitions), then: kafka2pc acknowledge --prefix {args.prefix} "
+            f"--run {r['run']}\n"
+        )
+    for d in losses["lost_decisions"]:
+        out.write(
+            f"LOST under {d['kind']} {d['decision_id']} of run {d['run']} ({d['actor']}), still in flight: "
+            f"{len(d['lost'])} transaction(s) can never become visible\n"
+        )
+        out.write(_lost_table(d["lost"]))
+
+
+def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:
+    return _indent(
+        _table(
+            ["TRANSACTIONAL ID", "PRODUCER ID", "EPOCH", "RECORDS", "PARTITIONS", "REASON"],
+            [
+                [
+                    t["transactional_id"],
+                    str(t["producer_id"]),
+                    str(t["producer_epoch"]),
+                    str(t["records"]),
+                    ",".join(t["partitions"]) or "-",
+                    t["reason"],
+                ]
+                for t in lost
+            ],
+        )
+    )
 
 
 # -- describe -------------------------------------------------------------------------------
 
 
 def cmd_describe(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
-    snapshot, exists = _snapshot(conn)
-    records = sorted(
-        (r for tid, r in snapshot.latest.items() if naming.belongs_to(tid, args.prefix)),
-        key=lambda r: _id_order(r.transactional_id),
-    )
-    owner = snapshot.claims.get(args.prefix)
-    runs = sorted((m for (p, _), m in snapshot.runs.items() if p == args.prefix), key=lambda m: m.at_ms)
+    prefix = args.prefix
+    # Every run record of the prefix, the COMMITTED ones too: describe is where they are looked up.
+    state, exists = _read(conn, lambda log: log.read(keep_run=lambda p, _r, _raw: p == prefix))
+    touches = _touches(prefix)
+    decisions = [
+        _decision_json(state, d, prefix)
+        for did, d in state.decisions.items()
+        if any(touches(c.transactional_id) for c in d.txns)
+    ]
+    owner = state.claims.get(prefix)
+    runs = sorted((r for (p, _), r in state.runs.items() if p == prefix), key=lambda r: (r.at_ms, r.run))
     if args.json:
-        body: dict[str, Any] = {"claim_owner": owner, "records": [_record_json(r) for r in records]}
-        body["committed_runs"] = [
-            {
-                "run": m.run,
-                "time": _iso(m.at_ms),
-                "at_ms": m.at_ms,
-                "transactions": m.transactions,
-                "records": m.records,
-            }
-            for m in runs
-        ]
+        body: dict[str, Any] = {"claim_owner": owner, "decisions": decisions, "runs": [_run_json(r) for r in runs]}
         _print_json(out, _header(args, exists) | body)
         return EXIT_OK
-    out.write(f"prefix {args.prefix}: {'claimed by ' + owner if owner else 'not claimed'}\n")
+    out.write(f"prefix {prefix}: {'claimed by ' + owner if owner else 'not claimed'}\n")
     if not exists:
         out.write(f"decision topic {args.decision_topic} does not exist: no decisions\n")
         return EXIT_OK
-    out.write(f"{len(records)} transactional id(s) in decision log {args.decision_topic}\n")
-    if records:
+    void = sum(1 for d in decisions if not d["in_force"])
+    out.write(
+        f"{len(decisions) - void} decision(s) in force and {void} void touching {prefix} "
+        f"in decision log {args.decision_topic}\n"
+    )
+    if decisions:
         out.write(
             _table(
-                ["TRANSACTIONAL ID", "DECISION", "RUN", "PRODUCER ID", "EPOCH", "RECORDS", "TIME", "REASON"],
+                [
+                    "KIND",
+                    "DECISION ID",
+                    "RUN",
+                    "ACTOR",
+                    "TIME",
+                    "TXNS",
+                    "COMMITTED",
+                    "ABORTED",
+                    "LOST",
+                    "PENDING",
+                    "STATUS",
+                ],
                 [
                     [
-                        r.transactional_id,
-                        r.decision.value,
-                        r.run,
-                        str(r.producer_id),
-                        str(r.producer_epoch),
-                        str(r.records),
-                        _iso(r.at_ms),
-                        r.reason,
+                        d["kind"],
+                        d["decision_id"],
+                        d["run"],
+                        d["actor"],
+                        d["time"],
+                        str(d["transactions"]),
+                        str(d["outcome"]["committed"]),
+                        str(d["outcome"]["aborted"]),
+                        str(d["outcome"]["lost"]),
+                        str(d["outcome"]["pending"]),
+                        "in force" if d["in_force"] else f"void: {d['void']}",
                     ]
-                    for r in records
+                    for d in decisions
                 ],
             )
         )
-    if runs:  # the runs that reached their COMMIT decision; an export of them is never repeated
-        out.write(f"{len(runs)} run(s) decided COMMIT:\n")
+    if runs:
+        out.write(f"{len(runs)} run record(s) of {prefix}:\n")
         out.write(
             _table(
-                ["RUN", "TIME", "TRANSACTIONS", "RECORDS"],
-                [[m.run, _iso(m.at_ms), str(m.transactions), str(m.records)] for m in runs],
+                ["RUN", "STATUS", "TRANSACTIONS", "RECORDS", "TIME", "NOTE"],
+                [
+                    [r.run, r.status.value, str(r.transactions), str(r.records), _iso(r.at_ms), r.note or "-"]
+                    for r in runs
+                ],
             )
         )
+        for r in runs:
+            if r.lost:
+                out.write(f"run {r.run}: {len(r.lost)} lost transaction(s) ({r.status.value}):\n")
+                out.write(_lost_table([_lost_txn_json(t) for t in r.lost]))
     return EXIT_OK
+
+
+def _decision_json(state: LogState, d: DecisionRecord, prefix: str) -> dict[str, Any]:
+    did = d.decision_id
+    outcome = state.outcome(did)
+    return _decision_ref_json(d) | {
+        "in_force": state.in_force(did),
+        "void": state.void.get(did),
+        "voided_by": state.voided_by.get(did),
+        "prefixes": list(d.prefixes),
+        "at_ms": d.at_ms,
+        "time": _iso(d.at_ms) if d.at_ms > 0 else "-",
+        "appended_ms": state.appended_ms.get(did),
+        "transactions": len(d.txns),
+        "transactions_of_prefix": sum(1 for c in d.txns if naming.belongs_to(c.transactional_id, prefix)),
+        "records": sum(c.records for c in d.txns),
+        "outcome": {
+            "committed": len(outcome.committed),
+            "aborted": len(outcome.aborted),
+            "lost": len(outcome.lost),
+            "pending": len(state.unresolved(did)) if state.in_force(did) else 0,
+        },
+        "lost": [_lost_txn_json(t) for t in outcome.lost],
+    }
 
 
 # -- resolve --------------------------------------------------------------------------------
@@ -381,14 +563,17 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
     wire = conn.wire()
     if args.dry_run:
         states = TransactionInspector(wire, args.timeout).describe_prefix(args.prefix)
-        snapshot, exists = _snapshot(conn)
-        rows, plan = _plan_rows(states, snapshot, _now_ms())
+        state, exists = _read(conn, lambda log: log.read_for(args.prefix))
+        rows, plan = _plan_rows(states, state, _now_ms())
+        losses = _losses(state, args.prefix)
         if args.json:
-            _print_json(out, _header(args, exists) | {"dry_run": True, "transactions": rows, "plan": _plan_json(plan)})
+            body = {"dry_run": True, "transactions": rows, "plan": _plan_json(plan)} | losses
+            _print_json(out, _header(args, exists) | body)
         else:
             out.write("dry run: nothing is changed\n")
             _print_open(out, args, rows, exists)
-        return EXIT_OK if plan.empty else EXIT_OPEN
+            _print_losses(out, args, losses)
+        return _list_exit(plan, losses)
 
     if not conn.decision_topic_exists() and not args.allow_missing_decision_topic:
         # A mistyped topic name would otherwise abort transactions that have a COMMIT decision.
@@ -396,9 +581,14 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
             f"decision topic {args.decision_topic!r} does not exist, so every open transaction would be "
             "aborted; check --decision-topic, or pass --allow-missing-decision-topic"
         )
-    passes = _recover_until_settled(wire, args, conn.decision_log())
+    decision_log = conn.decision_log()
+    passes = _recover_until_settled(wire, args, decision_log)
     still_open = TransactionInspector(wire, args.timeout).list_prefix(args.prefix)
     report = _resolve_report(passes, still_open)
+    # Which runs to acknowledge: read only when there is a loss to explain.
+    report["lost_runs"] = (
+        _losses(decision_log.read_for(args.prefix), args.prefix)["lost_runs"] if report["lost"] else []
+    )
     if args.json:
         _print_json(out, _header(args, True) | {"dry_run": False} | report)
     else:
@@ -411,43 +601,55 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
 def _recover_until_settled(
     wire: WireClient, args: argparse.Namespace, decision_log: DecisionLog
 ) -> list[RecoveryResult]:
-    """Recovery leaves Prepare* to the broker; look again until they are complete or --wait is up."""
+    """Recovery leaves Prepare* to the broker; look again until they are complete or --wait is up.
+
+    A loss does not end by waiting: it is reported at once (the broker finishes Prepare* anyway).
+    """
+
+    def once() -> RecoveryResult:
+        return recover(wire, args.prefix, decision_log, run=args.run, actor=ACTOR, raise_on_loss=False)
+
     deadline = time.monotonic() + args.wait
-    passes = [recover(wire, args.prefix, decision_log, run=args.run)]
-    while not passes[-1].done and time.monotonic() < deadline:
+    passes = [once()]
+    while passes[-1].plan.wait and not passes[-1].lost and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-        passes.append(recover(wire, args.prefix, decision_log, run=args.run))
+        passes.append(once())
     return passes
 
 
 def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnListing]) -> dict[str, Any]:
-    intents: dict[str, str] = {}
-    last: dict[str, Resolution] = {}  # a later pass may finish what an earlier one waited for
-    settled: list[str] = []
+    # By (id, producer id, epoch), not by id: one id may end twice in a pass, e.g. its open epoch
+    # aborted and a COMMIT for another epoch of it found lost.
+    intents: dict[TxnRef, str] = {}
+    last: dict[TxnRef, Resolution] = {}  # a later pass may finish what an earlier one waited for
+    lost: dict[TxnRef, LostTransaction] = {}
     for p in passes:
-        intents.update({r.transactional_id: "commit" for r in p.plan.commit})
-        intents.update({r.transactional_id: "abort" for r in p.plan.abort})
-        last.update({r.ref.transactional_id: r for r in p.resolutions})
-        settled += [t for t in p.settled if t not in settled]
+        intents.update({r: _ACTIONS["commit"] for r in p.plan.commit})
+        intents.update({r: _ACTIONS["abort"] for r in p.plan.abort})
+        last.update({r.ref: r for r in p.resolutions})
+        lost.update({TxnRef(t.transactional_id, t.producer_id, t.producer_epoch): t for t in p.lost})
     resolutions = [
         {
             "transactional_id": r.ref.transactional_id,
             "producer_id": r.ref.producer_id,
             "producer_epoch": r.ref.producer_epoch,
-            "action": intents[tid],
+            # Not open when listed (a decision finished by this call): what its outcome shows.
+            "action": intents.get(r.ref) or (_ACTIONS["abort"] if r.outcome is Verdict.ABORTED else _ACTIONS["commit"]),
             "outcome": r.outcome.value,
             "observation": r.observation.value,
             "detail": r.detail,
             "end_txn_codes": list(r.end_txn_codes),
         }
-        for tid, r in sorted(last.items(), key=lambda kv: _id_order(kv[0]))
+        for _, r in sorted(last.items(), key=lambda kv: _ref_order(kv[0]))
     ]
     return {
         "plan": _plan_json(passes[0].plan),
         "passes": len(passes),
         "resolutions": resolutions,
-        "settled": settled,
-        "lost": [r["transactional_id"] for r in resolutions if r["outcome"] == Verdict.LOST.value],
+        "lost": [
+            _lost_json(t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason)
+            for _, t in sorted(lost.items(), key=lambda kv: _ref_order(kv[0]))
+        ],
         "still_open": [
             {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id}
             for t in sorted(still_open, key=lambda t: _id_order(t.transactional_id))
@@ -457,11 +659,11 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
 
 def _print_resolved(out: TextIO, args: argparse.Namespace, report: Mapping[str, Any]) -> None:
     resolutions = report["resolutions"]
-    counts = {v.value: sum(1 for r in resolutions if r["outcome"] == v.value) for v in _FINAL}
+    counts = {v.value: sum(1 for r in resolutions if r["outcome"] == v.value) for v in _DONE}
     out.write(
         f"prefix {args.prefix}: "
         + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f"; {len(report['still_open'])} still open\n"
+        + f", {len(report['lost'])} lost; {len(report['still_open'])} still open\n"
     )
     if resolutions:
         out.write(
@@ -480,15 +682,56 @@ def _print_resolved(out: TextIO, args: argparse.Namespace, report: Mapping[str, 
                 ],
             )
         )
-    if report["settled"]:
-        out.write(f"recorded COMMITTED for decided, already committed: {', '.join(report['settled'])}\n")
     for t in report["still_open"]:
         out.write(f"still open: {t['transactional_id']} ({t['state']})\n")
-    if report["lost"]:
-        out.write(f"LOST (had a COMMIT decision, can no longer commit): {', '.join(report['lost'])}\n")
+    lost = report["lost"]
+    if lost:
+        records = sum(t["records"] for t in lost)
+        out.write(
+            f"LOST: {len(lost)} transaction(s) with {records} record(s) were decided COMMIT and can never "
+            "become visible:\n"
+        )
+        out.write(_lost_table(lost))
+    for r in report["lost_runs"]:
+        out.write(
+            f"run {r['run']} of {args.prefix} is LOST: once handled (re-export the lost partitions), "
+            f"acknowledge it with: kafka2pc acknowledge --prefix {args.prefix} --run {r['run']}\n"
+        )
 
 
-_FINAL = (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)
+_DONE = (Verdict.COMMITTED, Verdict.ABORTED)
+
+
+# -- acknowledge ----------------------------------------------------------------------------
+
+
+def cmd_acknowledge(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
+    prefix, run = args.prefix, args.run
+    if not conn.decision_topic_exists():
+        raise UsageError(
+            f"decision topic {args.decision_topic!r} does not exist: run {run!r} of {prefix!r} has no record"
+        )
+    decision_log = conn.decision_log()
+    state = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run)
+    rec = state.runs.get((prefix, run))
+    if rec is None or rec.status is not RunStatus.LOST:
+        status = "has no run record" if rec is None else f"is {rec.status.value}"
+        raise UsageError(
+            f"run {run!r} of prefix {prefix!r} {status} in decision log {args.decision_topic}; only a LOST run "
+            f"can be acknowledged (`kafka2pc list --prefix {prefix}` shows the LOST ones)"
+        )
+    acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, at_ms=_now_ms(), note=args.note)
+    position = decision_log.append([(acked.key, acked.to_json())])[0]
+    lost_records = sum(t.covered.records for t in acked.lost)
+    if args.json:
+        body = {"previous_status": rec.status.value, "offset": position.offset} | _run_json(acked)
+        _print_json(out, _header(args, True) | body)
+    else:
+        out.write(
+            f"run {run} of {prefix}: LOST acknowledged ({len(acked.lost)} lost transaction(s), {lost_records} "
+            f"record(s) that stay lost); recovery no longer fails on it\n"
+        )
+    return EXIT_OK
 
 
 # -- output helpers -------------------------------------------------------------------------
@@ -504,24 +747,55 @@ def _header(args: argparse.Namespace, decision_topic_exists: bool) -> dict[str, 
 
 def _plan_json(plan: RecoveryPlan) -> dict[str, list[str]]:
     return {
-        "commit": [r.transactional_id for r in plan.commit],
-        "abort": [r.transactional_id for r in plan.abort],
-        "wait": list(plan.wait),
+        "roll_forward": sorted((r.transactional_id for r in plan.commit), key=_id_order),
+        "abort": sorted((r.transactional_id for r in plan.abort), key=_id_order),
+        "wait": sorted(plan.wait, key=_id_order),
     }
 
 
-def _record_json(r: DecisionRecord) -> dict[str, Any]:
+def _decision_ref_json(d: DecisionRecord) -> dict[str, Any]:
+    return {"kind": d.kind.value, "decision_id": d.decision_id, "run": d.run, "actor": d.actor}
+
+
+def _lost_json(
+    tid: str, producer_id: int, producer_epoch: int, records: int, partitions: Iterable[str], reason: str
+) -> dict[str, Any]:
     return {
-        "transactional_id": r.transactional_id,
-        "decision": r.decision.value,
+        "transactional_id": tid,
+        "producer_id": producer_id,
+        "producer_epoch": producer_epoch,
+        "records": records,
+        "partitions": list(partitions),
+        "reason": reason,
+    }
+
+
+def _lost_txn_json(t: LostTxn) -> dict[str, Any]:
+    c = t.covered
+    return _lost_json(c.transactional_id, c.producer_id, c.producer_epoch, c.records, c.partitions, t.reason)
+
+
+def _run_json(r: RunRecord) -> dict[str, Any]:
+    return {
         "run": r.run,
-        "producer_id": r.producer_id,
-        "producer_epoch": r.producer_epoch,
+        "status": r.status.value,
+        "transactions": r.transactions,
         "records": r.records,
-        "reason": r.reason,
         "at_ms": r.at_ms,
         "time": _iso(r.at_ms),
+        "decision_id": r.decision_id,
+        "note": r.note,
+        "lost": [_lost_txn_json(t) for t in r.lost],
     }
+
+
+def _short(decision_id: str) -> str:
+    """A uuid decision id cut like a git hash; JSON output has it whole."""
+    return decision_id[:12] if len(decision_id) == 32 else decision_id
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "".join(by + line for line in text.splitlines(keepends=True))
 
 
 def _print_json(out: TextIO, obj: Mapping[str, Any]) -> None:
@@ -538,6 +812,10 @@ def _id_order(tid: str) -> tuple[str, int, str]:
     """Slot 10 after slot 9, not after slot 1."""
     parsed = naming.parse_transactional_id(tid)
     return (parsed.run_key or "", parsed.slot, tid) if parsed is not None else ("", -1, tid)
+
+
+def _ref_order(r: TxnRef) -> tuple[tuple[str, int, str], int, int]:
+    return _id_order(r.transactional_id), r.producer_id, r.producer_epoch
 
 
 def _partitions(parts: Iterable[Mapping[str, Any]]) -> str:

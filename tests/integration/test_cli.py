@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, new_decision
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import ref_of
+from airflow_provider_kafka2pc.txn.resume import now_ms
 from tests.helpers.kafka import REPO, KafkaEnv, generate, prepare_in_subprocess
 from tests.helpers.no_airflow import REFUSE_AIRFLOW
 
@@ -53,7 +53,17 @@ def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
 
 
-def test_list_resolve_describe_end_to_end(kafka: KafkaEnv) -> None:
+def covering(c: Committable, epoch: int | None = None) -> Covered:
+    return Covered(
+        c.transactional_id,
+        c.producer_id,
+        c.producer_epoch if epoch is None else epoch,
+        c.records,
+        c.describe_partitions(),
+    )
+
+
+def test_list_resolve_acknowledge_describe_end_to_end(kafka: KafkaEnv) -> None:
     topic = kafka.topic(3)
     prefix = f"cli{uuid.uuid4().hex[:8]}"
     neighbour = prefix + "2"  # starts with the prefix: must never be listed or touched
@@ -65,83 +75,129 @@ def test_list_resolve_describe_end_to_end(kafka: KafkaEnv) -> None:
             )
         )
     decided = [prepared[f"{prefix}-0"], prepared[f"{prefix}-2"], prepared[f"{prefix}-4"]]
-    stale = prepared[f"{prefix}-3"]  # a COMMIT for another epoch of the same id must not commit it
+    # A COMMIT for an epoch of the id the broker never saw: a decided transaction that can never
+    # become visible. It must not commit the open epoch; recovery finds it LOST.
+    stale = prepared[f"{prefix}-3"]
     log = DecisionLog(kafka.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
-    log.record(
-        [ref_of(c) for c in decided],
-        Decision.COMMIT,
-        run="crashed-run",
-        counts={c.transactional_id: 25 for c in decided},
+    crashed = new_decision(Kind.COMMIT, [covering(c) for c in decided], "crashed-run", "commit", [prefix], now_ms())
+    lost_commit = new_decision(
+        Kind.COMMIT, [covering(stale, stale.producer_epoch + 1)], "other-run", "commit", [prefix], now_ms()
     )
-    log.record(
-        [TxnRef(stale.transactional_id, stale.producer_id, stale.producer_epoch + 1)], Decision.COMMIT, run="other"
+    theirs = new_decision(
+        Kind.COMMIT, [covering(prepared[f"{neighbour}-0"])], "neighbour", "commit", [neighbour], now_ms()
     )
-    log.record([ref_of(prepared[f"{neighbour}-0"])], Decision.COMMIT, run="neighbour")
+    log.append([(d.key, d.to_json()) for d in (crashed, lost_commit, theirs)])
     log.claim_prefix(prefix, "dag_orders.export")
     common = ["--prefix", prefix, "--bootstrap-servers", kafka.bootstrap, "--decision-topic", log.topic]
     want_commit = sorted(c.transactional_id for c in decided)
     want_abort = [f"{prefix}-1", f"{prefix}-3"]
 
-    # list: every open transaction of the prefix, its decision and what recovery would do
+    # list: every open transaction of the prefix, the decision that rules it, what recovery would do
     started = time.monotonic()
     listed = kafka2pc("list", *common, "--json", how="no-airflow")
     list_s = time.monotonic() - started
-    assert listed.returncode == 0, listed.stderr
-    rows = {r["transactional_id"]: r for r in as_json(listed)["transactions"]}
+    assert listed.returncode == 1, listed.stderr  # transactions are open
+    doc = as_json(listed)
+    rows = {r["transactional_id"]: r for r in doc["transactions"]}
     assert sorted(rows) == sorted(tids[:5])
     for tid, r in rows.items():
         c = prepared[tid]
         assert (r["state"], r["producer_id"], r["producer_epoch"]) == ("Ongoing", c.producer_id, c.producer_epoch)
         assert sorted((p["topic"], p["partition"]) for p in r["partitions"]) == sorted(c.topic_partitions)
         assert 0 <= r["age_ms"] < 600_000
-        assert (r["decision"], r["action"]) == (("COMMIT", "commit") if tid in want_commit else (None, "abort"))
-    assert rows[stale.transactional_id]["latest_record"]["producer_epoch"] == stale.producer_epoch + 1
+        if tid in want_commit:
+            assert r["action"] == "roll forward"
+            assert r["decision"] == {
+                "kind": "COMMIT",
+                "decision_id": crashed.decision_id,
+                "run": "crashed-run",
+                "actor": "commit",
+            }
+        else:
+            assert (r["decision"], r["action"]) == (None, "abort")
+    other = rows[stale.transactional_id]["other_decision"]
+    assert (other["decision_id"], other["producer_epoch"]) == (lost_commit.decision_id, stale.producer_epoch + 1)
+    assert doc["lost_runs"] == [] and doc["lost_decisions"] == []
 
     table = kafka2pc("list", *common, how="script")
-    assert table.returncode == 0, table.stderr
+    assert table.returncode == 1, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0] == f"prefix {prefix}: 5 open transaction(s)"
-    assert {ln.split()[0]: ln.split()[-1] for ln in lines[2:]} == {t: "commit" for t in want_commit} | {
+    assert {ln.split()[0]: ln.split()[-1] for ln in lines[2:]} == {t: "forward" for t in want_commit} | {
         t: "abort" for t in want_abort
     }
 
     # resolve --dry-run: the plan, nothing changed
-    before = log.read().latest
+    before = log.read().end_offset
     dry = kafka2pc("resolve", *common, "--dry-run", "--json")
     assert dry.returncode == 1, dry.stderr  # there is something to do
-    assert as_json(dry)["plan"] == {"commit": want_commit, "abort": want_abort, "wait": []}
+    assert as_json(dry)["plan"] == {"roll_forward": want_commit, "abort": want_abort, "wait": []}
     assert sorted(kafka.open_transactions(prefix)) == sorted(tids[:5])
     assert kafka.read_committed(topic) == []
-    assert log.read().latest == before
+    assert log.read().end_offset == before
 
-    # resolve: commits the decided ones, aborts the rest, nothing of the prefix left open
+    # resolve: rolls the decided ones forward, aborts the rest, and reports the loss
     resolved = kafka2pc("resolve", *common, "--json")
-    assert resolved.returncode == 0, resolved.stderr
+    assert resolved.returncode == 4, resolved.stderr
     report = as_json(resolved)
-    assert {r["transactional_id"]: r["outcome"] for r in report["resolutions"]} == {
-        t: "committed" for t in want_commit
-    } | {t: "aborted" for t in want_abort}
-    assert report["still_open"] == [] and report["lost"] == []
+    assert {(r["transactional_id"], r["producer_epoch"]): r["outcome"] for r in report["resolutions"]} == {
+        (t, prepared[t].producer_epoch): "committed" for t in want_commit
+    } | {(t, prepared[t].producer_epoch): "aborted" for t in want_abort} | {
+        (stale.transactional_id, stale.producer_epoch + 1): "lost"
+    }
+    assert [(t["transactional_id"], t["producer_epoch"], t["records"]) for t in report["lost"]] == [
+        (stale.transactional_id, stale.producer_epoch + 1, 25)
+    ]
+    assert [(r["run"], r["status"]) for r in report["lost_runs"]] == [("other-run", "LOST")]
+    assert report["still_open"] == []
     assert kafka.open_transactions(prefix) == []
     keys = [r.key or b"" for r in kafka.read_committed(topic)]
     assert sorted(keys) == sorted(f"{t}/{i}".encode() for t in want_commit for i in range(25))  # each once
     assert kafka.open_transactions(neighbour) == [f"{neighbour}-0"]
 
+    # the loss stays loud until an operator acknowledges it
     again = kafka2pc("resolve", *common)
-    assert again.returncode == 0, again.stderr
-    assert again.stdout == f"prefix {prefix}: 0 committed, 0 aborted, 0 lost; 0 still open\n"
+    assert again.returncode == 4, again.stderr
+    assert again.stdout.splitlines()[0] == f"prefix {prefix}: 0 committed, 0 aborted, 1 lost; 0 still open"
+    assert f"kafka2pc acknowledge --prefix {prefix} --run other-run" in again.stdout
+    wrong = kafka2pc("acknowledge", *common, "--run", "crashed-run")
+    assert wrong.returncode == 2 and "is COMMITTED" in wrong.stderr, wrong.stderr
+    acked = kafka2pc("acknowledge", *common, "--run", "other-run", "--note", "re-exported by hand", how="no-airflow")
+    assert acked.returncode == 0, acked.stderr
+    assert acked.stdout.startswith(f"run other-run of {prefix}: LOST acknowledged (1 lost transaction(s), 25 record(s)")
+    settled = kafka2pc("resolve", *common)
+    assert settled.returncode == 0, settled.stderr
+    assert settled.stdout == f"prefix {prefix}: 0 committed, 0 aborted, 0 lost; 0 still open\n"
+    assert kafka2pc("list", *common).returncode == 0
 
-    # describe: the decision log's view afterwards, and who owns the prefix
+    # describe: the decisions touching the prefix and its run records, and who owns the prefix
     described = kafka2pc("describe", *common, "--json")
     assert described.returncode == 0, described.stderr
     doc = as_json(described)
     assert doc["claim_owner"] == "dag_orders.export"
-    assert {r["transactional_id"]: (r["decision"], r["run"]) for r in doc["records"]} == {
-        t: ("COMMITTED", "kafka2pc-cli") for t in want_commit
-    } | {t: ("ABORTED", "kafka2pc-cli") for t in want_abort}
+    # Both COMMITs are final: collapsed into run records. The CLI's ABORT stays until its deadlines pass.
+    assert [(d["kind"], d["run"], d["actor"], d["in_force"], d["transactions"]) for d in doc["decisions"]] == [
+        ("ABORT", "kafka2pc-cli", "cli", True, 2)
+    ]
+    assert doc["decisions"][0]["outcome"] == {"committed": 0, "aborted": 2, "lost": 0, "pending": 0}
+    runs = {r["run"]: r for r in doc["runs"]}
+    assert {k: (r["status"], r["transactions"], r["records"]) for k, r in runs.items()} == {
+        "crashed-run": ("COMMITTED", 3, 75),
+        "other-run": ("ACKNOWLEDGED", 1, 25),
+    }
+    assert runs["other-run"]["note"] == "re-exported by hand"
+    assert [(t["transactional_id"], t["partitions"]) for t in runs["other-run"]["lost"]] == [
+        (stale.transactional_id, list(stale.describe_partitions()))
+    ]
     text = kafka2pc("describe", *common)
-    assert text.stdout.splitlines()[0] == f"prefix {prefix}: claimed by dag_orders.export"
-    assert len(text.stdout.splitlines()) == 2 + 1 + 5
+    lines = text.stdout.splitlines()
+    assert lines[:2] == [
+        f"prefix {prefix}: claimed by dag_orders.export",
+        f"1 decision(s) in force and 0 void touching {prefix} in decision log {log.topic}",
+    ]
+    assert lines[3].split()[0] == "ABORT" and lines[3].endswith("in force")
+    assert lines[4] == f"2 run record(s) of {prefix}:"
+    assert lines[-3] == "run other-run: 1 lost transaction(s) (ACKNOWLEDGED):"
 
     assert list_s < 30
     recover(kafka.wire, neighbour, log)  # leave the broker clean for the next test
@@ -151,7 +207,7 @@ def test_a_broker_that_is_down_fails_fast_and_clearly(kafka: KafkaEnv) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    for command in (["list"], ["describe"], ["resolve"], ["resolve", "--dry-run"]):
+    for command in (["list"], ["describe"], ["resolve"], ["resolve", "--dry-run"], ["acknowledge", "--run", "r"]):
         started = time.monotonic()
         proc = kafka2pc(
             *command,

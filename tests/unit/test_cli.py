@@ -7,30 +7,34 @@ import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_provider_kafka2pc import cli
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionSnapshot, RunMark
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol import (
+    Covered,
+    DecisionRecord,
+    Kind,
+    LogState,
+    LostTxn,
+    OutcomeRecord,
+    RunRecord,
+    RunStatus,
+    new_decision,
+    run_key,
+)
 from airflow_provider_kafka2pc.txn.wire import WireClient
 from tests.helpers.no_airflow import REFUSE_AIRFLOW
-from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, record, txn_state
+from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, ref, txn_state
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class ClaimedLog(MemoryDecisionLog):
-    def __init__(self, claims: Mapping[str, str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.claims = dict(claims)
-
-    def read(self) -> DecisionSnapshot:
-        base = super().read()
-        return DecisionSnapshot(base.latest, self.claims, base.runs)
+T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 
 
 class FakeConnection(cli.Connection):
@@ -80,56 +84,114 @@ def run(conn: FakeConnection, capsys: pytest.CaptureFixture[str], *argv: str) ->
     return code, out, err
 
 
-def arranged(broker: FakeBroker) -> MemoryDecisionLog:
+def decision(
+    kind: Kind,
+    refs: Sequence[TxnRef],
+    run: str = "run-1",
+    actor: str = "commit",
+    prefixes: Sequence[str] = ("orders",),
+    deadline_ms: int | None = None,
+) -> DecisionRecord:
+    return new_decision(
+        kind,
+        (Covered(r.transactional_id, r.producer_id, r.producer_epoch, 10, ("events-0",), deadline_ms) for r in refs),
+        run,
+        actor,
+        prefixes if kind is Kind.COMMIT else (),
+        T0,
+    )
+
+
+def item(rec: DecisionRecord | OutcomeRecord | RunRecord) -> tuple[bytes, bytes]:
+    return rec.key, rec.to_json()
+
+
+def lost_run(
+    run: str, *tids: str, prefix: str = "orders", status: RunStatus = RunStatus.LOST, note: str = ""
+) -> RunRecord:
+    lost = tuple(LostTxn(Covered(t, 1000, 0, 10, ("events-0",)), "the transaction was aborted") for t in tids)
+    return RunRecord(prefix, run, status, 3, 30, T0, "d" * 32, lost, note)
+
+
+def everything(log: MemoryDecisionLog) -> LogState:
+    return log.read(keep_run=lambda _p, _r, _raw: True)
+
+
+def arranged(broker: FakeBroker) -> tuple[MemoryDecisionLog, dict[str, DecisionRecord]]:
     broker.add(
-        txn_state("orders-0", "Ongoing", producer_epoch=5, partitions=(0, 2)),  # decided: commit
-        txn_state("orders-1", "Ongoing", producer_epoch=5),  # decided for an older epoch: abort
+        txn_state("orders-0", "Ongoing", producer_epoch=5, partitions=(0, 2)),  # a COMMIT rules it: roll forward
+        txn_state("orders-1", "Ongoing", producer_epoch=5),  # its COMMIT came after the deadline (void): abort
+        txn_state("orders-3", "Ongoing"),  # an ABORT rules it: abort
         txn_state("orders-10", "Ongoing"),  # undecided: abort
         txn_state("orders-2", "PrepareCommit"),  # the broker is completing it: wait
         txn_state("orders2-0", "Ongoing"),  # another exporter's
     )
-    return ClaimedLog(
-        {"orders": "dag.export"},
-        initial=[
-            record("orders-0", Decision.COMMIT, producer_epoch=5),
-            record("orders-1", Decision.COMMIT, producer_epoch=4),
-            record("orders-7", Decision.ABORTED, producer_epoch=2),
-            record("orders2-0", Decision.COMMIT),
-        ],
-    )
+    d = {
+        "commit": decision(Kind.COMMIT, [ref("orders-0", producer_epoch=5)], run="run-1"),
+        "late": decision(Kind.COMMIT, [ref("orders-1", producer_epoch=5)], run="run-0", deadline_ms=1),
+        "abort": decision(Kind.ABORT, [ref("orders-3")], run="run-1", actor="abort"),
+        "other": decision(Kind.COMMIT, [ref("orders2-0")], run="run-7", prefixes=("orders2",)),
+    }
+    log = MemoryDecisionLog(initial=[item(x) for x in d.values()])
+    log.claim_prefix("orders", "dag.export")
+    return log, d
 
 
 # -- list ---------------------------------------------------------------------------------
 
 
-def test_list_joins_each_open_transaction_with_its_decision_and_planned_action(
+def test_list_joins_each_open_transaction_with_the_decision_that_rules_it_and_the_planned_action(
     broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = arranged(broker)
+    log, d = arranged(broker)
+    entries = list(log.entries)
     code, out, _ = run(FakeConnection(broker, log), capsys, "list", "--prefix", "orders", "--json")
-    assert code == cli.EXIT_OK
+    assert code == cli.EXIT_OPEN
     doc = json.loads(out)
     rows = {r["transactional_id"]: r for r in doc["transactions"]}
-    assert [r["transactional_id"] for r in doc["transactions"]] == ["orders-0", "orders-1", "orders-2", "orders-10"]
-    assert {t: (r["decision"], r["action"]) for t, r in rows.items()} == {
-        "orders-0": ("COMMIT", "commit"),
+    assert [r["transactional_id"] for r in doc["transactions"]] == [
+        "orders-0",
+        "orders-1",
+        "orders-2",
+        "orders-3",
+        "orders-10",
+    ]
+    assert {t: (r["decision"] and r["decision"]["kind"], r["action"]) for t, r in rows.items()} == {
+        "orders-0": ("COMMIT", "roll forward"),
         "orders-1": (None, "abort"),
         "orders-2": (None, "wait"),
+        "orders-3": ("ABORT", "abort"),
         "orders-10": (None, "abort"),
     }
-    assert rows["orders-1"]["latest_record"]["producer_epoch"] == 4  # the stale decision explains itself
+    assert rows["orders-0"]["decision"] == {
+        "kind": "COMMIT",
+        "decision_id": d["commit"].decision_id,
+        "run": "run-1",
+        "actor": "commit",
+    }
+    assert rows["orders-3"]["decision"]["actor"] == "abort"
+    late = rows["orders-1"]["other_decision"]  # the void COMMIT explains itself
+    assert late["decision_id"] == d["late"].decision_id and late["run"] == "run-0"
+    assert late["void"] == "appended after the broker deadline of orders-1"
+    assert rows["orders-10"]["other_decision"] is None
     assert rows["orders-0"]["partitions"] == [{"topic": "events", "partition": 0}, {"topic": "events", "partition": 2}]
     assert (rows["orders-0"]["producer_id"], rows["orders-0"]["producer_epoch"]) == (1000, 5)
     assert rows["orders-0"]["age_ms"] >= 0
-    assert doc["plan"] == {"commit": ["orders-0"], "abort": ["orders-1", "orders-10"], "wait": ["orders-2"]}
-    assert broker.end_txn_calls == [] and log.written == []
+    assert doc["plan"] == {
+        "roll_forward": ["orders-0"],
+        "abort": ["orders-1", "orders-3", "orders-10"],
+        "wait": ["orders-2"],
+    }
+    assert doc["lost_runs"] == [] and doc["lost_decisions"] == []
+    assert broker.end_txn_calls == [] and log.entries == entries
 
 
 def test_list_table_is_readable(broker: FakeBroker, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(FakeConnection(broker, arranged(broker)), capsys, "list", "--prefix", "orders")
-    assert code == cli.EXIT_OK
+    log, d = arranged(broker)
+    code, out, _ = run(FakeConnection(broker, log), capsys, "list", "--prefix", "orders")
+    assert code == cli.EXIT_OPEN
     lines = out.splitlines()
-    assert lines[0] == "prefix orders: 4 open transaction(s)"
+    assert lines[0] == "prefix orders: 5 open transaction(s)"
     assert lines[1].split() == [
         "TRANSACTIONAL",
         "ID",
@@ -140,57 +202,178 @@ def test_list_table_is_readable(broker: FakeBroker, capsys: pytest.CaptureFixtur
         "PARTITIONS",
         "AGE",
         "DECISION",
+        "RUN",
+        "ACTOR",
         "ACTION",
     ]
     assert lines[2].split()[:5] == ["orders-0", "Ongoing", "1000", "5", "events[0,2]"]
-    assert lines[2].split()[-2:] == ["COMMIT", "commit"]
-    assert "none (log: COMMIT for producer 1000 epoch 4)" in lines[3]
+    assert lines[2].split()[-6:] == ["COMMIT", d["commit"].decision_id[:12], "run-1", "commit", "roll", "forward"]
+    short = d["late"].decision_id[:12]
+    assert f"none (log: COMMIT {short} void: appended after the broker deadline of orders-1)" in lines[3]
     assert lines[4].endswith("wait (broker completing)")
-    assert "orders2" not in out
+    assert lines[5].split()[-5:] == ["ABORT", d["abort"].decision_id[:12], "run-1", "abort", "abort"]
+    assert lines[6].split()[-4:] == ["none", "-", "-", "abort"]
+    assert len(lines) == 7 and "orders2" not in out
 
 
 def test_list_without_a_decision_topic_plans_to_abort_and_says_why(
     broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
     broker.add(txn_state("orders-0", "Ongoing"))
-    log = MemoryDecisionLog(initial=[record("orders-0", Decision.COMMIT)])
+    log = MemoryDecisionLog(initial=[item(decision(Kind.COMMIT, [ref("orders-0")]))])
     code, out, _ = run(FakeConnection(broker, log, topic_exists=False), capsys, "list", "--prefix", "orders")
-    assert code == cli.EXIT_OK
+    assert code == cli.EXIT_OPEN
     assert "decision topic kafka2pc_decisions does not exist: no decisions" in out
-    assert out.splitlines()[-1].split()[-2:] == ["none", "abort"]
+    assert out.splitlines()[-1].split()[-4:] == ["none", "-", "-", "abort"]
+
+
+def test_list_of_a_prefix_with_nothing_open_and_nothing_lost(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broker.add(txn_state("orders2-0", "Ongoing"))
+    log = MemoryDecisionLog(initial=[item(lost_run("run-1", "orders2-0", prefix="orders2"))])
+    code, out, _ = run(FakeConnection(broker, log), capsys, "list", "--prefix", "orders")
+    assert code == cli.EXIT_OK
+    assert out == "prefix orders: 0 open transaction(s)\n"
+
+
+def test_list_shows_lost_runs_and_lost_transactions_of_decisions_in_flight(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    in_flight = decision(Kind.COMMIT, [ref("orders-4"), ref("orders-5")], run="run-3")
+    lost_outcome = OutcomeRecord(
+        in_flight.decision_id, lost=(LostTxn(in_flight.txns[0], "the transaction was aborted"),)
+    )
+    log = MemoryDecisionLog(
+        initial=[
+            item(lost_run("run-2", "orders-1")),
+            item(lost_run("run-0", "orders-2", status=RunStatus.ACKNOWLEDGED)),  # acknowledged: not a loss
+            item(RunRecord("orders", "run-1", RunStatus.COMMITTED, 3, 30, T0)),
+            item(in_flight),
+            item(lost_outcome),
+        ]
+    )
+    conn = FakeConnection(broker, log)
+    code, out, _ = run(conn, capsys, "list", "--prefix", "orders", "--json")
+    assert code == cli.EXIT_LOST
+    doc = json.loads(out)
+    assert doc["transactions"] == []
+    assert [(r["run"], r["status"]) for r in doc["lost_runs"]] == [("run-2", "LOST")]
+    assert doc["lost_runs"][0]["lost"] == [
+        {
+            "transactional_id": "orders-1",
+            "producer_id": 1000,
+            "producer_epoch": 0,
+            "records": 10,
+            "partitions": ["events-0"],
+            "reason": "the transaction was aborted",
+        }
+    ]
+    assert [(x["decision_id"], x["run"]) for x in doc["lost_decisions"]] == [(in_flight.decision_id, "run-3")]
+    assert [t["transactional_id"] for t in doc["lost_decisions"][0]["lost"]] == ["orders-4"]
+
+    code, out, _ = run(conn, capsys, "list", "--prefix", "orders")
+    assert code == cli.EXIT_LOST
+    lines = out.splitlines()
+    assert lines[1] == (
+        f"LOST: run run-2 of orders (decision {'d' * 32}): 1 of its 3 transaction(s) can never become visible"
+    )
+    assert lines[3].split()[:5] == ["orders-1", "1000", "0", "10", "events-0"]
+    assert lines[4].endswith("then: kafka2pc acknowledge --prefix orders --run run-2")
+    assert lines[5].startswith(f"LOST under COMMIT {in_flight.decision_id} of run run-3 (commit), still in flight")
+    assert lines[7].split()[0] == "orders-4"
 
 
 # -- describe -----------------------------------------------------------------------------
 
 
-def test_describe_shows_the_latest_record_per_id_of_the_prefix_and_its_owner(
+def test_describe_shows_decisions_touching_the_prefix_and_every_run_record_of_it(
     broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = arranged(broker)
-    log.write([], marks=[RunMark("orders", "run-9", 1_700_000_000_000, 3, 30), RunMark("orders2", "run-1", 0, 1, 1)])
+    log, d = arranged(broker)
+    log.append(
+        [
+            item(OutcomeRecord(d["abort"].decision_id, aborted=frozenset({"orders-3"}))),
+            item(RunRecord("orders", "run-9", RunStatus.COMMITTED, 3, 30, T0, "c" * 32)),
+            item(lost_run("run-8", "orders-4")),
+            item(lost_run("run-7", "orders-5", status=RunStatus.ACKNOWLEDGED, note="re-exported, ticket 42")),
+            item(RunRecord("orders2", "run-1", RunStatus.COMMITTED, 1, 1, 0)),
+        ]
+    )
     conn = FakeConnection(broker, log)
     code, out, _ = run(conn, capsys, "describe", "--prefix", "orders", "--json")
     assert code == cli.EXIT_OK
     doc = json.loads(out)
     assert doc["claim_owner"] == "dag.export"
-    assert [(r["transactional_id"], r["decision"], r["producer_epoch"]) for r in doc["records"]] == [
-        ("orders-0", "COMMIT", 5),
-        ("orders-1", "COMMIT", 4),
-        ("orders-7", "ABORTED", 2),
+    got = {x["decision_id"]: x for x in doc["decisions"]}
+    assert list(got) == [d["commit"].decision_id, d["late"].decision_id, d["abort"].decision_id]
+    commit = got[d["commit"].decision_id]
+    assert (commit["kind"], commit["run"], commit["actor"], commit["in_force"]) == ("COMMIT", "run-1", "commit", True)
+    assert (commit["transactions"], commit["records"], commit["time"]) == (1, 10, "2023-11-14T22:13:20Z")
+    assert commit["outcome"] == {"committed": 0, "aborted": 0, "lost": 0, "pending": 1}
+    late = got[d["late"].decision_id]
+    assert late["in_force"] is False and late["void"] == "appended after the broker deadline of orders-1"
+    assert got[d["abort"].decision_id]["outcome"] == {"committed": 0, "aborted": 1, "lost": 0, "pending": 0}
+    assert [(r["run"], r["status"], r["transactions"], r["records"]) for r in doc["runs"]] == [
+        ("run-7", "ACKNOWLEDGED", 3, 30),
+        ("run-8", "LOST", 3, 30),
+        ("run-9", "COMMITTED", 3, 30),
     ]
-    assert doc["records"][0]["run"] == "run-1" and doc["records"][0]["time"].endswith("Z")
-    assert doc["committed_runs"] == [
-        {"run": "run-9", "time": "2023-11-14T22:13:20Z", "at_ms": 1_700_000_000_000, "transactions": 3, "records": 30}
-    ]
+    assert doc["runs"][0]["note"] == "re-exported, ticket 42"
+    assert doc["runs"][1]["lost"][0]["transactional_id"] == "orders-4"
+    assert doc["runs"][2]["time"] == "2023-11-14T22:13:20Z" and doc["runs"][2]["lost"] == []
 
     code, out, _ = run(conn, capsys, "describe", "--prefix", "orders")
-    assert out.splitlines()[:2] == [
+    lines = out.splitlines()
+    assert lines[:2] == [
         "prefix orders: claimed by dag.export",
-        "3 transactional id(s) in decision log kafka2pc_decisions",
+        "2 decision(s) in force and 1 void touching orders in decision log kafka2pc_decisions",
     ]
-    assert out.splitlines()[2].split()[:3] == ["TRANSACTIONAL", "ID", "DECISION"]
-    assert out.splitlines()[-3:-1] == ["1 run(s) decided COMMIT:", "RUN    TIME                  TRANSACTIONS  RECORDS"]
-    assert out.splitlines()[-1].split() == ["run-9", "2023-11-14T22:13:20Z", "3", "30"]
+    assert lines[2].split() == [
+        "KIND",
+        "DECISION",
+        "ID",
+        "RUN",
+        "ACTOR",
+        "TIME",
+        "TXNS",
+        "COMMITTED",
+        "ABORTED",
+        "LOST",
+        "PENDING",
+        "STATUS",
+    ]
+    assert lines[3].split() == [
+        "COMMIT",
+        d["commit"].decision_id,
+        "run-1",
+        "commit",
+        "2023-11-14T22:13:20Z",
+        "1",
+        "0",
+        "0",
+        "0",
+        "1",
+        "in",
+        "force",
+    ]
+    assert lines[4].endswith("void: appended after the broker deadline of orders-1")
+    assert lines[6] == "3 run record(s) of orders:"
+    assert lines[8].split() == [
+        "run-7",
+        "ACKNOWLEDGED",
+        "3",
+        "30",
+        "2023-11-14T22:13:20Z",
+        "re-exported,",
+        "ticket",
+        "42",
+    ]
+    assert lines[10].split() == ["run-9", "COMMITTED", "3", "30", "2023-11-14T22:13:20Z", "-"]
+    assert lines[11] == "run run-7: 1 lost transaction(s) (ACKNOWLEDGED):"
+    assert lines[13].split()[0] == "orders-5"
+    assert lines[14] == "run run-8: 1 lost transaction(s) (LOST):"
+    assert "orders2" not in out
     assert broker.end_txn_calls == []
 
 
@@ -213,22 +396,28 @@ def test_describe_of_an_unclaimed_prefix_without_decisions(
 def test_resolve_dry_run_prints_the_plan_and_changes_nothing(
     cli_clock: FakeClock, broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = arranged(broker)
+    log, _ = arranged(broker)
+    entries = list(log.entries)
     code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders", "--dry-run", "--json")
     assert code == cli.EXIT_OPEN  # there is something to do
     doc = json.loads(out)
     assert doc["dry_run"] is True
-    assert doc["plan"] == {"commit": ["orders-0"], "abort": ["orders-1", "orders-10"], "wait": ["orders-2"]}
-    assert broker.end_txn_calls == [] and log.written == []
+    assert doc["plan"] == {
+        "roll_forward": ["orders-0"],
+        "abort": ["orders-1", "orders-3", "orders-10"],
+        "wait": ["orders-2"],
+    }
+    assert broker.end_txn_calls == [] and log.entries == entries
 
     code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders", "--dry-run")
     assert out.startswith("dry run: nothing is changed\n")
+    assert log.entries == entries
 
 
-def test_resolve_commits_the_decided_aborts_the_rest_and_waits_for_the_broker(
+def test_resolve_rolls_forward_what_a_commit_rules_aborts_the_rest_and_waits_for_the_broker(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = arranged(broker)
+    log, d = arranged(broker)
 
     class Completing(FakeClock):
         def sleep(self, seconds: float) -> None:  # the broker finishes its PrepareCommit meanwhile
@@ -239,17 +428,24 @@ def test_resolve_commits_the_decided_aborts_the_rest_and_waits_for_the_broker(
     code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders", "--json")
     assert code == cli.EXIT_OK
     doc = json.loads(out)
-    assert doc["passes"] == 2 and doc["still_open"] == [] and doc["lost"] == []
+    assert doc["passes"] == 2 and doc["still_open"] == [] and doc["lost"] == [] and doc["lost_runs"] == []
     assert [(r["transactional_id"], r["action"], r["outcome"]) for r in doc["resolutions"]] == [
-        ("orders-0", "commit", "committed"),
+        ("orders-0", "roll forward", "committed"),
         ("orders-1", "abort", "aborted"),
+        ("orders-3", "abort", "aborted"),
         ("orders-10", "abort", "aborted"),
     ]
     assert broker.commits_sent() == ["orders-0"]
-    assert sorted(broker.aborts_sent()) == ["orders-1", "orders-10"]
+    assert sorted(broker.aborts_sent()) == ["orders-1", "orders-10", "orders-3"]
     assert broker.state_of("orders2-0") == "Ongoing"
-    assert log.decisions("orders-0") == [Decision.COMMITTED]
-    assert {r.run for r in log.written} == {"kafka2pc-cli"}
+    # The undecided ones were decided ABORT first, under the CLI's name; the run's COMMIT collapsed
+    # into its run record once final.
+    mine = log.decisions_of("orders-10")
+    assert [(x.kind, x.run, x.actor) for x in mine] == [(Kind.ABORT, "kafka2pc-cli", "cli")]
+    assert {c.transactional_id for c in mine[0].txns} == {"orders-1", "orders-10"}
+    state = everything(log)
+    assert state.runs[("orders", "run-1")].status is RunStatus.COMMITTED
+    assert d["commit"].decision_id not in state.decisions
 
     code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders")
     assert code == cli.EXIT_OK
@@ -268,21 +464,132 @@ def test_resolve_table_and_a_transaction_the_broker_never_completes(
     assert lines[2].split()[:5] == ["orders-0", "1000", "0", "abort", "aborted"]
     assert lines[-1] == "still open: orders-1 (PrepareAbort)"
     assert 2 <= sum(cli_clock.sleeps) < 3  # waited --wait, in fake time
-    assert conn.log.written[0].run == "manual"
+    assert [(x.run, x.actor) for x in conn.log.decisions_of("orders-0")] == [("manual", "cli")]
 
 
-def test_resolve_reports_a_decided_transaction_that_was_lost(
+def test_resolve_reports_a_loss_and_acknowledge_lets_recovery_pass_it(
     cli_clock: FakeClock, broker: FakeBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ongoing = txn_state("orders-0", "Ongoing")
-    broker.add(ongoing)
-    # Listed and planned while Ongoing; aborted by the broker before the commit gets there.
+    ongoing = txn_state("orders-0", "Ongoing", partitions=(3,))
+    broker.add(ongoing, txn_state("orders-1", "PrepareCommit"))
+    # Listed and planned while Ongoing; aborted by the broker before the roll-forward gets there.
     broker.upcoming_states["orders-0"] = [ongoing, txn_state("orders-0", "CompleteAbort")]
-    log = MemoryDecisionLog(initial=[record("orders-0", Decision.COMMIT)])
-    code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders")
+    log = MemoryDecisionLog(initial=[item(decision(Kind.COMMIT, [ref("orders-0")], run="dag/run-5"))])
+    conn = FakeConnection(broker, log)
+    code, out, _ = run(conn, capsys, "resolve", "--prefix", "orders", "--json")
     assert code == cli.EXIT_LOST
-    assert out.splitlines()[-1] == "LOST (had a COMMIT decision, can no longer commit): orders-0"
-    assert log.decisions("orders-0")[-1] is Decision.LOST
+    doc = json.loads(out)
+    assert doc["passes"] == 1  # a loss is not waited out, even with something still completing
+    assert doc["lost"] == [
+        {
+            "transactional_id": "orders-0",
+            "producer_id": 1000,
+            "producer_epoch": 0,
+            "records": 10,
+            "partitions": ["events-0"],
+            "reason": "the transaction was aborted",
+        }
+    ]
+    assert [(r["run"], r["status"]) for r in doc["lost_runs"]] == [("dag/run-5", "LOST")]
+    assert cli_clock.sleeps == []
+    was = everything(log).runs[("orders", "dag/run-5")]
+    assert was.status is RunStatus.LOST
+
+    # Every later pass fails on the recorded loss, in words an operator can act on.
+    broker.set_state("orders-1", "CompleteCommit")
+    code, out, _ = run(conn, capsys, "resolve", "--prefix", "orders")
+    assert code == cli.EXIT_LOST
+    lines = out.splitlines()
+    assert lines[0] == "prefix orders: 0 committed, 0 aborted, 1 lost; 0 still open"
+    assert lines[1] == "LOST: 1 transaction(s) with 10 record(s) were decided COMMIT and can never become visible:"
+    assert lines[3].split()[:5] == ["orders-0", "1000", "0", "10", "events-0"]
+    assert lines[-1] == (
+        "run dag/run-5 of orders is LOST: once handled (re-export the lost partitions), acknowledge it with: "
+        "kafka2pc acknowledge --prefix orders --run dag/run-5"
+    )
+    assert run(conn, capsys, "list", "--prefix", "orders")[0] == cli.EXIT_LOST
+
+    code, out, _ = run(conn, capsys, "acknowledge", "--prefix", "orders", "--run", "dag/run-5", "--note", "ticket 42")
+    assert code == cli.EXIT_OK
+    assert out == (
+        "run dag/run-5 of orders: LOST acknowledged (1 lost transaction(s), 10 record(s) that stay lost); "
+        "recovery no longer fails on it\n"
+    )
+    acked = everything(log).runs[("orders", "dag/run-5")]
+    assert acked.status is RunStatus.ACKNOWLEDGED and acked.note == "ticket 42"
+    # The same counts and lost list, under the new status.
+    assert (acked.transactions, acked.records, acked.decision_id) == (1, 10, was.decision_id)
+    assert acked.lost == was.lost and [t.covered.transactional_id for t in acked.lost] == ["orders-0"]
+    assert log.entries[-1].key == run_key("orders", "dag/run-5")
+
+    assert run(conn, capsys, "resolve", "--prefix", "orders")[0] == cli.EXIT_OK
+    assert run(conn, capsys, "list", "--prefix", "orders")[0] == cli.EXIT_OK
+
+
+def test_resolve_reports_each_epoch_of_an_id_on_its_own(
+    cli_clock: FakeClock, broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The open epoch is aborted; a COMMIT for an epoch the broker never saw is lost: two rows, one id."""
+    broker.add(txn_state("orders-0", "Ongoing"))
+    log = MemoryDecisionLog(initial=[item(decision(Kind.COMMIT, [ref("orders-0", producer_epoch=1)], run="r"))])
+    code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders", "--json")
+    assert code == cli.EXIT_LOST
+    doc = json.loads(out)
+    assert [(r["producer_epoch"], r["action"], r["outcome"]) for r in doc["resolutions"]] == [
+        (0, "abort", "aborted"),
+        (1, "roll forward", "lost"),
+    ]
+    assert [(t["transactional_id"], t["producer_epoch"]) for t in doc["lost"]] == [("orders-0", 1)]
+    assert broker.aborts_sent() == ["orders-0"] and broker.commits_sent() == []
+
+
+def test_acknowledge_json(broker: FakeBroker, capsys: pytest.CaptureFixture[str]) -> None:
+    log = MemoryDecisionLog(initial=[item(lost_run("run-2", "orders-1", "orders-2"))])
+    code, out, _ = run(
+        FakeConnection(broker, log), capsys, "acknowledge", "--prefix", "orders", "--run", "run-2", "--json"
+    )
+    assert code == cli.EXIT_OK
+    doc = json.loads(out)
+    assert (doc["previous_status"], doc["status"], doc["note"], doc["offset"]) == ("LOST", "ACKNOWLEDGED", "", 1)
+    assert [t["transactional_id"] for t in doc["lost"]] == ["orders-1", "orders-2"]
+    assert (doc["transactions"], doc["records"], doc["decision_id"]) == (3, 30, "d" * 32)
+
+
+@pytest.mark.parametrize(
+    ("initial", "message"),
+    [
+        ([], "run 'run-2' of prefix 'orders' has no run record in decision log kafka2pc_decisions"),
+        ([lost_run("run-2", prefix="orders2")], "has no run record"),
+        ([RunRecord("orders", "run-2", RunStatus.COMMITTED, 3, 30, T0)], "run 'run-2' of prefix 'orders' is COMMITTED"),
+        ([lost_run("run-2", "orders-1", status=RunStatus.ACKNOWLEDGED)], "is ACKNOWLEDGED"),
+    ],
+)
+def test_acknowledge_refuses_a_run_that_is_not_lost(
+    initial: list[RunRecord], message: str, broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = MemoryDecisionLog(initial=[item(r) for r in initial])
+    entries = list(log.entries)
+    code, out, err = run(FakeConnection(broker, log), capsys, "acknowledge", "--prefix", "orders", "--run", "run-2")
+    assert code == cli.EXIT_USAGE and out == ""
+    assert message in err and "only a LOST run can be acknowledged" in err and "Traceback" not in err
+    assert log.entries == entries
+
+
+def test_acknowledge_without_a_decision_topic_creates_nothing(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn = FakeConnection(broker, MemoryDecisionLog(), topic_exists=False)
+    code, _, err = run(conn, capsys, "acknowledge", "--prefix", "orders", "--run", "r", "--decision-topic", "typo")
+    assert code == cli.EXIT_USAGE
+    assert "decision topic 'typo' does not exist" in err
+    assert conn.log.entries == []
+
+
+def test_acknowledge_needs_a_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["acknowledge", "--prefix", "orders"])
+    assert e.value.code == cli.EXIT_USAGE
+    assert "--run" in capsys.readouterr().err
 
 
 def test_resolve_refuses_a_missing_decision_topic_unless_told(
