@@ -106,11 +106,11 @@ def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_e
     Like a run that died between its COMMIT decision and the EndTxns, half of them carry a COMMIT
     decision (recovery commits those); the other half have none, like a prepare that died
     (recovery aborts those)."""
-    from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
     from airflow_provider_kafka2pc.txn.outcome import Verdict
     from airflow_provider_kafka2pc.txn.recovery import recover
-    from airflow_provider_kafka2pc.txn.resume import ref_of
+    from airflow_provider_kafka2pc.txn.resume import decide_commit
     from airflow_provider_kafka2pc.txn.wire import WireClient
     from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 
@@ -122,7 +122,8 @@ def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_e
     )
     decided = committables[: count // 2]
     decision_log = DecisionLog(kafka.config, topic=decision_topic)
-    decision_log.record([ref_of(c) for c in decided], Decision.COMMIT, run=f"bench-{prefix}")
+    with WireClient(kafka.config) as wire:  # a run that died right after its COMMIT decision
+        decide_commit(decided, wire, decision_log, run=f"bench-{prefix}")
     prepare_s = time.perf_counter() - started
     phases = Phases()
     with WireClient(kafka.config) as wire:

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
-from airflow_provider_kafka2pc.operators.payload import ExportPayload, decision_run, pull_exports
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
@@ -50,11 +51,18 @@ class _PhaseTwo(BaseOperator):
     def payloads(self, context: Context) -> dict[str, ExportPayload | None]:
         payloads = pull_exports(context, _task_ids(self.export_task_ids))
         for task_id, p in payloads.items():
-            if p is not None and p.conn_id != self.kafka2pc_conn_id:
+            if p is None:
+                continue
+            if p.conn_id != self.kafka2pc_conn_id:
                 raise ConnectionMismatchError(
                     f"export task {task_id!r} prepared on connection {p.conn_id!r}, but {self.task_id!r} uses "
                     f"{self.kafka2pc_conn_id!r}: one decision needs one Kafka cluster and one decision log"
                 )
+            strategy = naming.NamingStrategy(p.naming_strategy)
+            run_key = (
+                naming.sanitize_run_key(context["run_id"]) if strategy is naming.NamingStrategy.INCREMENTING else None
+            )
+            naming.check_members((c.transactional_id for c in p.committables), p.prefix, strategy, run_key)
         return payloads
 
     def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
@@ -78,9 +86,12 @@ class _PhaseTwo(BaseOperator):
 class Kafka2PCCommitOperator(_PhaseTwo):
     """Commit the transactions prepared by one or more export tasks of this DAG run, as one decision.
 
-    Writes a COMMIT decision per transactional id (and marks the run) before the first EndTxn,
-    commits in parallel, classifies every outcome by the broker's own state (DESIGN §5) and writes
-    COMMITTED or LOST. Idempotent: a retry, or a clear of this task, finishes what is left. A
+    Checks that every committable is one of its exporter's ids for this run, appends ONE COMMIT
+    decision for the whole run and reads the log back before the first EndTxn (the first decision
+    wins: an earlier ABORT aborts the whole run and fails with ``DecisionConflictError``), commits
+    in parallel, classifies every outcome by the broker's own state (DESIGN §5), records outcomes
+    and collapses the run into its run record. Idempotent: a retry, or a clear of this task,
+    finishes what is left, and a clear of a finished run answers from its run record. A
     transaction that can no longer commit fails the task with ``TransactionLostError``; if nothing
     was decided yet, the whole run is aborted first, so no part of it becomes visible.
 
@@ -96,6 +107,8 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             return {"committed": 0, "records": 0}
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         report = self.resolve(committables, [p.prefix for p in present], hook, decision_run(context))
+        if report.note:
+            self.log.info("commit of %s: %s", decision_run(context), report.note)
         counts = self.log_report("commit", report)
         counts["records"] = sum(c.records for c in committables)
         return counts
@@ -118,8 +131,11 @@ class Kafka2PCCommitOperator(_PhaseTwo):
 class Kafka2PCAbortOperator(_PhaseTwo):
     """Roll back a failed run: its prepared committables and the open transactions of its exporters.
 
-    Runs when an upstream task failed (``trigger_rule="one_failed"``). A transaction with a COMMIT
-    decision is never aborted: it is committed (rolled forward) and logged.
+    Runs once EVERY export that feeds it has finished (``trigger_rule="all_done"``) and skips
+    itself unless one of them failed: an abort that fired on the first failure would miss what a
+    still-running export prepares afterwards. ABORT is appended to the decision log and read back
+    before any EndTxn; a transaction whose first decision is COMMIT is rolled forward, never
+    aborted, and that is logged.
 
     :param export_task_ids: the export task(s) of the run.
     :param transactional_id_prefixes: the exporters' prefixes, to find transactions of a prepare
@@ -134,7 +150,7 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         *,
         transactional_id_prefixes: str | Sequence[str] = (),
         naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
-        trigger_rule: str = TriggerRule.ONE_FAILED,
+        trigger_rule: str = TriggerRule.ALL_DONE,
         **kwargs: Any,
     ) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
@@ -145,9 +161,15 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
         from airflow_provider_kafka2pc.txn.resume import abort_prepared, ref_of
 
+        payloads = self.payloads(context)
+        ti = context["ti"]
+        failed = [t for t, p in payloads.items() if p is None and ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) is None]
+        if not failed:
+            raise AirflowSkipException("every export of this run succeeded or was skipped: nothing to abort")
+        self.log.info("export task(s) %s failed: aborting the run", failed)
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         refs: dict[str, TxnRef] = {}
-        for p in self.payloads(context).values():
+        for p in payloads.values():
             if p is not None:
                 refs.update((c.transactional_id, ref_of(c)) for c in p.committables)
         wire = hook.wire_client()

@@ -10,13 +10,15 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
-from airflow_provider_kafka2pc.operators.payload import ExportPayload, decision_run
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import redact
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_kafka2pc.txn.protocol import RunRecord
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
 
@@ -185,6 +187,25 @@ class Kafka2PCExportOperator(BaseOperator):
             return spark.sql(self.sql)
         return spark.table(self.table)
 
+    def _skip_or_fail(self, context: Context, prefix: str, run: str, status: RunRecord) -> None:
+        """A run the decision log already decided is never exported again; a lost one is loud."""
+        from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+        from airflow_provider_kafka2pc.txn.protocol import RunStatus
+        from airflow_provider_kafka2pc.txn.resume import lost_of_run
+
+        if status.status is RunStatus.LOST:
+            raise TransactionLostError(lost_of_run(status), visible="part")
+        if status.status is RunStatus.ACKNOWLEDGED:
+            self.log.warning(
+                "run %s of %s lost transactions and an operator acknowledged it: %s", run, prefix, status.note
+            )
+        context["ti"].xcom_push(key=SKIPPED_KEY, value=status.status.value)
+        raise AirflowSkipException(
+            f"run {run} of exporter {prefix!r} already reached its COMMIT decision ({status.status.value}: "
+            f"{status.records} records in {status.transactions} transactions); exporting it again would "
+            "duplicate it. Start a new DAG run to export again."
+        )
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 
@@ -207,15 +228,11 @@ class Kafka2PCExportOperator(BaseOperator):
         decision_log = hook.decision_log()
         try:
             decision_log.claim_prefix(prefix, owner=f"{self.dag_id}.{self.task_id}")
-            mark = decision_log.read().run_mark(prefix, run)
+            status = decision_log.read_for(prefix, run).run_status(prefix, run)
         finally:
             decision_log.close()
-        if mark is not None:
-            raise AirflowSkipException(
-                f"run {run} of exporter {prefix!r} already reached its COMMIT decision "
-                f"({mark.records} records in {mark.transactions} transactions); exporting it again "
-                "would duplicate it. Start a new DAG run to export again."
-            )
+        if status is not None:
+            self._skip_or_fail(context, prefix, run, status)
         settings = ExportSettings(
             transactional_id_prefix=prefix,
             producer_config=hook.producer_config(self.producer_config),

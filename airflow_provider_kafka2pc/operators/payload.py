@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 PAYLOAD_VERSION = 1
+# Pushed by an export that skipped itself (its run is already decided): not a failure to abort.
+SKIPPED_KEY = "kafka2pc_skipped"
 
 
 def decision_run(context: Context) -> str:

@@ -32,6 +32,10 @@ class MalformedCommittableError(Kafka2PCError, ValueError):
     """A committable that does not parse or does not describe a transaction."""
 
 
+class ForeignCommittableError(MalformedCommittableError):
+    """A committable whose transactional id is not one of the exporter's ids for this run."""
+
+
 class DeliveryError(Kafka2PCError):
     """A record was not acknowledged by the broker; the transaction must not be committed."""
 

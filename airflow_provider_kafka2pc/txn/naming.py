@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from airflow_provider_kafka2pc.txn.errors import InvalidPrefixError
+from airflow_provider_kafka2pc.txn.errors import ForeignCommittableError, InvalidPrefixError
 
 DELIMITER = "-"
 # Kafka allows almost any id; we allow what is safe in a regex, a file name and a log line.
@@ -95,3 +96,26 @@ def broker_pattern(prefix: str) -> str:
     """A regex for ListTransactions' server-side filter (KIP-1152); the client filters exactly too."""
     validate_prefix(prefix)
     return f"^{re.escape(prefix)}{re.escape(DELIMITER)}.*"
+
+
+def check_members(transactional_ids: Iterable[str], prefix: str, strategy: NamingStrategy, run_key: str | None) -> None:
+    """Every id must be one this exporter writes for this run, each once: a committable of another
+    exporter or run in a payload must never reach a decision."""
+    seen: set[str] = set()
+    for tid in transactional_ids:
+        parsed = parse_transactional_id(tid)
+        expected = (
+            f"{prefix}{DELIMITER}<slot>"
+            if strategy is NamingStrategy.POOLING
+            else f"{prefix}{DELIMITER}{run_key}{DELIMITER}<slot>"
+        )
+        want_run = None if strategy is NamingStrategy.POOLING else run_key
+        if parsed is None or parsed.prefix != prefix or parsed.run_key != want_run:
+            raise ForeignCommittableError(
+                f"committable {tid!r} does not belong to exporter {prefix!r} ({strategy.value} ids of this run look "
+                f"like {expected!r}): it is another exporter's or another run's transaction. Nothing was decided; "
+                "check the XCom of the export task, or clear the whole DAG run to export again"
+            )
+        if tid in seen:
+            raise ForeignCommittableError(f"transactional id {tid!r} appears twice in the export's committables")
+        seen.add(tid)

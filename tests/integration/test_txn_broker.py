@@ -7,11 +7,19 @@ import uuid
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import TransactionLostError
 from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
+from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import TransactionResolver, abort_prepared, commit_prepared, ref_of
+from airflow_provider_kafka2pc.txn.resume import (
+    DecisionConflictError,
+    TransactionResolver,
+    abort_prepared,
+    commit_prepared,
+    decide_commit,
+    ref_of,
+)
 from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import KafkaEnv, generate, prepare_in_subprocess
@@ -71,9 +79,8 @@ def test_b_recommit_is_already_committed_and_abort_after_commit_rolls_forward(ka
     log = _log(kafka)
     commit_prepared([c], kafka.wire, log, run="b")
     again = commit_prepared([c], kafka.wire, log, run="b")  # a task retry or a UI clear
-    assert again.resolutions[0].outcome is Verdict.COMMITTED
-    assert again.resolutions[0].detail == "already committed"
-    assert again.resolutions[0].end_txn_codes == ()  # classified by DescribeTransactions, no EndTxn sent
+    # Answered from the run's own record: nothing described, no EndTxn sent, nothing written.
+    assert again.resolutions == () and "already committed" in again.note
 
     resolver = TransactionResolver(kafka.wire)
     after = resolver.resolve([ref_of(c)], Intent.ABORT)[0]
@@ -81,18 +88,17 @@ def test_b_recommit_is_already_committed_and_abort_after_commit_rolls_forward(ka
     assert len(kafka.read_committed(topic)) == 100
 
 
-def test_b_commit_after_abort_is_lost_and_nothing_shows(kafka: KafkaEnv) -> None:
+def test_b_commit_after_abort_obeys_the_abort_and_nothing_shows(kafka: KafkaEnv) -> None:
     topic, tid = kafka.topic(), f"{_prefix()}-0"
     c = prepare_in_subprocess(kafka, tid, generate(topic, 100))
     log = _log(kafka)
     abort_prepared([c], kafka.wire, log, run="b2")
-    with pytest.raises(TransactionLostError) as e:
+    with pytest.raises(DecisionConflictError, match=r"ABORT \w+ by abort for b2"):
         commit_prepared([c], kafka.wire, log, run="b2")
-    assert e.value.lost[0].transactional_id == tid and e.value.lost[0].records == 100
-    assert "aborted" in e.value.lost[0].reason
     assert kafka.read_committed(topic) == []
-    # Aborting twice is a success too.
-    assert abort_prepared([c], kafka.wire, log, run="b2").resolutions[0].outcome is Verdict.ABORTED
+    # Aborting twice is a success too: the log already has it ended, nothing is sent again.
+    assert abort_prepared([c], kafka.wire, log, run="b2").resolutions == ()
+    assert kafka.describe(tid)[tid].state == "CompleteAbort"  # type: ignore[union-attr]
 
 
 def test_b_end_txn_retried_concurrently_is_classified_not_guessed(kafka: KafkaEnv) -> None:
@@ -119,25 +125,27 @@ def test_c_committable_outliving_the_transaction_timeout_is_lost_loudly(kafka_sh
     time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 3)
     fresh = prepare_in_subprocess(env, f"{prefix}-1", generate(topic, 200, "fresh"))
 
-    log = _log(env)
+    # The commit's own worst case must fit in the 6 s cap: a 1 s decision write, 2 s of EndTxn retries.
+    log = DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}", timeout_s=1)
     with pytest.raises(TransactionLostError) as e:
-        commit_prepared([late, fresh], env.wire, log, run="c")
+        commit_prepared([late, fresh], env.wire, log, run="c", end_txn_timeout_s=2)
     assert [t.transactional_id for t in e.value.lost] == [late.transactional_id]
     assert e.value.lost[0].records == 300
     assert "transaction.timeout.ms" in str(e.value)
     # Atomic: the fresh transaction was aborted too, nothing of the run is visible, nothing open.
     assert env.read_committed(topic) == []
     assert env.open_transactions(prefix) == []
-    snap = log.read()
-    assert snap.get(ref_of(fresh)).decision is Decision.ABORTED  # type: ignore[union-attr]
+    ruler = log.read().ruled_by(ref_of(fresh))
+    assert ruler is not None and ruler.kind is Kind.ABORT and ruler.actor == "commit"
 
 
 def test_c_commit_refuses_a_committable_past_its_deadline(kafka_short_timeout: KafkaEnv) -> None:
     env = kafka_short_timeout
     topic, prefix = env.topic(), _prefix()
     c = prepare_in_subprocess(env, f"{prefix}-0", generate(topic, 10))
-    with pytest.raises(TransactionLostError, match="past its deadline"):
-        commit_prepared([c], env.wire, _log(env), run="c2", deadline_margin_ms=SHORT_TXN_MAX_TIMEOUT_MS + 1000)
+    # The commit's own worst case (decision write + EndTxn retries) does not fit before the deadline.
+    with pytest.raises(TransactionLostError, match="too close to its broker deadline"):
+        commit_prepared([c], env.wire, _log(env), run="c2", end_txn_timeout_s=SHORT_TXN_MAX_TIMEOUT_MS / 1000)
     assert env.read_committed(topic) == []
     assert env.open_transactions(prefix) == []
 
@@ -241,17 +249,18 @@ def test_f_recovery_commits_decided_aborts_the_rest_and_leaves_other_prefixes_al
         )
     log = _log(kafka)
     decided = [committables[f"{p}-{i}"] for i in range(0, 50, 3)]  # 17 with a COMMIT decision
-    log.record([ref_of(c) for c in decided], Decision.COMMIT, run="crashed-run")
-    # A COMMIT decision for an *older* epoch of the same id must not commit the current one.
+    decide_commit(decided, kafka.wire, log, run="crashed-run")  # the commit died right after deciding
+    # A COMMIT decision for an *older* epoch of the same id must not commit the current one; with
+    # no record of it committing, it is reported lost.
     stale = committables[f"{p}-1"]
-    log.record(
-        [ref_of(stale).__class__(stale.transactional_id, stale.producer_id, stale.producer_epoch - 1)],
-        Decision.COMMIT,
-        run="older-run",
+    old = new_decision(
+        Kind.COMMIT, [Covered(stale.transactional_id, stale.producer_id, stale.producer_epoch - 1)], "older-run", "t"
     )
+    log.append([(old.key, old.to_json())])
 
-    result = recover(kafka.wire, p, log)
-    assert result.done
+    result = recover(kafka.wire, p, log, raise_on_loss=False)
+    assert [t.transactional_id for t in result.lost] == [stale.transactional_id]
+    assert not result.done
     assert sorted(r.transactional_id for r in result.plan.commit) == sorted(c.transactional_id for c in decided)
     assert len(result.plan.abort) == 50 - len(decided)
     assert all(r.outcome is Verdict.COMMITTED for r in result.resolutions if r.ref in result.plan.commit)
@@ -263,10 +272,11 @@ def test_f_recovery_commits_decided_aborts_the_rest_and_leaves_other_prefixes_al
     assert kafka.open_transactions(p) == []
     assert sorted(kafka.open_transactions(p2)) == sorted(f"{p2}-{i}" for i in range(3))
     assert sorted(kafka.open_transactions(other)) == sorted(f"{other}-{i}" for i in range(2))
-    assert all(log.read().committed(ref_of(c)) for c in decided)
+    assert log.read().runs[(p, "crashed-run")].status is RunStatus.COMMITTED
 
-    # Idempotent: a second pass finds nothing to do.
-    assert recover(kafka.wire, p, log).plan.empty
+    # Idempotent: a second pass finds nothing to do, and still reports the loss.
+    again = recover(kafka.wire, p, log, raise_on_loss=False)
+    assert again.plan.empty and [t.transactional_id for t in again.lost] == [stale.transactional_id]
     for q in (p2, other):
         recover(kafka.wire, q, log)
         assert kafka.open_transactions(q) == []

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.outcome import Verdict
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared, ref_of
+from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared, decide_commit
 from tests.helpers.kafka import KafkaEnv, generate, kafka_local, prepare_in_subprocess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
@@ -56,7 +56,7 @@ def test_g_recovery_on_the_cluster_after_a_coordinator_restart(kafka_cluster: Ka
     topic = env.topic(3)
     cs = [prepare_in_subprocess(env, f"{prefix}-{i}", generate(topic, 100, f"{i}-")) for i in range(6)]
     log = DecisionLog(env.config, topic=f"decisions_{prefix}")
-    log.record([ref_of(c) for c in cs[:3]], Decision.COMMIT, run="crashed")
+    decide_commit(cs[:3], env.wire, log, run="crashed")  # a commit that died right after deciding
     _restart_coordinator(env, cs[0].transactional_id)
     wire = env.new_wire()
     try:

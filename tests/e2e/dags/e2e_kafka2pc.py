@@ -69,21 +69,16 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
         fault = fault_of(context)
         if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
-            from airflow_provider_kafka2pc.txn.decision_log import Decision
             from airflow_provider_kafka2pc.txn.outcome import Intent
-            from airflow_provider_kafka2pc.txn.resume import TransactionResolver, ref_of
+            from airflow_provider_kafka2pc.txn.resume import TransactionResolver, decide_commit, ref_of
 
             payloads = [p for p in self.payloads(context).values() if p is not None]
             committables = [c for p in payloads for c in p.committables]
             refs = [ref_of(c) for c in committables]
             hook = Kafka2PCHook(self.kafka2pc_conn_id)
             decision_log, wire = hook.decision_log(), hook.wire_client()
-            decision_log.record(
-                refs,
-                Decision.COMMIT,
-                decision_run(context),
-                counts={c.transactional_id: c.records for c in committables},
-                mark_prefixes=[p.prefix for p in payloads],
+            decide_commit(
+                committables, wire, decision_log, decision_run(context), prefixes=[p.prefix for p in payloads]
             )
             done = refs[: len(refs) // 2] if fault == "commit_half" else []
             TransactionResolver(wire).resolve(done, Intent.COMMIT)
