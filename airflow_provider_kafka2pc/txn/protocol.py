@@ -430,7 +430,7 @@ def finalize(state: LogState, decision_id: str, now_ms: int) -> list[tuple[bytes
     d = state.decisions[decision_id]
     tombstones: list[tuple[bytes, bytes | None]] = [(d.key, None), (OUTCOME_KEY.encode() + decision_id.encode(), None)]
     if d.decision_id.startswith("v1."):
-        tombstones = [(d.decision_id[3:].encode(), None)]
+        tombstones = [(d.decision_id[3:].encode(), None), tombstones[1]]  # its outcome record too
     if not state.in_force(decision_id):
         return tombstones
     if state.unresolved(decision_id):

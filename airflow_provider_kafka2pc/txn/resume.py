@@ -401,9 +401,10 @@ def commit_prepared(
             len(refs),
             state.offsets[decision.decision_id],
         )
-        if not state.in_force(decision.decision_id):
+        # A twin of this task (a zombie, a concurrent retry) may have decided the same run first: obey it.
+        mine = decision if state.in_force(decision.decision_id) else state.commit_of_run(run, refs)
+        if mine is None:
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
-        mine = decision
     resolver.committed_in_log = committed_in(state)
     resolutions = obey(decision_log, state, [mine.decision_id], resolver)
     lost = lost_of_decisions(state, [mine.decision_id])
@@ -472,6 +473,9 @@ def _abort_run(
     resolver.committed_in_log = committed_in(state)
     rulers = [d for d in (state.ruled_by(r) for r in refs) if d is not None]
     resolutions = obey(decision_log, state, [d.decision_id for d in rulers], resolver)
+    if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
+        why = state.void.get(void.decision_id, "appended after a broker deadline")
+        raise TransactionLostError(_lost(dict(by_tid), dict.fromkeys(by_tid, f"COMMIT {why}")), visible="none")
     if conflict is None:
         return CommitReport(tuple(resolutions))
     winners = {d.decision_id: d for d in conflict.values() if d is not None}

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from time import struct_time
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, Position
@@ -33,7 +34,7 @@ from airflow_provider_kafka2pc.txn.protocol import DECISION_KEY, Covered, Decisi
 from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient
 
 TOPIC = "events"
-DEFAULT_TIMEOUT_MS = 60_000
+DEFAULT_TIMEOUT_MS = 900_000  # the broker's default transaction.max.timeout.ms
 
 
 def now_ms() -> int:
@@ -73,6 +74,8 @@ def txn_state(
     producer_epoch: int = 0,
     partitions: Sequence[int] = (0,),
     coordinator_id: int = 1,
+    start_time_ms: int | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
 ) -> TxnState:
     return TxnState(
         transactional_id=tid,
@@ -80,8 +83,8 @@ def txn_state(
         state=state,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
-        timeout_ms=DEFAULT_TIMEOUT_MS,
-        start_time_ms=now_ms(),
+        timeout_ms=timeout_ms,
+        start_time_ms=now_ms() if start_time_ms is None else start_time_ms,
         topic_partitions=tuple((TOPIC, p) for p in partitions),
         coordinator_id=coordinator_id,
     )
@@ -161,6 +164,8 @@ class FakeBroker(WireClient):
                 c.producer_epoch,
                 partitions=[p for _, p in c.topic_partitions],
                 coordinator_id=self.coordinator_of(c.transactional_id),
+                start_time_ms=c.first_write_ms,
+                timeout_ms=c.transaction_timeout_ms,
             )
         )
 
@@ -358,3 +363,12 @@ class FakeClock:
     @staticmethod
     def time() -> float:
         return time.time()
+
+    # Formatting a wall-clock time stays real too (the core names the time of a winning decision).
+    @staticmethod
+    def gmtime(seconds: float | None = None) -> struct_time:
+        return time.gmtime(seconds)
+
+    @staticmethod
+    def strftime(fmt: str, t: struct_time) -> str:
+        return time.strftime(fmt, t)

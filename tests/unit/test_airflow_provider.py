@@ -229,7 +229,7 @@ def test_task_group_wires_recover_prepare_commit_abort() -> None:
     assert set(tasks) == {"orders.recover", "orders.prepare", "orders.commit", "orders.abort"}
     assert tasks["orders.recover"].downstream_task_ids == {"orders.prepare"}
     assert tasks["orders.prepare"].downstream_task_ids == {"orders.commit", "orders.abort"}
-    assert tasks["orders.abort"].trigger_rule == "one_failed"
+    assert tasks["orders.abort"].trigger_rule == "all_done"  # waits for every export, skips unless one failed
     assert tasks["orders.commit"].export_task_ids == "orders.prepare"
 
 

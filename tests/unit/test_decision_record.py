@@ -1,4 +1,5 @@
-"""Decision records, the snapshot read back from the log, and what may be logged of a config."""
+"""Decision, outcome and run records as they travel through the decision topic, the state read
+back from the log, and what may be logged of a config."""
 
 from __future__ import annotations
 
@@ -7,9 +8,23 @@ import json
 import pytest
 
 from airflow_provider_kafka2pc.txn.config import connection_only, redact
-from airflow_provider_kafka2pc.txn.decision_log import Decision, DecisionLog, DecisionRecord, DecisionSnapshot
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogError
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from tests.unit.fakes import MemoryDecisionLog, ref
+from airflow_provider_kafka2pc.txn.protocol import (
+    DECISION_KEY,
+    Covered,
+    DecisionRecord,
+    Entry,
+    Kind,
+    LostTxn,
+    OutcomeRecord,
+    RunRecord,
+    RunStatus,
+    new_decision,
+    replay,
+)
+from airflow_provider_kafka2pc.txn.resume import committed_in
+from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 
 CONFIG = {
     "bootstrap.servers": "broker-1:9093,broker-2:9093",
@@ -27,51 +42,89 @@ CONFIG = {
 SECRETS = ("hunter2", "pem-secret", "clientSecret=abc")
 
 
-@pytest.mark.parametrize("decision", list(Decision))
-def test_record_json_round_trip(decision: Decision) -> None:
-    rec = DecisionRecord("orders-0", 4711, 5, decision, "manual__2026-11-21T10:00:00+00:00", 1_700_000_000_000, 42)
-    assert DecisionRecord.from_json(rec.to_json()) == rec
+COVERED = (
+    Covered("orders-0", 4711, 5, 42, ("events-0", "events-3"), 1_700_000_900_000),
+    Covered("orders-1", 4711, 6, 0, (), None),
+)
 
 
-def test_record_reason_round_trips_and_is_omitted_when_empty() -> None:
-    rec = DecisionRecord("orders-0", 1, 0, Decision.LOST, "run", 1, 3, reason="the transaction was aborted")
-    assert DecisionRecord.from_json(rec.to_json()) == rec
-    plain = DecisionRecord("orders-0", 1, 0, Decision.COMMIT, "run", 1)
-    assert "reason" not in json.loads(plain.to_json())
+@pytest.mark.parametrize("kind", list(Kind))
+def test_decision_json_round_trip(kind: Kind) -> None:
+    d = new_decision(
+        kind, COVERED, "manual__2026-11-21T10:00:00+00:00", "commit", ["orders", "events"], 1_700_000_000_000
+    )
+    assert DecisionRecord.from_json(d.to_json()) == d
+    assert d.prefixes == ("events", "orders")  # sorted, once each
 
 
-def test_record_json_carries_ids_and_counts_only() -> None:
-    rec = DecisionRecord("orders-0", 1, 0, Decision.COMMIT, "run", 1, 7)
-    assert set(json.loads(rec.to_json())) == {"tid", "pid", "epoch", "decision", "run", "at_ms", "records"}
+def test_decision_json_carries_ids_and_counts_only() -> None:
+    d = new_decision(Kind.COMMIT, COVERED, "run", "commit", ["orders"], 1)
+    body = json.loads(d.to_json())
+    assert set(body) == {"v", "id", "kind", "run", "actor", "prefixes", "at_ms", "txns"}
+    assert body["txns"][0] == ["orders-0", 4711, 5, 42, 1_700_000_900_000, ["events-0", "events-3"]]
 
 
-def test_record_with_an_unknown_decision_does_not_parse() -> None:
-    raw = json.dumps({"tid": "orders-0", "pid": 1, "epoch": 0, "decision": "MAYBE"}).encode()
+def test_decision_with_an_unknown_kind_does_not_parse() -> None:
+    raw = json.loads(new_decision(Kind.COMMIT, COVERED, "run", "commit").to_json())
+    raw["kind"] = "MAYBE"
     with pytest.raises(ValueError):
-        DecisionRecord.from_json(raw)
+        DecisionRecord.from_json(json.dumps(raw).encode())
 
 
-def snapshot_of(decision: Decision, pid: int = 4711, epoch: int = 5) -> DecisionSnapshot:
-    rec = DecisionRecord("orders-0", pid, epoch, decision, "run", 1)
-    return DecisionSnapshot({"orders-0": rec}, {})
+def test_each_decision_has_a_key_of_its_own() -> None:
+    """Compaction must never replace a decision by a later record: its key is unique."""
+    a = new_decision(Kind.COMMIT, COVERED, "run", "commit")
+    b = new_decision(Kind.COMMIT, COVERED, "run", "commit")
+    assert a.key != b.key
+    assert a.key == (DECISION_KEY + a.decision_id).encode()
+
+
+def test_a_decision_covers_each_id_once() -> None:
+    with pytest.raises(ValueError, match="orders-0"):
+        new_decision(Kind.ABORT, [COVERED[0], Covered("orders-0", 1, 0)], "run", "abort")
+
+
+def test_outcome_and_run_records_round_trip() -> None:
+    lost = (LostTxn(COVERED[0], "the transaction was aborted"),)
+    out = OutcomeRecord("d1", frozenset({"orders-2"}), frozenset({"orders-3"}), lost)
+    assert OutcomeRecord.from_json(out.to_json()) == out
+    rec = RunRecord("orders", "dag/run-1", RunStatus.LOST, 2, 42, 7, "d1", lost, note="acknowledged by ops")
+    assert RunRecord.from_json(rec.to_json()) == rec
+    plain = RunRecord("orders", "dag/run-1", RunStatus.COMMITTED, 2, 42, 7, "d1")
+    assert RunRecord.from_json(plain.to_json()) == plain
+    assert "lost" not in json.loads(plain.to_json()) and "note" not in json.loads(plain.to_json())
+
+
+def test_outcomes_merge_as_a_union() -> None:
+    a = OutcomeRecord("d", frozenset({"orders-0"}), lost=(LostTxn(COVERED[1], "x"),))
+    b = OutcomeRecord("d", frozenset({"orders-2"}), frozenset({"orders-3"}), (LostTxn(COVERED[1], "y"),))
+    m = a.merge(b)
+    assert m.committed == {"orders-0", "orders-2"} and m.aborted == {"orders-3"}
+    assert m.lost_ids == {"orders-1"}
+    assert m.resolved() == {"orders-0", "orders-1", "orders-2", "orders-3"}
 
 
 SAME = TxnRef("orders-0", 4711, 5)
 
 
+def state_of(kind: Kind, committed: bool = False) -> MemoryDecisionLog:
+    log = MemoryDecisionLog(initial=[decision_item(kind, [SAME])])
+    if committed:
+        did = next(iter(log.read().decisions))
+        out = OutcomeRecord(did, frozenset({"orders-0"}))
+        log.append([(out.key, out.to_json())])
+    return log
+
+
 @pytest.mark.parametrize(
-    ("decision", "decided_commit", "committed"),
-    [
-        (Decision.COMMIT, True, False),
-        (Decision.COMMITTED, True, True),
-        (Decision.ABORTED, False, False),
-        (Decision.LOST, False, False),
-    ],
+    ("kind", "committed", "decided_commit"),
+    [(Kind.COMMIT, False, True), (Kind.COMMIT, True, True), (Kind.ABORT, False, False)],
 )
-def test_snapshot_answers_for_the_same_transaction(decision: Decision, decided_commit: bool, committed: bool) -> None:
-    s = snapshot_of(decision)
-    assert s.decided_commit(SAME) is decided_commit
-    assert s.committed(SAME) is committed
+def test_state_answers_for_the_same_transaction(kind: Kind, committed: bool, decided_commit: bool) -> None:
+    state = state_of(kind, committed).read()
+    d = state.ruled_by(SAME)
+    assert d is not None and (d.kind is Kind.COMMIT) is decided_commit
+    assert committed_in(state)(SAME) is committed
 
 
 @pytest.mark.parametrize(
@@ -83,12 +136,11 @@ def test_snapshot_answers_for_the_same_transaction(decision: Decision, decided_c
         TxnRef("orders-1", 4711, 5),
     ],
 )
-@pytest.mark.parametrize("decision", [Decision.COMMIT, Decision.COMMITTED])
-def test_snapshot_says_nothing_about_another_transaction(other: TxnRef, decision: Decision) -> None:
-    s = snapshot_of(decision)
-    assert s.get(other) is None
-    assert not s.decided_commit(other)
-    assert not s.committed(other)
+@pytest.mark.parametrize("committed", [False, True])
+def test_state_says_nothing_about_another_transaction(other: TxnRef, committed: bool) -> None:
+    state = state_of(Kind.COMMIT, committed).read()
+    assert state.ruled_by(other) is None
+    assert not committed_in(state)(other)
 
 
 def test_redact_hides_secrets_and_keeps_the_rest() -> None:
@@ -115,16 +167,43 @@ def test_decision_log_never_uses_the_transactional_settings() -> None:
     assert not any(k.startswith(("transactional.", "transaction.")) for k in log._config)
 
 
-def test_record_writes_one_record_per_ref_with_counts_and_reasons() -> None:
+def test_decide_appends_one_record_and_reads_the_log_back_up_to_it() -> None:
+    events: list[str] = []
+    log = MemoryDecisionLog(events)
+    d = new_decision(Kind.ABORT, [Covered("orders-0", 1000, 0), Covered("orders-1", 1000, 2)], "run-1", "abort")
+    state = log.decide(d)
+    assert events == ["decision ABORT orders-0 orders-1"]
+    assert state.decisions == {d.decision_id: d}
+    assert state.offsets[d.decision_id] == 0 == state.end_offset
+    assert state.ruled_by(ref("orders-1", producer_epoch=2)) == d
+
+
+def test_decide_reads_nothing_appended_after_its_own_record() -> None:
     log = MemoryDecisionLog()
-    log.record(
-        [ref("orders-0"), ref("orders-1", producer_epoch=2)],
-        Decision.ABORTED,
-        "run-1",
-        reasons={"orders-1": "past its deadline"},
-        counts={"orders-0": 10},
+    first = new_decision(Kind.ABORT, [Covered("orders-0", 1000, 0)], "run-1", "abort")
+    state = log.decide(first)
+    later = log.decide(new_decision(Kind.ABORT, [Covered("orders-1", 1000, 0)], "run-2", "abort"))
+    assert list(state.decisions) == [first.decision_id]
+    assert len(later.decisions) == 2
+
+
+def test_decide_fails_if_its_record_is_not_read_back() -> None:
+    class Lossy(MemoryDecisionLog):
+        def scan(self, until: int | None = None):  # type: ignore[no-untyped-def]
+            return iter([e for e in super().scan(until) if not e.key.startswith(DECISION_KEY.encode())])
+
+    with pytest.raises(DecisionLogError, match="not read back"):
+        Lossy().decide(new_decision(Kind.COMMIT, [Covered("orders-0", 1000, 0)], "run-1", "commit"))
+
+
+def test_replay_skips_tombstones_and_unknown_keys() -> None:
+    d = new_decision(Kind.COMMIT, [Covered("orders-0", 1000, 0)], "run-1", "commit")
+    state = replay(
+        [
+            Entry(0, 1, d.key, d.to_json()),
+            Entry(1, 2, b"not-a-decision", json.dumps({"what": "else"}).encode()),
+            Entry(2, 3, d.key, None),
+        ]
     )
-    assert [(r.transactional_id, r.producer_epoch, r.records, r.reason, r.run) for r in log.written] == [
-        ("orders-0", 0, 10, "", "run-1"),
-        ("orders-1", 2, 0, "past its deadline", "run-1"),
-    ]
+    assert state.decisions == {} and state.ruling == {}
+    assert (state.end_offset, state.broker_time_ms) == (2, 3)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import Decision
 from airflow_provider_kafka2pc.txn.errors import CoordinatorError, MalformedCommittableError, TransactionLostError
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.naming import broker_pattern
@@ -32,6 +31,7 @@ from airflow_provider_kafka2pc.txn.outcome import (
     TxnRef,
     Verdict,
 )
+from airflow_provider_kafka2pc.txn.protocol import Kind, OutcomeRecord, RunStatus
 from airflow_provider_kafka2pc.txn.resume import (
     Resolution,
     TransactionResolver,
@@ -39,7 +39,17 @@ from airflow_provider_kafka2pc.txn.resume import (
     commit_prepared,
     ref_of,
 )
-from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable, now_ms, record, txn_state
+from tests.unit.fakes import (
+    FakeBroker,
+    FakeClock,
+    MemoryDecisionLog,
+    committable,
+    decision_item,
+    legacy_record,
+    now_ms,
+    ref,
+    txn_state,
+)
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 CONCURRENT_TRANSACTIONS = 51
@@ -372,7 +382,7 @@ def test_describe_prefix_returns_open_states_of_the_prefix(broker: FakeBroker) -
 # --- commit_prepared ---------------------------------------------------------------------------
 
 
-def test_commit_decision_is_durable_before_the_first_end_txn(
+def test_one_commit_decision_for_the_run_is_durable_before_the_first_end_txn(
     broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str]
 ) -> None:
     cs = prepared(broker, "orders-0", "orders-1", "orders-2", records=25)
@@ -382,32 +392,43 @@ def test_commit_decision_is_durable_before_the_first_end_txn(
 
     first_end = next(i for i, e in enumerate(events) if e.startswith("end_txn"))
     last_end = max(i for i, e in enumerate(events) if e.startswith("end_txn"))
-    commit_at = [events.index(f"decision COMMIT {c.transactional_id}") for c in cs]
-    committed_at = [events.index(f"decision COMMITTED {c.transactional_id}") for c in cs]
-    assert max(commit_at) < first_end
-    assert min(committed_at) > last_end
-    commit_records = [r for r in decision_log.written if r.decision is Decision.COMMIT]
-    assert {(r.transactional_id, r.producer_id, r.producer_epoch, r.records, r.run) for r in commit_records} == {
-        (c.transactional_id, 1000, 0, 25, "run-1") for c in cs
+    decisions = [i for i, e in enumerate(events) if e.startswith("decision")]
+    assert [events[i] for i in decisions] == ["decision COMMIT orders-0 orders-1 orders-2"]
+    assert decisions[0] < first_end
+    # the outcome and the run record come after the last EndTxn, then the decision is retired
+    final = [i for i, e in enumerate(events) if e.startswith(("record", "tombstone"))]
+    assert final and min(final) > last_end
+    [commit] = decision_log.decisions_of("orders-0")
+    assert (commit.kind, commit.run, commit.actor, commit.prefixes) == (Kind.COMMIT, "run-1", "commit", ("orders",))
+    assert {(c.transactional_id, c.producer_id, c.producer_epoch, c.records) for c in commit.txns} == {
+        (c.transactional_id, 1000, 0, 25) for c in cs
     }
+    assert all(c.deadline_ms is not None for c in commit.txns)  # from the broker's start time + timeout
 
 
-def test_commit_marks_the_run_with_its_decisions_and_not_when_it_aborts(
+def test_commit_collapses_into_one_run_record_per_exporter_written_before_the_tombstones(
     broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str]
 ) -> None:
     cs = prepared(broker, "orders-0", "orders-1", records=5)
     commit_prepared(cs, broker, decision_log, run="dag/run-1", prefixes=["orders"])
-    mark = decision_log.read().run_mark("orders", "dag/run-1")
-    assert mark is not None and (mark.transactions, mark.records) == (2, 10)
-    # The mark is written ahead of the COMMIT decisions, so whoever sees a decision sees the mark.
-    assert events.index("run mark orders dag/run-1") < events.index("decision COMMIT orders-0")
+    state = decision_log.read()
+    rec = state.run_status("orders", "dag/run-1")
+    assert rec is not None and (rec.status, rec.transactions, rec.records) == (RunStatus.COMMITTED, 2, 10)
+    assert state.decisions == {} and state.outcomes == {}  # collapsed: reads cost what is in flight
+    [commit] = decision_log.decisions_of("orders-0")
+    assert events.index("record kafka2pc.run:orders:dag/run-1") < events.index(
+        f"tombstone kafka2pc.decision:{commit.decision_id}"
+    )
 
-    lost = committable("orders-0", producer_epoch=1, records=3)  # the next run's transaction
+
+def test_an_aborted_run_gets_no_run_record(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
+    lost = committable("orders-0", producer_epoch=1, records=3)
     broker.prepared(lost)
     broker.set_state("orders-0", "CompleteAbort", producer_epoch=1)
     with pytest.raises(TransactionLostError):
         commit_prepared([lost], broker, decision_log, run="dag/run-2", prefixes=["orders"])
-    assert decision_log.read().run_mark("orders", "dag/run-2") is None
+    assert decision_log.read().run_status("orders", "dag/run-2") is None
+    assert decision_log.decisions("orders-0") == [Kind.ABORT]
 
 
 def _timed_out(b: FakeBroker, tid: str) -> None:
@@ -428,7 +449,7 @@ def _fenced_by_a_new_producer(b: FakeBroker, tid: str) -> None:
 
 @pytest.mark.parametrize("lose", [_timed_out, _aborted, _expired, _fenced_by_a_new_producer])
 def test_one_lost_and_nothing_decided_aborts_the_whole_run(
-    broker: FakeBroker, decision_log: MemoryDecisionLog, lose: Callable[[FakeBroker, str], None]
+    broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str], lose: Callable[[FakeBroker, str], None]
 ) -> None:
     a = committable("orders-0", records=10)
     lost = committable("orders-1", records=42, partitions=(3, 7))
@@ -443,22 +464,23 @@ def test_one_lost_and_nothing_decided_aborts_the_whole_run(
     assert broker.commits_sent() == []
     assert sorted(broker.aborts_sent()) == ["orders-0", "orders-2"]
     assert broker.state_of("orders-0") == broker.state_of("orders-2") == "CompleteAbort"
-    for c in (a, lost, b):
-        assert decision_log.decisions(c.transactional_id) == [Decision.ABORTED]
+    assert [e for e in events if e.startswith("decision")] == ["decision ABORT orders-0 orders-1 orders-2"]
+    assert events.index("decision ABORT orders-0 orders-1 orders-2") < events.index("end_txn abort orders-0")
     [gone] = info.value.lost
     assert (gone.transactional_id, gone.records, gone.topic_partitions) == ("orders-1", 42, ("events-3", "events-7"))
+    assert info.value.visible == "none"
     message = str(info.value)
     assert "orders-1" in message and "42 record" in message and "events-3, events-7" in message
     assert "orders-0" not in message
 
 
-@pytest.mark.parametrize("remaining_ms", [-60_000, -1, 500])
+@pytest.mark.parametrize("remaining_ms", [-60_000, -1, 500, 89_000])
 def test_committable_past_its_deadline_is_refused(
     broker: FakeBroker, decision_log: MemoryDecisionLog, remaining_ms: int
 ) -> None:
-    """Still Ongoing on the broker, but its time is up (or nearly): refuse early, atomically."""
+    """Still Ongoing on the broker, but its time is up (or within the commit's own worst case)."""
     a = committable("orders-0")
-    late = committable("orders-1", timeout_ms=60_000, first_write_ms=now_ms() - 60_000 + remaining_ms)
+    late = committable("orders-1", timeout_ms=900_000, first_write_ms=now_ms() - 900_000 + remaining_ms)
     broker.prepared(a)
     broker.prepared(late)
     with pytest.raises(TransactionLostError, match="deadline") as info:
@@ -466,7 +488,13 @@ def test_committable_past_its_deadline_is_refused(
     assert [t.transactional_id for t in info.value.lost] == ["orders-1"]
     assert broker.commits_sent() == []
     assert broker.state_of("orders-0") == broker.state_of("orders-1") == "CompleteAbort"
-    assert Decision.COMMIT not in {r.decision for r in decision_log.written}
+    assert decision_log.decisions("orders-0") == [Kind.ABORT]
+
+
+def test_committable_with_time_to_spare_is_committed(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
+    c = committable("orders-0", timeout_ms=900_000, first_write_ms=now_ms() - 900_000 + 120_000)
+    broker.prepared(c)
+    assert commit_prepared([c], broker, decision_log, run="run-1").count(Verdict.COMMITTED) == 1
 
 
 def test_committable_being_fenced_on_timeout_is_refused_atomically(
@@ -486,43 +514,77 @@ def test_committable_being_fenced_on_timeout_is_refused_atomically(
     assert broker.state_of("orders-0") == "CompleteAbort"
 
 
-def test_commit_task_retried_after_a_crash_finishes_the_run(broker: FakeBroker, events: list[str]) -> None:
-    """COMMIT was written and one EndTxn went through before the crash."""
+def test_a_commit_appended_after_a_deadline_aborts_the_run_as_lost(
+    broker: FakeBroker, decision_log: MemoryDecisionLog
+) -> None:
+    """The broker's clock (LogAppendTime) says the COMMIT came too late: void, the run is aborted."""
+    cs = prepared(broker, "orders-0", "orders-1")
+    decision_log.broker_time_ms = now_ms() + 10**9
+    with pytest.raises(TransactionLostError, match="appended after the broker deadline") as info:
+        commit_prepared(cs, broker, decision_log, run="run-1")
+    assert info.value.visible == "none"
+    assert sorted(t.transactional_id for t in info.value.lost) == ["orders-0", "orders-1"]
+    assert broker.commits_sent() == []
+    assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
+
+
+def test_commit_task_retried_after_a_crash_finishes_the_run(
+    broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str]
+) -> None:
+    """COMMIT was written and one EndTxn went through before the crash: the retry reuses the COMMIT."""
     a, b = prepared(broker, "orders-0", "orders-1")
+    decision_log.append([decision_item(Kind.COMMIT, [ref_of(a), ref_of(b)], prefixes=["orders"])])
     broker.set_state("orders-0", "CompleteCommit")
-    log = MemoryDecisionLog(events, [record("orders-0", Decision.COMMIT), record("orders-1", Decision.COMMIT)])
-    report = commit_prepared([a, b], broker, log, run="run-1")
+    report = commit_prepared([a, b], broker, decision_log, run="run-1")
     assert report.count(Verdict.COMMITTED) == 2
     assert broker.commits_sent() == ["orders-1"]
-    assert log.decisions("orders-0")[-1] is log.decisions("orders-1")[-1] is Decision.COMMITTED
+    assert decision_log.decisions("orders-0") == [Kind.COMMIT]  # no second decision
+    rec = decision_log.read().run_status("orders", "run-1")
+    assert rec is not None and rec.status is RunStatus.COMMITTED
 
 
-def test_once_decided_the_rest_is_rolled_forward_and_the_loss_reported(broker: FakeBroker, events: list[str]) -> None:
+def test_once_decided_the_rest_is_rolled_forward_and_the_loss_reported(
+    broker: FakeBroker, decision_log: MemoryDecisionLog
+) -> None:
     a, b = prepared(broker, "orders-0", "orders-1")
     broker.time_out("orders-1")
-    log = MemoryDecisionLog(events, [record("orders-0", Decision.COMMIT), record("orders-1", Decision.COMMIT)])
+    decision_log.append([decision_item(Kind.COMMIT, [ref_of(a), ref_of(b)], prefixes=["orders"])])
     with pytest.raises(TransactionLostError) as info:
-        commit_prepared([a, b], broker, log, run="run-1")
+        commit_prepared([a, b], broker, decision_log, run="run-1")
     assert [t.transactional_id for t in info.value.lost] == ["orders-1"]
+    assert info.value.visible == "part"
     assert broker.commits_sent() == ["orders-0"]
-    assert log.decisions("orders-0")[-1] is Decision.COMMITTED
-    assert log.decisions("orders-1")[-1] is Decision.LOST
+    assert broker.aborts_sent() == []  # decided COMMIT: nothing is aborted
+    rec = decision_log.read().run_status("orders", "run-1")
+    assert rec is not None and rec.status is RunStatus.LOST
+    assert [t.covered.transactional_id for t in rec.lost] == ["orders-1"]
+    # the next try answers from the run record, loudly, touching nothing
+    calls = len(broker.end_txn_calls)
+    with pytest.raises(TransactionLostError, match="orders-1"):
+        commit_prepared([a, b], broker, decision_log, run="run-1")
+    assert len(broker.end_txn_calls) == calls
 
 
-def test_expired_id_recorded_committed_is_not_lost(broker: FakeBroker, events: list[str]) -> None:
+def test_expired_id_recorded_committed_is_not_lost(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
+    """The retry of a decided run finds one id forgotten by the broker; the outcome says committed."""
     a = committable("orders-0")  # committed long ago; the broker forgot the id
     [b] = prepared(broker, "orders-1")
-    log = MemoryDecisionLog(events, [record("orders-0", Decision.COMMITTED)])
-    report = commit_prepared([a, b], broker, log, run="run-1")
-    assert report.count(Verdict.COMMITTED) == 2
+    decision_log.append([decision_item(Kind.COMMIT, [ref_of(a), ref_of(b)], prefixes=["orders"])])
+    [did] = decision_log.read().decisions
+    out = OutcomeRecord(did, frozenset({"orders-0"}))
+    decision_log.append([(out.key, out.to_json())])
+    report = commit_prepared([a, b], broker, decision_log, run="run-1")
+    assert report.count(Verdict.COMMITTED) == 1  # orders-0 was already resolved
     assert broker.commits_sent() == ["orders-1"]
+    rec = decision_log.read().run_status("orders", "run-1")
+    assert rec is not None and rec.status is RunStatus.COMMITTED
 
 
 def test_commit_decision_for_another_epoch_does_not_count(broker: FakeBroker, events: list[str]) -> None:
     """POOLING reuses ids: a COMMIT of last run's epoch says nothing about this run."""
     a, b = prepared(broker, "orders-0", "orders-1", producer_epoch=8)
     broker.time_out("orders-1")
-    log = MemoryDecisionLog(events, [record("orders-1", Decision.COMMITTED, producer_epoch=7)])
+    log = MemoryDecisionLog(events, [decision_item(Kind.COMMIT, [ref("orders-1", producer_epoch=7)])])
     with pytest.raises(TransactionLostError):
         commit_prepared([a, b], broker, log, run="run-2")
     assert broker.commits_sent() == []
@@ -534,17 +596,19 @@ def test_duplicate_committables_are_refused_before_anything_is_decided(
     [c] = prepared(broker, "orders-0")
     with pytest.raises(MalformedCommittableError):
         commit_prepared([c, c], broker, decision_log, run="run-1")
-    assert decision_log.written == []
+    assert decision_log.entries == []
     assert broker.end_txn_calls == []
 
 
 # --- abort_prepared ----------------------------------------------------------------------------
 
 
-def test_abort_rolls_forward_a_transaction_with_a_commit_decision(broker: FakeBroker, events: list[str]) -> None:
+def test_abort_rolls_forward_a_transaction_ruled_by_a_commit(
+    broker: FakeBroker, decision_log: MemoryDecisionLog, events: list[str]
+) -> None:
     a, b = prepared(broker, "orders-0", "orders-1")
-    log = MemoryDecisionLog(events, [record("orders-0", Decision.COMMIT)])
-    report = abort_prepared([a, b], broker, log, run="run-1")
+    decision_log.append([decision_item(Kind.COMMIT, [ref_of(a)], prefixes=["orders"])])
+    report = abort_prepared([a, b], broker, decision_log, run="run-1")
     assert broker.commits_sent() == ["orders-0"]
     assert broker.aborts_sent() == ["orders-1"]
     assert broker.state_of("orders-0") == "CompleteCommit"
@@ -553,8 +617,21 @@ def test_abort_rolls_forward_a_transaction_with_a_commit_decision(broker: FakeBr
         "orders-0": Verdict.COMMITTED,
         "orders-1": Verdict.ABORTED,
     }
-    assert log.decisions("orders-0")[-1] is Decision.COMMITTED
-    assert log.decisions("orders-1") == [Decision.ABORTED]
+    # ABORT only for what had no decision, appended before the abort
+    assert decision_log.decisions("orders-0") == [Kind.COMMIT]
+    assert decision_log.decisions("orders-1") == [Kind.ABORT]
+    assert events.index("decision ABORT orders-1") < events.index("end_txn abort orders-1")
+    rec = decision_log.read().run_status("orders", "run-1")
+    assert rec is not None and rec.status is RunStatus.COMMITTED
+
+
+def test_abort_rolls_forward_a_legacy_commit(broker: FakeBroker, events: list[str]) -> None:
+    [c] = prepared(broker, "orders-0")
+    log = MemoryDecisionLog(events, [legacy_record("orders-0", "COMMIT")])
+    report = abort_prepared([c], broker, log, run="run-1")
+    assert report.count(Verdict.COMMITTED) == 1
+    assert broker.commits_sent() == ["orders-0"] and broker.aborts_sent() == []
+    assert log.read().decisions == {}  # the 0.1.0 record is retired once final
 
 
 def test_abort_never_aborts_a_committed_transaction(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
@@ -563,12 +640,21 @@ def test_abort_never_aborts_a_committed_transaction(broker: FakeBroker, decision
     report = abort_prepared([ref_of(c)], broker, decision_log, run="run-1")
     assert report.count(Verdict.COMMITTED) == 1
     assert broker.end_txn_calls == []
-    assert decision_log.decisions("orders-0") == [Decision.COMMITTED]
 
 
 def test_abort_of_a_commit_decision_for_another_epoch_aborts(broker: FakeBroker, events: list[str]) -> None:
     [c] = prepared(broker, "orders-0", producer_epoch=3)
-    log = MemoryDecisionLog(events, [record("orders-0", Decision.COMMIT, producer_epoch=2)])
+    log = MemoryDecisionLog(events, [decision_item(Kind.COMMIT, [ref("orders-0", producer_epoch=2)])])
     abort_prepared([c], broker, log, run="run-1")
     assert broker.aborts_sent() == ["orders-0"]
     assert broker.commits_sent() == []
+
+
+def test_abort_of_what_an_abort_already_rules_decides_nothing_new(
+    broker: FakeBroker, decision_log: MemoryDecisionLog
+) -> None:
+    [c] = prepared(broker, "orders-0")
+    abort_prepared([c], broker, decision_log, run="run-1")
+    abort_prepared([c], broker, decision_log, run="run-1")
+    assert decision_log.decisions("orders-0") == [Kind.ABORT]
+    assert broker.aborts_sent() == ["orders-0"]
