@@ -27,12 +27,12 @@ import bench_data
 import bench_spark
 from bench_env import REPO, Kafka, broker, kafka_local, package_dir, use_repo
 from bench_throughput import LABELS, ORDER, Runner, Sample
-from bench_txn import commit_many, recover_many
+from bench_txn import commit_many, read_history, recover_many
 
 ROWS = {"quick": 1_000_000, "full": 10_000_000}
 WARMUP_ROWS = 40_000
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
-TXN_BENCHES = ("commit", "recovery")
+TXN_BENCHES = ("commit", "recovery", "log")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,d,s,commit,recovery (default: all)",
+        help="comma-separated subset of: a,b,b',c,d,s,commit,recovery,log (default: all)",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("recover() of 1,000 lingering transactions …", flush=True)
                 txn["recovery_1000"] = recover_many(kafka, decisions)
                 print(f"  {txn['recovery_1000']}", flush=True)
+            if "log" in selected:
+                print("decision log read with 100,000 finished runs …", flush=True)
+                txn["log_100k_runs"] = read_history(kafka)
+                print(f"  {txn['log_100k_runs']}", flush=True)
 
     table = _table(samples)
     goals = _goals(table, txn)
@@ -204,6 +208,9 @@ def _goals(table: list[dict[str, Any]], txn: dict[str, dict[str, Any]]) -> list[
     if "recovery_1000" in txn:
         s = txn["recovery_1000"]["seconds"]
         goals.append({"goal": "recovery of 1,000 lingering transactions < 10 s", "measured": s, "met": s < 10.0})
+    if "log_100k_runs" in txn:
+        s = txn["log_100k_runs"]["seconds"]
+        goals.append({"goal": "decision log read with 100,000 finished runs < 1 s", "measured": s, "met": s < 1.0})
     return goals
 
 
@@ -250,6 +257,13 @@ def _render_txn(txn: dict[str, dict[str, Any]]) -> str:
             f"verified {'yes' if t['verified'] else 'NO <<<<<<<<'})"
         )
         lines.append(_render_phases(t["phases"]))
+    if "log_100k_runs" in txn:
+        t = txn["log_100k_runs"]
+        lines.append(
+            f"decision log read, {t['runs']:,} finished runs ({t['records_written']:,} records written): "
+            f"uncompacted {t['uncompacted']['seconds']:.3f} s, peak {t['uncompacted']['peak_python_mb']} MB; "
+            f"compacted {t['compacted']['seconds']:.3f} s, peak {t['compacted']['peak_python_mb']} MB"
+        )
     return "\n".join(lines)
 
 

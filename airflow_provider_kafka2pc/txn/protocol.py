@@ -365,12 +365,13 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             if e.value:
                 state.claims[key[len(CLAIM_KEY) :].decode()] = json.loads(e.value)["owner"]
             continue
-        # Decisions, outcomes and 0.1.0 per-id records: latest value per key, in first-offset order.
-        latest.pop(key, None)  # a re-written key moves to its newest offset, as compaction leaves it
-        latest[key] = e
+        # Decisions, outcomes and 0.1.0 per-id records: latest value per key, at its newest offset
+        # (as compaction leaves it); a tombstone drops the key, so memory holds what is live.
+        latest.pop(key, None)
+        if e.value is not None:
+            latest[key] = e
     for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
-        if e.value is None:
-            continue
+        assert e.value is not None
         if key.startswith(DECISION_KEY.encode()):
             d = DecisionRecord.from_json(e.value)
         elif key.startswith(OUTCOME_KEY.encode()):

@@ -339,6 +339,15 @@ def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
     ]
 
 
+@dataclass
+class Decided:
+    """The first half of a commit: the run's COMMIT in force, read back from the log."""
+
+    state: LogState
+    decision: DecisionRecord
+    resolver: TransactionResolver
+
+
 def commit_prepared(
     committables: Sequence[Committable],
     wire: WireClient,
@@ -361,6 +370,27 @@ def commit_prepared(
     4. EndTxn for all, in parallel; outcomes recorded; the run collapses to its run record.
        A transaction lost after the decision raises ``TransactionLostError``.
     """
+    decided = decide_commit(committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s)
+    if isinstance(decided, CommitReport):
+        return decided
+    state, did = decided.state, decided.decision.decision_id
+    resolutions = obey(decision_log, state, [did], decided.resolver)
+    lost = lost_of_decisions(state, [did])
+    if lost:
+        raise TransactionLostError(lost, visible="part" if state.outcome(did).committed else "decided")
+    return CommitReport(tuple(resolutions))
+
+
+def decide_commit(
+    committables: Sequence[Committable],
+    wire: WireClient,
+    decision_log: DecisionLog,
+    run: str,
+    max_workers: int = 16,
+    prefixes: Sequence[str] = (),
+    end_txn_timeout_s: float = 60.0,
+) -> Decided | CommitReport:
+    """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
     _check_unique(refs)
     by_tid = {c.transactional_id: c for c in committables}
@@ -393,9 +423,10 @@ def commit_prepared(
             run_prefixes,
             now_ms(),
         )
+        log.info("appending the COMMIT decision for run %s (%d transaction(s))", run, len(refs))
         state = decision_log.decide(decision, keep_run=keep)
         log.info(
-            "decision: COMMIT %s for run %s, %d transaction(s), at offset %d",
+            "decision: COMMIT %s for run %s, %d transaction(s), at offset %d: from here on the run becomes visible",
             decision.decision_id,
             run,
             len(refs),
@@ -406,21 +437,16 @@ def commit_prepared(
         if mine is None:
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
     resolver.committed_in_log = committed_in(state)
-    resolutions = obey(decision_log, state, [mine.decision_id], resolver)
-    lost = lost_of_decisions(state, [mine.decision_id])
-    if lost:
-        committed = state.outcome(mine.decision_id).committed
-        raise TransactionLostError(lost, visible="part" if committed else "decided")
-    return CommitReport(tuple(resolutions))
+    return Decided(state, mine, resolver)
 
 
 def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
         raise TransactionLostError(lost, visible="part")
-    note = ", ".join(f"{r.prefix}: {r.status.value.lower()} ({r.records} records)" for r in records)
+    note = "; ".join(f"exporter {r.prefix}: already {r.status.value.lower()}, {r.records} records" for r in records)
     log.info("run %s is final in the decision log (%s); nothing to do", run, note)
-    return CommitReport((), note=f"already {note}")
+    return CommitReport((), note=note)
 
 
 def _doomed(
@@ -566,11 +592,13 @@ def _lost(by_tid: dict[str, Committable], reasons: dict[str, str]) -> list[LostT
 
 __all__ = [
     "CommitReport",
+    "Decided",
     "DecisionConflictError",
     "Resolution",
     "TransactionResolver",
     "abort_prepared",
     "commit_prepared",
+    "decide_commit",
     "obey",
     "ref_of",
 ]

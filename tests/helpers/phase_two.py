@@ -1,0 +1,104 @@
+"""Run in a subprocess: prepare many transactions, or be one actor of the decision protocol.
+
+Tests kill these processes (SIGKILL of the process group) at chosen moments; what they print on
+stderr (INFO logs) tells the test where the process is. Exit status: 0 done, 10 the decision log
+ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostError).
+
+    prepare --prefix P --count N --records R --topic T      committables as JSON lines on stdout
+    commit  --run R --committables FILE [--stall-after-ends K]
+    recover --prefix P --run R
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.outcome import Intent
+from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.resume import (
+    DecisionConflictError,
+    TransactionResolver,
+    commit_prepared,
+    decide_commit,
+    ref_of,
+)
+from airflow_provider_kafka2pc.txn.wire import WireClient
+from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+
+
+def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
+    def one(slot: int) -> Committable:
+        w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
+        for i in range(args.records):
+            w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.prefix}-{slot}-{i}".encode())
+        c = w.prepare()
+        assert c is not None
+        return c
+
+    with ThreadPoolExecutor(8) as pool:
+        for c in pool.map(one, range(args.count)):
+            print(c.to_json(), flush=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("action", choices=["prepare", "commit", "recover"])
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--decision-topic", default="kafka2pc_decisions")
+    ap.add_argument("--prefix")
+    ap.add_argument("--run", default="run")
+    ap.add_argument("--count", type=int, default=1)
+    ap.add_argument("--records", type=int, default=10)
+    ap.add_argument("--topic")
+    ap.add_argument("--timeout-ms", type=int, default=None)
+    ap.add_argument("--committables")
+    ap.add_argument("--max-workers", type=int, default=16)
+    ap.add_argument("--stall-after-ends", type=int, default=None)
+    ap.add_argument("--decision-timeout", type=float, default=30.0)
+    ap.add_argument("--end-txn-timeout", type=float, default=60.0)
+    args = ap.parse_args()
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("airflow_provider_kafka2pc").setLevel(logging.INFO)
+    conf = {"bootstrap.servers": args.bootstrap}
+    if args.action == "prepare":
+        return prepare(conf, args)
+    wire, log = WireClient(conf), DecisionLog(conf, topic=args.decision_topic, timeout_s=args.decision_timeout)
+    try:
+        if args.action == "recover":
+            result = recover(wire, args.prefix, log, run=args.run)
+            print(json.dumps({"done": result.done, "summary": result.describe()}), flush=True)
+            return 0
+        with open(args.committables) as f:
+            committables = [Committable.from_json(line) for line in f if line.strip()]
+        if args.stall_after_ends is None:
+            report = commit_prepared(
+                committables, wire, log, args.run, max_workers=args.max_workers, end_txn_timeout_s=args.end_txn_timeout
+            )
+            print(json.dumps({"resolutions": len(report.resolutions), "note": report.note}), flush=True)
+            return 0
+        # Decide, end only the first K transactions, then hang until the test kills us.
+        decide_commit(committables, wire, log, args.run, end_txn_timeout_s=args.end_txn_timeout)
+        TransactionResolver(wire).resolve([ref_of(c) for c in committables[: args.stall_after_ends]], Intent.COMMIT)
+        print("stalled", file=sys.stderr, flush=True)
+        time.sleep(3600)
+        return 0
+    except DecisionConflictError as e:
+        print(f"DecisionConflictError: {e}", file=sys.stderr, flush=True)
+        return 10
+    except TransactionLostError as e:
+        print(f"TransactionLostError: {e}", file=sys.stderr, flush=True)
+        return 11
+
+
+if __name__ == "__main__":
+    sys.exit(main())
