@@ -42,7 +42,9 @@ def kafka2pc_export_group(
     shared: dict[str, Any] = {"transactional_id_prefix": prefix, "kafka2pc_conn_id": kafka2pc_conn_id}
     with TaskGroup(group_id or prefix.replace(".", "_")) as group:
         check_pooling_dag(strategy, group.dag, prefix)
-        recover = Kafka2PCRecoverySensor(task_id="recover", **shared, **(recover_kwargs or {}))
+        recover = Kafka2PCRecoverySensor(
+            task_id="recover", naming_strategy=strategy, **shared, **(recover_kwargs or {})
+        )
         prepare = Kafka2PCExportOperator(task_id="prepare", naming_strategy=strategy, **shared, **export_kwargs)
         commit = Kafka2PCCommitOperator(
             task_id="commit",

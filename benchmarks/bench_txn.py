@@ -176,7 +176,8 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
     topic = f"kafka2pc_bench_history_{uuid.uuid4().hex[:8]}"
     quick_cleaner = {"segment.bytes": str(8 * 1024 * 1024), "min.cleanable.dirty.ratio": "0.01", "segment.ms": "5000"}
     new = NewTopic(topic, 1, 1, config={**TOPIC_CONFIG, **quick_cleaner, "min.insync.replicas": "1"})
-    AdminClient(kafka.config).create_topics([new])[topic].result(30)
+    admin = AdminClient(kafka.config)  # held: a dropped handle cancels its own request
+    admin.create_topics([new])[topic].result(30)
     prefix = "hist"
     producer = Producer({**kafka.config, "linger.ms": 50, "compression.type": "lz4", "batch.size": 1_000_000})
     now = int(time.time() * 1000)

@@ -5,6 +5,7 @@ Nothing here builds a client at import or construction time; Kafka libraries loa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Connection
 
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol import Lease
     from airflow_provider_kafka2pc.txn.recovery import RecoveryResult
     from airflow_provider_kafka2pc.txn.wire import WireClient
 
@@ -178,6 +180,21 @@ class Kafka2PCHook(BaseHook):
             decision_log.close()
             wire.close()
 
+    def take_turn(self, prefix: str, dag_id: str, run_id: str) -> Lease | None:
+        """Queue this DAG run for the POOLING exporter ``prefix``; the live run ahead of it, or None.
+
+        Runs of one POOLING exporter share transactional ids, so they take turns, backfills
+        included (Airflow counts ``max_active_runs`` per backfill). The decision log orders the
+        runs; the scheduler says which are still live, so a run that died never blocks the next.
+        """
+        from airflow_provider_kafka2pc.txn.protocol import Lease
+
+        decision_log = self.decision_log()
+        try:
+            return decision_log.take_turn(Lease(prefix, dag_id, run_id, int(time.time() * 1000)), dag_run_is_live)
+        finally:
+            decision_log.close()
+
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and check that it can run transactions (the UI's Test button)."""
         try:
@@ -193,3 +210,19 @@ class Kafka2PCHook(BaseHook):
             f"connected to {len(brokers)} broker(s); decision topic {self.decision_topic!r}; "
             f"KIP-939 two-phase commit {'supported' if kip939 else 'not supported (not needed)'}"
         )
+
+
+LIVE_DAG_RUN_STATES = frozenset({"queued", "running"})
+
+
+def dag_run_is_live(lease: Lease) -> bool:
+    """Ask the scheduler (through the Task SDK, from a worker or the triggerer) about a DAG run."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    try:
+        state = RuntimeTaskInstance.get_dagrun_state(lease.dag_id, lease.run_id)
+    except Exception as e:  # a run that was deleted is not live; anything else is not known
+        if "not found" in str(e).lower():
+            return False
+        raise
+    return str(state) in LIVE_DAG_RUN_STATES

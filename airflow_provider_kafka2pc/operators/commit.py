@@ -181,6 +181,10 @@ class Kafka2PCAbortOperator(_PhaseTwo):
                 else None
             )
             for prefix in _task_ids(self.transactional_id_prefixes):
+                if run_key is None and (holder := hook.take_turn(prefix, self.dag_id, context["run_id"])) is not None:
+                    # Another run holds the POOLING ids: what is open under them is its, not ours.
+                    self.log.warning("not aborting open transactions of %s: run %s holds it", prefix, holder.run_id)
+                    continue
                 for s in TransactionInspector(wire).describe_prefix(prefix):
                     parsed = naming.parse_transactional_id(s.transactional_id)
                     if run_key is not None and (parsed is None or parsed.run_key != run_key):

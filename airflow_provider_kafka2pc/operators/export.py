@@ -225,6 +225,14 @@ class Kafka2PCExportOperator(BaseOperator):
                     )
             finally:
                 wire.close()
+        if self.naming_strategy is naming.NamingStrategy.POOLING:
+            holder = hook.take_turn(prefix, self.dag_id, context["run_id"])
+            if holder is not None:  # the recovery sensor waits for its turn; a bare export refuses
+                raise PoolingNeedsOneActiveRunError(
+                    f"exporter {prefix!r} uses POOLING transactional ids and DAG run {holder.run_id} is still using "
+                    "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
+                    "turns, or use naming_strategy='INCREMENTING'"
+                )
         decision_log = hook.decision_log()
         try:
             decision_log.claim_prefix(prefix, owner=f"{self.dag_id}.{self.task_id}")

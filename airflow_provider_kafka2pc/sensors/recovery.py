@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, conf
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.payload import decision_run
-from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
+from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger, waiting_message
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
@@ -40,6 +40,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         *,
         transactional_id_prefix: str,
         kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
+        naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float = 5.0,
         **kwargs: Any,
@@ -47,11 +48,22 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.transactional_id_prefix = transactional_id_prefix
         self.kafka2pc_conn_id = kafka2pc_conn_id
+        self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
         self.deferrable = deferrable
+
+    @property
+    def takes_turns(self) -> bool:
+        return self.naming_strategy is naming.NamingStrategy.POOLING
 
     def poke(self, context: Context) -> bool:
         naming.validate_prefix(self.transactional_id_prefix)
-        result = Kafka2PCHook(self.kafka2pc_conn_id).recover(self.transactional_id_prefix, decision_run(context))
+        hook = Kafka2PCHook(self.kafka2pc_conn_id)
+        if self.takes_turns:
+            holder = hook.take_turn(self.transactional_id_prefix, self.dag_id, context["run_id"])
+            if holder is not None:
+                self.log.info(waiting_message(self.transactional_id_prefix, holder))
+                return False
+        result = hook.recover(self.transactional_id_prefix, decision_run(context))
         self.log.info("recovery of %s: %s", self.transactional_id_prefix, result.describe())
         return result.done
 
@@ -64,6 +76,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
                 transactional_id_prefix=self.transactional_id_prefix,
                 run=decision_run(context),
                 kafka2pc_conn_id=self.kafka2pc_conn_id,
+                turn=(self.dag_id, context["run_id"]) if self.takes_turns else None,
                 poke_interval=self.poke_interval,
             ),
             method_name="execute_complete",

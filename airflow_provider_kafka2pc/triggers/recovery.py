@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.txn.protocol import Lease
+
+
+def waiting_message(prefix: str, holder: Lease) -> str:
+    return (
+        f"waiting: exporter {prefix!r} uses POOLING transactional ids, and DAG run {holder.run_id} of "
+        f"{holder.dag_id} (queued first, still live) is using them; runs of one exporter take turns, "
+        "backfills included"
+    )
 
 
 class Kafka2PCRecoveryTrigger(BaseTrigger):
@@ -24,8 +35,10 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
         run: str,
         kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
         poke_interval: float = 5.0,
+        turn: tuple[str, str] | list[str] | None = None,
     ) -> None:
         super().__init__()
+        self.turn = tuple(turn) if turn else None  # (dag_id, run_id): a POOLING run waits its turn
         self.transactional_id_prefix = transactional_id_prefix
         self.run_name = run
         self.kafka2pc_conn_id = kafka2pc_conn_id
@@ -40,6 +53,7 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                 "run": self.run_name,
                 "kafka2pc_conn_id": self.kafka2pc_conn_id,
                 "poke_interval": self.poke_interval,
+                "turn": list(self.turn) if self.turn else None,
             },
         )
 
@@ -50,6 +64,12 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
             hook = Kafka2PCHook(self.kafka2pc_conn_id, connection=conn)
             while True:
                 passes += 1
+                if self.turn is not None:
+                    holder = await asyncio.to_thread(hook.take_turn, self.transactional_id_prefix, *self.turn)
+                    if holder is not None:
+                        self.log.info(waiting_message(self.transactional_id_prefix, holder))
+                        await asyncio.sleep(self.poke_interval)
+                        continue
                 result = await asyncio.to_thread(hook.recover, self.transactional_id_prefix, self.run_name)
                 self.log.info("recovery of %s, pass %d: %s", self.transactional_id_prefix, passes, result.describe())
                 if result.done:

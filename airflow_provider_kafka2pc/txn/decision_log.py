@@ -16,7 +16,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
 from airflow_provider_kafka2pc.txn.naming import validate_prefix
-from airflow_provider_kafka2pc.txn.protocol import CLAIM_KEY, DecisionRecord, Entry, LogState, RunStatus, replay
+from airflow_provider_kafka2pc.txn.protocol import CLAIM_KEY, DecisionRecord, Entry, Lease, LogState, RunStatus, replay
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,33 @@ class DecisionLog:
         if current is None:
             value = json.dumps({"prefix": prefix, "owner": owner, "at_ms": int(time.time() * 1000)}).encode()
             self.append([((CLAIM_KEY + prefix).encode(), value)])
+
+    def take_turn(self, lease: Lease, is_live: Callable[[Lease], bool]) -> Lease | None:
+        """Queue ``lease`` (once) and return the live lease ahead of it, or None: our turn.
+
+        Leases ahead whose run is no longer live are retired. Two runs that queue at once are
+        ordered by the log, so exactly one of them goes first.
+        """
+        queue = self.read(keep_run=_no_runs).queue(lease.prefix)
+        mine = (lease.dag_id, lease.run_id)
+        if all((q.dag_id, q.run_id) != mine for q in queue):
+            self.append([(lease.key, lease.to_json())])
+            queue = self.read(keep_run=_no_runs).queue(lease.prefix)
+        stale: list[Lease] = []
+        holder = None
+        for q in queue:
+            if (q.dag_id, q.run_id) == mine:
+                break
+            if is_live(q):
+                holder = q
+                break
+            stale.append(q)
+        if stale:
+            log.info(
+                "retiring %d lease(s) of %s whose runs ended: %s", len(stale), lease.prefix, [q.run_id for q in stale]
+            )
+            self.append([(q.key, None) for q in stale])
+        return holder
 
     # -- read ---------------------------------------------------------------
     def read(self, until: int | None = None, keep_run: KeepRun | None = None) -> LogState:

@@ -51,6 +51,7 @@ DECISION_KEY = "kafka2pc.decision:"
 OUTCOME_KEY = "kafka2pc.outcome:"
 RUN_KEY = "kafka2pc.run:"
 CLAIM_KEY = "kafka2pc.prefix:"
+LEASE_KEY = "kafka2pc.lease:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.
@@ -267,6 +268,34 @@ class RunRecord:
         )
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A run's place in the queue of a POOLING exporter: its runs share ids, so they take turns.
+
+    The log orders the leases; the first whose run is still live holds the exporter. Liveness is
+    the scheduler's to say (the caller passes it in), so a crashed run never blocks for ever.
+    """
+
+    prefix: str
+    dag_id: str
+    run_id: str
+    at_ms: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return f"{LEASE_KEY}{self.prefix}:{self.dag_id}/{self.run_id}".encode()
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {"v": FORMAT_VERSION, "prefix": self.prefix, "dag": self.dag_id, "run": self.run_id, "at_ms": self.at_ms}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Lease:
+        d = json.loads(raw)
+        return cls(str(d["prefix"]), str(d["dag"]), str(d["run"]), int(d["at_ms"]))
+
+
 def run_key(prefix: str, run: str) -> bytes:
     return f"{RUN_KEY}{prefix}:{run}".encode()
 
@@ -294,6 +323,7 @@ class LogState:
     outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
+    leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
     end_offset: int = -1  # the last offset read
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
 
@@ -333,6 +363,10 @@ class LogState:
                 )
         return rec
 
+    def queue(self, prefix: str) -> list[Lease]:
+        """The exporter's leases in log order: the first live one holds it."""
+        return [lease for _, lease in sorted(v for v in self.leases.values() if v[1].prefix == prefix)]
+
     def lost_runs(self, prefix: str) -> list[RunRecord]:
         return [r for (p, _), r in self.runs.items() if p == prefix and r.status is RunStatus.LOST]
 
@@ -360,6 +394,11 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
                 state.runs.pop((prefix, run), None)
             elif keep_run is None or keep_run(prefix, run, e.value):
                 state.runs[(prefix, run)] = RunRecord.from_json(e.value)
+            continue
+        if key.startswith(LEASE_KEY.encode()):
+            state.leases.pop(key, None)
+            if e.value is not None:
+                state.leases[key] = (e.offset, Lease.from_json(e.value))
             continue
         if key.startswith(CLAIM_KEY.encode()):
             if e.value:

@@ -312,9 +312,8 @@ def test_a_decision_topic_with_cleanup_policy_delete_is_refused_before_anything_
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic_log = _new("decisions_unsafe_")
-    AdminClient(kafka.config).create_topics([NewTopic(topic_log, 1, 1, config={"cleanup.policy": "delete"})])[
-        topic_log
-    ].result(30)
+    admin = AdminClient(kafka.config)  # held: a dropped handle cancels its own request
+    admin.create_topics([NewTopic(topic_log, 1, 1, config={"cleanup.policy": "delete"})])[topic_log].result(30)
     with pytest.raises(UnsafeDecisionTopicError, match=r"cleanup\.policy=delete"):
         DecisionLog(kafka.config, topic=topic_log).claim_prefix(_new("u"), "dag.prepare")
 
