@@ -117,7 +117,29 @@ class DecisionLog:
         configs = {k: v.value for k, v in admin.describe_configs([res])[res].result(timeout=self.timeout_s).items()}
         partitions = md.topics[self.topic].partitions
         rf = min(len(p.replicas) for p in partitions.values()) if partitions else 0
+        if configs.get("message.timestamp.type") == "CreateTime" and configs.get("cleanup.policy") == "compact":
+            # A topic of kafka2pc 0.1.0: safe but for the clock its records carry. Upgrade it in place.
+            configs["message.timestamp.type"] = self._use_log_append_time(admin, res)
         check_topic_settings(self.topic, configs, len(partitions), rf, len(md.brokers))
+
+    def _use_log_append_time(self, admin: Any, res: Any) -> str:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource  # type: ignore[attr-defined]
+
+        alter = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            self.topic,
+            incremental_configs=[
+                ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        try:
+            admin.incremental_alter_configs([alter])[alter].result(timeout=self.timeout_s)
+        except KafkaException as e:  # e.g. no AlterConfigs ACL: the check below says what to do
+            log.warning("cannot switch decision topic %s to LogAppendTime: %s", self.topic, e)
+            return "CreateTime"
+        log.info("decision topic %s now uses LogAppendTime (it was written by kafka2pc 0.1.0)", self.topic)
+        return "LogAppendTime"
 
     # -- write --------------------------------------------------------------
     def _get_producer(self) -> Any:

@@ -337,3 +337,33 @@ def test_recovery_abort_and_commit_leave_one_decision_each_and_collapse(kafka: K
     assert state.outcome(next(iter(state.decisions))).aborted == {leftover[0].transactional_id}
     assert len(visible_keys(kafka, topic)) == 30
     log.close()
+
+
+def test_a_decision_topic_of_0_1_0_is_upgraded_in_place_and_its_decisions_obeyed(kafka: KafkaEnv) -> None:
+    """0.1.0 wrote per-id COMMIT records and run marks into a CreateTime topic; a run died between
+    its decision and its EndTxns. After the upgrade, recovery still rolls that run forward."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    prefix, topic, topic_log = _new("upg"), kafka.topic(2), _new("decisions_v010_")
+    admin = AdminClient(kafka.config)
+    admin.create_topics([NewTopic(topic_log, 1, 1, config={"cleanup.policy": "compact"})])[topic_log].result(30)
+    cs = prepare(kafka, prefix, 3, topic)
+    producer = Producer(kafka.config)
+    for c in cs:  # the 0.1.0 format: key = transactional id, latest record per id
+        value = {"tid": c.transactional_id, "pid": c.producer_id, "epoch": c.producer_epoch, "decision": "COMMIT",
+                 "run": "dag/old", "at_ms": 1, "records": c.records}  # fmt: skip
+        producer.produce(topic_log, key=c.transactional_id.encode(), value=json.dumps(value).encode())
+    mark = {"prefix": prefix, "run": "dag/old", "at_ms": 1, "txns": 3, "records": 30}
+    producer.produce(topic_log, key=f"kafka2pc.run:{prefix}:dag/old".encode(), value=json.dumps(mark).encode())
+    assert producer.flush(30) == 0
+
+    log = DecisionLog(kafka.config, topic=topic_log)
+    assert log.read_for(prefix, "dag/old").run_status(prefix, "dag/old").status is RunStatus.DECIDED  # type: ignore[union-attr]
+    settle(kafka, prefix, log)
+    assert len(visible_keys(kafka, topic)) == 30
+    assert kafka.open_transactions(prefix) == []
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic_log)
+    assert admin.describe_configs([res])[res].result(30)["message.timestamp.type"].value == "LogAppendTime"
+    assert log.read().decisions == {}  # the 0.1.0 decisions were retired once final
+    log.close()
