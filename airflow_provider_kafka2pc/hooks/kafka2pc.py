@@ -225,4 +225,5 @@ def dag_run_is_live(lease: Lease) -> bool:
         if "not found" in str(e).lower():
             return False
         raise
-    return str(state) in LIVE_DAG_RUN_STATES
+    # The SDK returns its DagRunState, a (str, Enum) whose str() is "DagRunState.RUNNING": compare values.
+    return str(getattr(state, "value", state)) in LIVE_DAG_RUN_STATES

@@ -1,0 +1,425 @@
+"""The operators on leases and the run-level protocol, without a scheduler or a broker.
+
+Each test builds the task in a DAG, hands ``execute``/``poke`` a context with a fake task
+instance (XCom in a dict) and replaces the hook's Kafka clients with the fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators import export as export_module
+from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
+from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator, PoolingNeedsOneActiveRunError
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
+from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
+from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.errors import ForeignCommittableError, LostTransaction, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol import Lease
+from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
+
+DAG_ID = "export_orders"
+RUN_ID = "scheduled__2026-01-02T00:00:00+00:00"
+OTHER_RUN = "backfill__2026-01-01T00:00:00+00:00"
+HOLDER = Lease("orders", DAG_ID, OTHER_RUN, 1)
+
+
+class FakeTI:
+    def __init__(self, xcoms: dict[tuple[str, str], Any] | None = None) -> None:
+        self.xcoms = dict(xcoms or {})
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value") -> Any:
+        return self.xcoms.get((task_ids, key))
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def make_dag(max_active_runs: int = 1) -> Any:
+    from airflow.sdk import DAG
+
+    return DAG(
+        DAG_ID, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), max_active_runs=max_active_runs
+    )
+
+
+def context(dag: Any, ti: FakeTI | None = None) -> Any:
+    return {"dag": dag, "run_id": RUN_ID, "ti": ti or FakeTI()}
+
+
+def payload(prefix: str = "orders", *tids: str, strategy: str = "POOLING", conn: str = "kafka2pc_default") -> Any:
+    run_key = naming.sanitize_run_key(RUN_ID) if strategy == "INCREMENTING" else None
+    return ExportPayload(conn, prefix, strategy, run_key, "EXACTLY_ONCE", tuple(committable(t) for t in tids)).to_xcom()
+
+
+@pytest.fixture
+def no_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any Kafka client, decision log or turn the hook would hand out fails the test."""
+
+    def refuse(name: str) -> Any:
+        def call(self: Kafka2PCHook, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"Kafka2PCHook.{name} must not be reached")
+
+        return call
+
+    for name in ("wire_client", "decision_log", "take_turn", "recover"):
+        monkeypatch.setattr(Kafka2PCHook, name, refuse(name))
+
+
+@pytest.fixture
+def kafka(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> Iterator[tuple[FakeBroker, MemoryDecisionLog]]:
+    """The hook's clients are one fake broker and one in-memory decision log."""
+    events: list[str] = []
+    broker, log = FakeBroker(events), MemoryDecisionLog(events)
+    broker.topics = lambda: {"events"}  # type: ignore[method-assign]
+    monkeypatch.setattr(Kafka2PCHook, "wire_client", lambda self, *a, **k: broker)
+    monkeypatch.setattr(Kafka2PCHook, "decision_log", lambda self: log)
+    yield broker, log
+
+
+class Turns:
+    """A fake ``Kafka2PCHook.take_turn``: answers from a script, records the questions."""
+
+    def __init__(self, *answers: Lease | None) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[str, str, str]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> Turns:
+        def take_turn(hook: Kafka2PCHook, prefix: str, dag_id: str, run_id: str) -> Lease | None:
+            self.calls.append((prefix, dag_id, run_id))
+            return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+        monkeypatch.setattr(Kafka2PCHook, "take_turn", take_turn)
+        return self
+
+
+class _Result:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def describe(self) -> str:
+        return f"done={self.done}"
+
+
+# --- recovery sensor: POOLING runs wait their turn -------------------------------------------------
+
+
+def sensor(strategy: str = "POOLING") -> tuple[Any, Kafka2PCRecoverySensor]:
+    with make_dag() as dag:
+        s = Kafka2PCRecoverySensor(
+            task_id="recover", transactional_id_prefix="orders", naming_strategy=strategy, deferrable=False
+        )
+    return dag, s
+
+
+def test_pooling_sensor_waits_while_another_run_holds_the_ids(
+    monkeypatch: pytest.MonkeyPatch, no_kafka: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    turns = Turns(HOLDER).install(monkeypatch)
+    dag, s = sensor()
+    assert s.poke(context(dag)) is False  # recover() would fail the test (no_kafka)
+    assert s.poke(context(dag)) is False
+    assert turns.calls == [("orders", DAG_ID, RUN_ID)] * 2
+    # The task log (structlog, to stdout outside a task runner) says whom it waits for.
+    out = capsys.readouterr().out
+    assert f"waiting: exporter 'orders' uses POOLING transactional ids, and DAG run {OTHER_RUN} of {DAG_ID}" in out
+
+
+def test_pooling_sensor_recovers_once_it_is_its_turn(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
+    Turns(None).install(monkeypatch)
+    passes: list[tuple[str, str]] = []
+
+    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+        passes.append((prefix, run))
+        return _Result(True)
+
+    monkeypatch.setattr(Kafka2PCHook, "recover", recover)
+    dag, s = sensor()
+    assert s.poke(context(dag)) is True
+    assert passes == [("orders", f"{DAG_ID}/{RUN_ID}")]
+
+
+def test_incrementing_sensor_never_takes_turns(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r: _Result(False))
+    dag, s = sensor("incrementing")
+    assert s.poke(context(dag)) is False  # take_turn would fail the test
+    assert s.poke(context(dag)) is False
+
+
+def test_deferred_sensor_hands_its_turn_to_the_trigger_only_for_pooling() -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    for strategy, turn in (("POOLING", [DAG_ID, RUN_ID]), ("INCREMENTING", None)):
+        with make_dag() as dag:
+            s = Kafka2PCRecoverySensor(
+                task_id="recover", transactional_id_prefix="orders", naming_strategy=strategy, deferrable=True
+            )
+        with pytest.raises(TaskDeferred) as deferred:
+            s.execute(context(dag))
+        assert deferred.value.trigger.serialize()[1]["turn"] == turn
+
+
+# --- recovery trigger ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("turn", [(DAG_ID, RUN_ID), [DAG_ID, RUN_ID], None])
+def test_trigger_turn_survives_a_serialize_round_trip(turn: Any) -> None:
+    trigger = Kafka2PCRecoveryTrigger("orders", f"{DAG_ID}/{RUN_ID}", "kafka_prod", poke_interval=2.5, turn=turn)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs["turn"] == (list(turn) if turn else None)
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert again.turn == (tuple(turn) if turn else None)
+    assert again.serialize() == (classpath, kwargs)
+
+
+def run_trigger(monkeypatch: pytest.MonkeyPatch, turn: tuple[str, str] | None = (DAG_ID, RUN_ID)) -> list[Any]:
+    from airflow.sdk import Connection
+
+    async def aget_connection(conn_id: str) -> Connection:
+        return Connection(conn_id=conn_id, conn_type="kafka2pc", host="b:9092")
+
+    monkeypatch.setattr(Kafka2PCHook, "aget_connection", staticmethod(aget_connection))
+
+    async def main() -> list[Any]:
+        trigger = Kafka2PCRecoveryTrigger("orders", f"{DAG_ID}/{RUN_ID}", poke_interval=0.001, turn=turn)
+        return [event.payload async for event in trigger.run()]
+
+    return asyncio.run(asyncio.wait_for(main(), timeout=10))
+
+
+def test_trigger_fires_only_after_the_holder_goes_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    turns = Turns(HOLDER, HOLDER, None).install(monkeypatch)
+    original = Kafka2PCHook.take_turn
+
+    def take_turn(hook: Kafka2PCHook, *args: str) -> Lease | None:
+        holder = original(hook, *args)
+        order.append("wait" if holder else "turn")
+        return holder
+
+    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+        order.append("recover")
+        return _Result(True)
+
+    monkeypatch.setattr(Kafka2PCHook, "take_turn", take_turn)
+    monkeypatch.setattr(Kafka2PCHook, "recover", recover)
+    events = run_trigger(monkeypatch)
+    assert order == ["wait", "wait", "turn", "recover"]
+    assert turns.calls == [("orders", DAG_ID, RUN_ID)] * 3
+    assert [(e["status"], e["passes"]) for e in events] == [("success", 3)]
+
+
+def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    Turns(None).install(monkeypatch)
+    lost = LostTransaction("orders-0", 7, 0, 10, ("events-0",), "aborted by the broker after its COMMIT")
+
+    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+        raise TransactionLostError([lost], visible="part")
+
+    monkeypatch.setattr(Kafka2PCHook, "recover", recover)
+    [event] = run_trigger(monkeypatch)
+    assert event["status"] == "error" and event["passes"] == 1
+    assert event["message"].startswith("TransactionLostError: 1 transaction(s) with 10 record(s) are lost")
+    assert "orders-0" in event["message"]
+
+
+def test_trigger_without_a_turn_never_asks_for_one(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r: _Result(True))
+    assert [e["status"] for e in run_trigger(monkeypatch, turn=None)] == ["success"]
+
+
+# --- export: a bare POOLING export refuses while another run holds the ids ------------------------
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Starting Spark fails the test, and so does importing pyspark."""
+    started: list[str] = []
+
+    def spark_session(*args: Any, **kwargs: Any) -> Any:
+        started.append("spark")
+        raise AssertionError("the export started Spark")
+
+    monkeypatch.setattr(export_module, "spark_session", spark_session)
+    for module in ("pyspark", "pyspark.sql"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import pyspark` now raises ImportError
+    return started
+
+
+def export_task(strategy: str = "POOLING") -> tuple[Any, Kafka2PCExportOperator]:
+    with make_dag() as dag:
+        op = Kafka2PCExportOperator(
+            task_id="prepare", transactional_id_prefix="orders", topic="events", table="src", naming_strategy=strategy
+        )
+    return dag, op
+
+
+def test_pooling_export_refuses_before_spark_while_another_run_holds_the_ids(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
+) -> None:
+    turns = Turns(HOLDER).install(monkeypatch)
+    dag, op = export_task()
+    ti = FakeTI()
+    with pytest.raises(PoolingNeedsOneActiveRunError, match=re.escape(f"DAG run {OTHER_RUN} is still using them")):
+        op.execute(context(dag, ti))
+    assert turns.calls == [("orders", DAG_ID, RUN_ID)]
+    assert no_spark == [] and ti.pushed == {}
+
+
+def test_pooling_export_goes_on_to_spark_when_it_is_its_turn(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
+    Turns(None).install(monkeypatch)
+    dag, op = export_task()
+    with pytest.raises(AssertionError, match="started Spark"):
+        op.execute(context(dag))
+    assert no_spark == ["spark"]
+    assert kafka[1].read().claims == {"orders": f"{DAG_ID}.prepare"}
+
+
+def test_incrementing_export_never_takes_turns(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
+    monkeypatch.setattr(Kafka2PCHook, "take_turn", lambda *a: pytest.fail("INCREMENTING took a turn"))
+    dag, op = export_task("INCREMENTING")
+    with pytest.raises(AssertionError, match="started Spark"):
+        op.execute(context(dag))
+
+
+# --- abort: all_done, skips unless an export failed, leaves another run's transactions alone ------
+
+
+def abort_task(exports: tuple[str, ...] = ("prepare_a", "prepare_b"), strategy: str = "POOLING") -> Any:
+    with make_dag() as dag:
+        op = Kafka2PCAbortOperator(
+            task_id="abort",
+            export_task_ids=list(exports),
+            transactional_id_prefixes=["orders"],
+            naming_strategy=strategy,
+        )
+    return dag, op
+
+
+def test_abort_waits_for_every_export_by_default() -> None:
+    _, op = abort_task()
+    assert op.trigger_rule == "all_done"
+
+
+@pytest.mark.parametrize(
+    "xcoms",
+    [
+        {("prepare_a", "return_value"): payload("orders", "orders-0"), ("prepare_b", "return_value"): payload()},
+        {("prepare_a", "return_value"): payload("orders", "orders-0"), ("prepare_b", SKIPPED_KEY): "COMMITTED"},
+        {("prepare_a", SKIPPED_KEY): "DECIDED", ("prepare_b", SKIPPED_KEY): "ACKNOWLEDGED"},
+    ],
+    ids=["all-prepared", "one-skipped", "all-skipped"],
+)
+def test_abort_skips_without_touching_kafka_when_no_export_failed(xcoms: dict[Any, Any], no_kafka: None) -> None:
+    dag, op = abort_task()
+    with pytest.raises(AirflowSkipException, match="nothing to abort"):
+        op.execute(context(dag, FakeTI(xcoms)))
+
+
+def test_abort_rolls_back_when_one_export_failed(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog]
+) -> None:
+    broker, log = kafka
+    turns = Turns(None).install(monkeypatch)
+    ours, open_under_prefix = committable("orders-0"), committable("orders-1", producer_id=2000)
+    broker.prepared(ours)
+    broker.prepared(open_under_prefix)  # what the failed export left open before it could push
+    dag, op = abort_task()
+    ti = FakeTI({("prepare_a", "return_value"): payload("orders", "orders-0")})  # prepare_b failed
+    counts = op.execute(context(dag, ti))
+    assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
+    assert broker.commits_sent() == []
+    assert counts["aborted"] == 2
+    assert turns.calls == [("orders", DAG_ID, RUN_ID)]
+    assert log.decisions("orders-0") == log.decisions("orders-1") != []
+
+
+def test_pooling_abort_leaves_the_open_transactions_of_the_run_holding_the_ids_alone(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog]
+) -> None:
+    broker, log = kafka
+    Turns(HOLDER).install(monkeypatch)
+    broker.prepared(committable("orders-0"))  # the holder's transaction, in the middle of its prepare
+    dag, op = abort_task(exports=("prepare",))
+    counts = op.execute(context(dag, FakeTI()))  # our export refused (another run holds the ids)
+    assert counts == {"committed": 0, "aborted": 0, "lost": 0}
+    assert broker.list_calls == [] and broker.end_txn_calls == []
+    assert broker.state_of("orders-0") == "Ongoing"
+    assert log.decisions("orders-0") == []
+
+
+def test_incrementing_abort_never_takes_turns_and_aborts_only_its_run(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog]
+) -> None:
+    broker, _ = kafka
+    monkeypatch.setattr(Kafka2PCHook, "take_turn", lambda *a: pytest.fail("INCREMENTING took a turn"))
+    mine = naming.transactional_id("orders", 0, naming.NamingStrategy.INCREMENTING, RUN_ID)
+    theirs = naming.transactional_id("orders", 0, naming.NamingStrategy.INCREMENTING, OTHER_RUN)
+    broker.prepared(committable(mine))
+    broker.prepared(committable(theirs, producer_id=2000))
+    dag, op = abort_task(exports=("prepare",), strategy="INCREMENTING")
+    op.execute(context(dag, FakeTI()))
+    assert broker.aborts_sent() == [mine]
+    assert broker.state_of(theirs) == "Ongoing"
+
+
+# --- commit: only the exporter's own ids for this run, each once -----------------------------------
+
+
+def commit_task() -> tuple[Any, Kafka2PCCommitOperator]:
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids=["prepare_a", "prepare_b"])
+    return dag, op
+
+
+INCREMENTING_ID = naming.transactional_id("orders", 3, naming.NamingStrategy.INCREMENTING, RUN_ID)
+OTHER_RUNS_ID = naming.transactional_id("orders", 3, naming.NamingStrategy.INCREMENTING, OTHER_RUN)
+
+
+@pytest.mark.parametrize(
+    ("bad", "foreign_id"),
+    [
+        (payload("orders", "orders-0", "payments-1"), "payments-1"),  # another exporter
+        (payload("orders", "orders2-1"), "orders2-1"),  # a prefix that only starts alike
+        (payload("orders", INCREMENTING_ID, strategy="INCREMENTING"), None),  # control: this run's own id
+        (payload("orders", INCREMENTING_ID, OTHER_RUNS_ID, strategy="INCREMENTING"), OTHER_RUNS_ID),
+        (payload("orders", "orders-1", strategy="INCREMENTING"), "orders-1"),  # a POOLING id in an INCREMENTING run
+        (payload("orders", INCREMENTING_ID), INCREMENTING_ID),  # an INCREMENTING id in a POOLING payload
+        (payload("orders", "orders-0", "orders-1", "orders-0"), "orders-0"),  # the same id twice
+    ],
+    ids=["other-prefix", "alike-prefix", "valid", "other-run", "pooling-id", "incrementing-id", "duplicate"],
+)
+def test_commit_refuses_a_foreign_committable_before_anything_else(
+    bad: dict[str, Any], foreign_id: str | None, no_kafka: None
+) -> None:
+    dag, op = commit_task()
+    ti = FakeTI(
+        {("prepare_a", "return_value"): payload("orders_eu", "orders_eu-0"), ("prepare_b", "return_value"): bad}
+    )
+    if foreign_id is None:
+        assert op.payloads(context(dag, ti))["prepare_b"] is not None
+        return
+    for call in (op.payloads, op.execute):  # execute: the no_kafka hook fails anything past the check
+        with pytest.raises(ForeignCommittableError) as refused:
+            call(context(dag, ti))
+        assert repr(foreign_id) in str(refused.value)
