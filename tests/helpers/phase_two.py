@@ -7,6 +7,7 @@ ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostErro
     prepare --prefix P --count N --records R --topic T      committables as JSON lines on stdout
     commit  --run R --committables FILE [--stall-after-ends K]
     recover --prefix P --run R
+    abort   --prefix P --run R --committables FILE
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import Intent
 from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import (
     DecisionConflictError,
     TransactionResolver,
+    abort_prepared,
     commit_prepared,
     decide_commit,
     ref_of,
@@ -39,7 +42,7 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
     def one(slot: int) -> Committable:
         w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
         for i in range(args.records):
-            w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.prefix}-{slot}-{i}".encode())
+            w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.tag or args.prefix}/{slot}/{i}".encode())
         c = w.prepare()
         assert c is not None
         return c
@@ -52,7 +55,8 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("action", choices=["prepare", "commit", "recover"])
+    ap.add_argument("action", choices=["prepare", "commit", "recover", "abort"])
+    ap.add_argument("--tag", default="", help="prepare: keys are TAG/slot/i (default: the prefix)")
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--decision-topic", default="kafka2pc_decisions")
     ap.add_argument("--prefix")
@@ -80,6 +84,14 @@ def main() -> int:
             return 0
         with open(args.committables) as f:
             committables = [Committable.from_json(line) for line in f if line.strip()]
+        if args.action == "abort":  # the abort task: XCom committables plus what is open of the prefix
+            refs = {c.transactional_id: ref_of(c) for c in committables}
+            refs.update(
+                (s.transactional_id, ref_of(s)) for s in TransactionInspector(wire).describe_prefix(args.prefix)
+            )
+            report = abort_prepared(list(refs.values()), wire, log, args.run)
+            print(json.dumps({"resolutions": len(report.resolutions)}), flush=True)
+            return 0
         if args.stall_after_ends is None:
             report = commit_prepared(
                 committables, wire, log, args.run, max_workers=args.max_workers, end_txn_timeout_s=args.end_txn_timeout

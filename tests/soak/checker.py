@@ -1,0 +1,92 @@
+"""The soak's judge. It reads Kafka directly and shares no code with kafka2pc.
+
+It knows only what the harness promised (each run's tag, its record count and what the tools
+reported) and what Kafka shows: a read_committed consumer of the data topic, and Kafka's own
+TransactionsCommand (``list`` and ``find-hanging``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+
+@dataclass(frozen=True)
+class Violation:
+    run: str
+    what: str
+
+
+def committed_keys(bootstrap: str, topic: str) -> Counter[str]:
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"soak-judge-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        pending, keys = set(parts), Counter[str]()
+        while pending:
+            for m in c.consume(10000, 1.0):
+                if m.error():
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(m.error())
+                    pending.discard(m.partition())
+                else:
+                    keys[(m.key() or b"").decode()] += 1
+        return keys
+    finally:
+        c.close()
+
+
+def judge(
+    bootstrap: str,
+    topic: str,
+    prefix: str,
+    runs: Sequence[Mapping[str, Any]],
+    kafka_tool: Callable[[Sequence[str]], str],
+    broker_ids: Sequence[int],
+) -> tuple[list[Violation], dict[str, int]]:
+    """Every run visible exactly once or not at all, each reported as it ended; nothing left open."""
+    keys = committed_keys(bootstrap, topic)
+    violations = [Violation(k.split("/")[0], f"key {k} visible {n} times") for k, n in keys.items() if n > 1]
+    per_run = Counter(k.split("/")[0] for k in keys)
+    outcomes: Counter[str] = Counter()
+    for r in runs:
+        seen, want, status = per_run.get(r["tag"], 0), r["expected"], r["status"]
+        if seen == want and want > 0:
+            outcomes["committed"] += 1
+            if status != "success":
+                violations.append(Violation(r["run"], f"all {want} records visible but reported {status}"))
+        elif seen == 0:
+            outcomes["aborted" if status == "failed" else "lost (nothing visible), reported"] += 1
+            if status == "success":
+                violations.append(Violation(r["run"], "reported success but nothing is visible"))
+        elif seen < want:
+            if status == "lost":
+                outcomes["lost (partly visible), reported"] += 1
+            else:
+                violations.append(Violation(r["run"], f"{seen} of {want} records visible, reported {status}"))
+        else:
+            violations.append(Violation(r["run"], f"{seen} records visible, {want} written"))
+    listed = kafka_tool(["list"])
+    for line in listed.splitlines():
+        cells = line.split()
+        if cells and cells[0].startswith(f"{prefix}-") and any(s in line for s in ("Ongoing", "Prepare")):
+            violations.append(Violation("-", f"transaction left open: {line.strip()}"))
+    for b in broker_ids:
+        hanging = kafka_tool(["find-hanging", "--broker-id", str(b)])
+        for line in hanging.splitlines()[1:]:
+            if line.strip():
+                violations.append(Violation("-", f"hanging on broker {b}: {line.strip()}"))
+    return violations, dict(outcomes)
