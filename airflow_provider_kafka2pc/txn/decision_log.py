@@ -1,22 +1,36 @@
 """The decision topic: reading and appending records of the decision protocol (``txn/protocol.py``).
 
-One partition, compacted, LogAppendTime, acks=all with an idempotent producer. Records carry ids
-and counts only, never connection settings. An existing topic is checked before it is trusted.
+Compacted, LogAppendTime, acks=all with an idempotent producer. Partition 0 is the protocol (its
+one total order); partition 1 holds the run records of finished runs, the history, which only a
+task that asks about its own run reads. Records carry ids and counts only, never connection
+settings. An existing topic is checked before it is trusted; a one-partition topic (0.1.0) keeps
+everything in partition 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
 from airflow_provider_kafka2pc.txn.naming import validate_prefix
-from airflow_provider_kafka2pc.txn.protocol import CLAIM_KEY, DecisionRecord, Entry, Lease, LogState, RunStatus, replay
+from airflow_provider_kafka2pc.txn.protocol import (
+    CLAIM_KEY,
+    RUN_KEY,
+    DecisionRecord,
+    Entry,
+    Lease,
+    LogState,
+    RunStatus,
+    replay,
+    run_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +48,19 @@ TOPIC_CONFIG = {
     "delete.retention.ms": str(24 * 60 * 60 * 1000),  # tombstones outlive any reader's scan
 }
 
+HISTORY_PARTITION = 1
+RUN_KEY_BYTES = RUN_KEY.encode()
 Item = tuple[bytes, bytes | None]
+History = Collection[bytes] | Literal["all"]  # which run records of finished runs a read needs
 KeepRun = Callable[[str, str, bytes], bool]  # (prefix, run, raw value): keep this run record?
 
 
 def _no_runs(_prefix: str, _run: str, _raw: bytes) -> bool:
     return False
+
+
+def _is_committed(raw: bytes) -> bool:
+    return f'"status":"{RunStatus.COMMITTED.value}"'.encode() in raw
 
 
 class DecisionLogError(Kafka2PCError):
@@ -75,6 +96,7 @@ class DecisionLog:
         self.timeout_s = timeout_s
         self._producer: Any = None
         self._ready = False
+        self._partitions = 2
 
     # -- topic --------------------------------------------------------------
     def ensure_topic(self) -> None:
@@ -91,24 +113,39 @@ class DecisionLog:
             raise BrokerUnavailableError(
                 f"cannot reach Kafka at {self._config.get('bootstrap.servers')} for the decision log: {e}"
             ) from e
+        if self.topic in md.topics:
+            self._partitions = len(md.topics[self.topic].partitions)
         if self.topic not in md.topics:
             rf = self._replication_factor or min(3, len(md.brokers))
             new = NewTopic(
                 self.topic,
-                num_partitions=1,  # one partition: one total order of decisions
+                num_partitions=2,  # 0: the protocol, in one total order; 1: the history
                 replication_factor=rf,
                 config={**TOPIC_CONFIG, "min.insync.replicas": str(min(2, rf))},
             )
             try:
                 admin.create_topics([new], operation_timeout=self.timeout_s)[self.topic].result()
                 log.info("created decision log topic %s (replication factor %d)", self.topic, rf)
+                self._await_leaders(admin)
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise DecisionLogError(f"cannot create decision log topic {self.topic!r}: {e}") from e
-                self._check_topic(admin, admin.list_topics(timeout=self.timeout_s))
+                md = admin.list_topics(timeout=self.timeout_s)
+                self._partitions = len(md.topics[self.topic].partitions)
+                self._check_topic(admin, md)
         else:
             self._check_topic(admin, md)
         self._ready = True
+
+    def _await_leaders(self, admin: Any) -> None:
+        """A new topic's partitions answer only once they have leaders."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            parts = admin.list_topics(self.topic, timeout=self.timeout_s).topics[self.topic].partitions
+            if len(parts) == self._partitions and all(p.leader >= 0 for p in parts.values()):
+                return
+            time.sleep(0.05)
+        raise DecisionLogError(f"decision log topic {self.topic!r} has no leader after {self.timeout_s:g} s")
 
     def _check_topic(self, admin: Any, md: Any) -> None:
         from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
@@ -167,6 +204,10 @@ class DecisionLog:
         errors: list[str] = []
         positions: dict[int, Position] = {}
 
+        def _ignore(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
         def on_delivery(i: int) -> Callable[[Any, Any], None]:
             def cb(err: Any, msg: Any) -> None:
                 if err is not None:
@@ -176,26 +217,39 @@ class DecisionLog:
 
             return cb
 
-        for i, (key, value) in enumerate(items):
-            if value is not None and len(value) > MAX_RECORD_BYTES:
+        # History first, flushed, then the protocol: a reader that reads partition 0 and then 1
+        # and no longer finds a decision finds the run record it left.
+        history = (
+            [i for i, (key, _) in enumerate(items) if key.startswith(RUN_KEY_BYTES)] if self._partitions > 1 else []
+        )
+        for batch in (history, [i for i in range(len(items)) if i not in set(history)]):
+            for i in batch:
+                key, value = items[i]
+                if value is not None and len(value) > MAX_RECORD_BYTES:
+                    raise DecisionLogError(
+                        f"a decision of {len(value)} bytes exceeds the decision topic's limit of {MAX_RECORD_BYTES}: "
+                        "commit fewer Spark partitions per run (coalesce the DataFrame)"
+                    )
+                partition = HISTORY_PARTITION if batch is history else 0
+                producer.produce(self.topic, key=key, value=value, partition=partition, on_delivery=on_delivery(i))
+                if batch is history and value is not None and not _is_committed(value):
+                    # LOST / ACKNOWLEDGED runs also live in the protocol's partition: recovery meets them.
+                    producer.produce(self.topic, key=key, value=value, partition=0, on_delivery=_ignore)
+                producer.poll(0)
+            remaining = producer.flush(self.timeout_s)
+            if remaining or errors:
                 raise DecisionLogError(
-                    f"a decision of {len(value)} bytes exceeds the decision topic's limit of {MAX_RECORD_BYTES}: "
-                    "commit fewer Spark partitions per run (coalesce the DataFrame)"
+                    f"decision log write to {self.topic!r} failed: {remaining} unacknowledged, errors {errors[:3]}"
                 )
-            producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery(i))
-            producer.poll(0)
-        remaining = producer.flush(self.timeout_s)
-        if remaining or errors or len(positions) != len(items):
-            raise DecisionLogError(
-                f"decision log write to {self.topic!r} failed: {remaining} unacknowledged, errors {errors[:3]}"
-            )
+        if len(positions) != len(items):
+            raise DecisionLogError(f"decision log write to {self.topic!r} failed: not every record was acknowledged")
         log.debug("appended %d record(s) to %s", len(items), self.topic)
         return [positions[i] for i in range(len(items))]
 
     def decide(self, decision: DecisionRecord, keep_run: KeepRun | None = _no_runs) -> LogState:
         """Append ``decision`` and read the log back up to it: the ruling every actor will see."""
         pos = self.append([(decision.key, decision.to_json())])[0]
-        state = self.read(until=pos.offset, keep_run=keep_run)
+        state = self.read(until=pos.offset, keep_run=keep_run, history=frozenset())
         if decision.decision_id not in state.decisions:
             raise DecisionLogError(f"decision {decision.decision_id} at offset {pos.offset} was not read back")
         return state
@@ -238,13 +292,26 @@ class DecisionLog:
         return holder
 
     # -- read ---------------------------------------------------------------
-    def read(self, until: int | None = None, keep_run: KeepRun | None = None) -> LogState:
-        """Replay the log from its start up to offset ``until`` (default: its current end)."""
-        return replay(self.scan(until), keep_run)
+    def read(
+        self, until: int | None = None, keep_run: KeepRun | None = None, history: History | None = None
+    ) -> LogState:
+        """Replay the protocol's partition from its start up to offset ``until`` (default: its
+        current end), then the run records of finished runs that ``history`` names (a set of
+        keys, or ``"all"``; default: all unless ``keep_run`` keeps no run). Partition 0 is read
+        first: see ``append``."""
+        self.ensure_topic()  # knows how many partitions there are
+        if history is None:
+            history = frozenset() if keep_run is _no_runs else "all"
+        entries: Iterable[Entry] = self.scan(until)
+        if history and self._partitions > 1:
+            keys = None if history == "all" else frozenset(history)
+            entries = itertools.chain(entries, self.scan(None, HISTORY_PARTITION, keys))
+        return replay(entries, keep_run)
 
     def read_for(self, prefix: str, run: str | None = None) -> LogState:
-        """The state one exporter needs, not the hundred thousand runs it finished before."""
-        return self.read(keep_run=self.keep_for(prefix, run))
+        """The state one exporter needs: the protocol, the prefix's losses, and its own run's
+        record if ``run`` is given; not the hundred thousand runs it finished before."""
+        return self.read(keep_run=self.keep_for(prefix, run), history={run_key(prefix, run)} if run else frozenset())
 
     @staticmethod
     def keep_for(prefix: str, run: str | None = None) -> KeepRun:
@@ -257,7 +324,10 @@ class DecisionLog:
         wanted = set(prefixes)
         return lambda p, r, _raw: r == run and p in wanted
 
-    def scan(self, until: int | None = None) -> Iterator[Entry]:
+    def scan(
+        self, until: int | None = None, partition: int = 0, keys: frozenset[bytes] | None = None
+    ) -> Iterator[Entry]:
+        """The records of one partition in offset order; with ``keys``, only those keys."""
         self.ensure_topic()
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
@@ -273,12 +343,12 @@ class DecisionLog:
         )
         consumer = Consumer(conf)
         try:
-            tp = TopicPartition(self.topic, 0)
+            tp = TopicPartition(self.topic, partition)
             end = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)[1]
             last = end - 1 if until is None else until
             if last < 0:
                 return
-            consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
             deadline = time.monotonic() + self.timeout_s
             while True:
                 if time.monotonic() > deadline:
@@ -295,7 +365,9 @@ class DecisionLog:
                     offset = int(msg.offset() or 0)
                     if offset > last:
                         return
-                    yield Entry(offset, int(msg.timestamp()[1]), msg.key() or b"", msg.value())
+                    key = msg.key() or b""
+                    if keys is None or key in keys:
+                        yield Entry(offset, msg.timestamp()[1], key, msg.value(), partition)
                     if offset == last:
                         return
         finally:
@@ -315,8 +387,11 @@ def check_topic_settings(topic: str, configs: Mapping[str, str | None], partitio
             f"cleanup.policy={configs.get('cleanup.policy')} (must be exactly 'compact': 'delete' expires "
             "decisions and run records)"
         )
-    if partitions != 1:
-        problems.append(f"{partitions} partitions (must be 1: the log is the order of decisions)")
+    if partitions not in (1, 2):
+        problems.append(
+            f"{partitions} partitions (must be 2: partition 0 is the one order of decisions, 1 the history; "
+            "or 1, as kafka2pc 0.1.0 made it)"
+        )
     if configs.get("message.timestamp.type") != "LogAppendTime":
         problems.append(
             f"message.timestamp.type={configs.get('message.timestamp.type')} (must be LogAppendTime: "

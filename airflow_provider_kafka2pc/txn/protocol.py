@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_provider_kafka2pc.txn.naming import parse_transactional_id
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
@@ -300,14 +300,18 @@ def run_key(prefix: str, run: str) -> bytes:
     return f"{RUN_KEY}{prefix}:{run}".encode()
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One record of the log as read: offset, broker timestamp, key, value (None: tombstone)."""
+class Entry(NamedTuple):
+    """One record of the log as read: offset, broker timestamp, key, value (None: tombstone).
+
+    A NamedTuple, not a dataclass: a read builds one per record, hundreds of thousands of them.
+    ``partition`` 1 holds the run records of finished runs (the history); 0 holds the protocol.
+    """
 
     offset: int
     timestamp_ms: int
     key: bytes
     value: bytes | None
+    partition: int = 0
 
 
 @dataclass
@@ -324,7 +328,7 @@ class LogState:
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
-    end_offset: int = -1  # the last offset read
+    end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
 
     def ruled_by(self, ref: TxnRef) -> DecisionRecord | None:
@@ -385,8 +389,9 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
     latest: dict[bytes, Entry] = {}
     state = LogState()
     for e in entries:
-        state.end_offset = max(state.end_offset, e.offset)
-        state.broker_time_ms = max(state.broker_time_ms, e.timestamp_ms)
+        if e.partition == 0:
+            state.end_offset = max(state.end_offset, e.offset)
+            state.broker_time_ms = max(state.broker_time_ms, e.timestamp_ms)
         key = e.key
         if key.startswith(RUN_KEY.encode()):
             prefix, _, run = key[len(RUN_KEY) :].decode().partition(":")

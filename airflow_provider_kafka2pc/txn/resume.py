@@ -49,6 +49,7 @@ from airflow_provider_kafka2pc.txn.protocol import (
     finalize,
     new_decision,
     prefix_of,
+    run_key,
 )
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient, error_name
 
@@ -397,7 +398,7 @@ def decide_commit(
     # Every run gets a run record per exporter, derived from the ids if the caller named none.
     run_prefixes = sorted(set(prefixes) | {p for c in committables if (p := prefix_of(c.transactional_id))})
     keep = decision_log.keep_run_of(run_prefixes, run)
-    state = decision_log.read(keep_run=keep)
+    state = decision_log.read(keep_run=keep, history={run_key(p, run) for p in run_prefixes})
     finished = [state.runs.get((p, run)) for p in run_prefixes]
     if run_prefixes and all(f is not None and f.status is not RunStatus.DECIDED for f in finished):
         return _answer_from_run_records(run, [f for f in finished if f is not None])

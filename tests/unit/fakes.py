@@ -292,6 +292,7 @@ class MemoryDecisionLog(DecisionLog):
         self.events: list[str] = events if events is not None else []
         self.entries: list[Entry] = []
         self.broker_time_ms: int | None = None
+        self._partitions = 1
         self.append(list(initial))
 
     def ensure_topic(self) -> None:
@@ -308,7 +309,10 @@ class MemoryDecisionLog(DecisionLog):
                 self.events.append(_describe(key, value))
         return out
 
-    def scan(self, until: int | None = None) -> Iterator[Entry]:
+    def scan(
+        self, until: int | None = None, partition: int = 0, keys: frozenset[bytes] | None = None
+    ) -> Iterator[Entry]:
+        assert partition == 0, "the fake is a one-partition log (as 0.1.0 made it): run records live in partition 0"
         with self._lock:
             entries = list(self.entries)
         return iter([e for e in entries if until is None or e.offset <= until])

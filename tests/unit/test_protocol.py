@@ -596,7 +596,8 @@ SAFE = {
 
 
 def test_safe_topic_settings_pass() -> None:
-    check_topic_settings("decisions", SAFE, 1, 3, 3)
+    check_topic_settings("decisions", SAFE, 2, 3, 3)  # as kafka2pc creates it: the protocol and the history
+    check_topic_settings("decisions", SAFE, 1, 3, 3)  # as 0.1.0 made it
     check_topic_settings("decisions", {**SAFE, "min.insync.replicas": "1"}, 1, 1, 1)  # a one-broker dev cluster
 
 
@@ -629,11 +630,11 @@ def test_unsafe_topic_settings_are_refused_by_name(
 def test_every_problem_is_named_at_once() -> None:
     bad = {"cleanup.policy": "delete", "message.timestamp.type": "CreateTime", "min.insync.replicas": "1"}
     with pytest.raises(UnsafeDecisionTopicError) as info:
-        check_topic_settings("decisions", bad, 2, 2, 3)
+        check_topic_settings("decisions", bad, 3, 2, 3)
     message = str(info.value)
     for named in (
         "cleanup.policy=delete",
-        "2 partitions",
+        "3 partitions",
         "CreateTime",
         "replication factor 2",
         "min.insync.replicas=1",
