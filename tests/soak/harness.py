@@ -62,6 +62,7 @@ class Run:
     status: str = "pending"  # success | failed | lost
     fault: str = "none"
     notes: list[str] = field(default_factory=list)
+    acknowledged: bool = False
 
 
 class Soak:
@@ -120,8 +121,11 @@ class Soak:
             if p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1])["done"]:
                 return
             if p.returncode == EXIT_LOST:
-                for lost in [x for x in self.runs if x.status == "lost"]:
-                    self.call(self.cli("acknowledge", "--run", lost.run, "--note", "soak: acknowledged"))
+                for lost in [x for x in self.runs if x.status == "lost" and not x.acknowledged]:
+                    a = self.call(self.cli("acknowledge", "--run", lost.run, "--note", "soak: acknowledged"))
+                    if a.returncode != 0:
+                        raise RuntimeError(f"acknowledge {lost.run}: exit {a.returncode}: {a.stdout} {a.stderr}")
+                    lost.acknowledged = True
             time.sleep(0.5)
         raise RuntimeError(f"recovery never finished: {p.stderr[-2000:]}")
 
@@ -156,7 +160,8 @@ class Soak:
     def one_run(self, i: int, fault: str) -> Run:
         r = Run(run=f"soak/run-{i}", tag=f"r{i}", fault=fault)
         self.runs.append(r)
-        self.faults[fault] += fault != "none"
+        if fault != "none":
+            self.faults[fault] += 1
         if fault == "kill_recover":
             proc, _ = self.spawn(self.cmd("recover", "--run", f"{r.run}/recover"))
             time.sleep(self.rng.uniform(0.3, 1.5))
@@ -260,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--short", action="store_true", help="every fault kind in turn (CI)")
     ap.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--keep-kafka", action="store_true", help="leave the brokers running (to inspect a failure)")
     args = ap.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="kafka2pc-soak-"))
     directory.mkdir(parents=True, exist_ok=True)
@@ -276,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         soak.settle()
         violations, outcomes = soak.check()
     finally:
-        soak.close()
+        if not args.keep_kafka:
+            soak.close()
     result: dict[str, Any] = {
         "seed": args.seed,
         "runs": len(soak.runs),
