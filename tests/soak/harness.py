@@ -248,9 +248,10 @@ class Soak:
     def settle(self) -> None:
         self.recover(Run("soak/final", "final"))
 
-    def check(self) -> tuple[list[Violation], dict[str, int]]:
+    def check(self, open_checks: bool = True) -> tuple[list[Violation], dict[str, int]]:
         runs = [asdict(r) for r in self.runs]
-        return judge(self.bootstrap, self.topic, PREFIX, runs, self.tool, list(range(1, self.brokers + 1)))
+        brokers = list(range(1, self.brokers + 1))
+        return judge(self.bootstrap, self.topic, PREFIX, runs, self.tool, brokers, open_checks)
 
     def close(self) -> None:
         self.kl.stop_cluster(self.dir / "kafka")
@@ -265,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--short", action="store_true", help="every fault kind in turn (CI)")
     ap.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--stop-at-violation", action="store_true", help="judge visibility after every run")
     ap.add_argument("--keep-kafka", action="store_true", help="leave the brokers running (to inspect a failure)")
     args = ap.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="kafka2pc-soak-"))
@@ -279,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fault = soak.rng.choice(KINDS) if soak.rng.random() < args.fault_rate else "none"
             r = soak.one_run(i, fault)
             print(f"run {i:4d} {fault:26s} {r.status:8s} {r.expected:4d} records {'; '.join(r.notes)}", flush=True)
+            if args.stop_at_violation and soak.check(open_checks=False)[0]:
+                print(f"first violation after run {i} ({len(soak.runs)} runs)", flush=True)
+                break
         soak.settle()
         violations, outcomes = soak.check()
     finally:
