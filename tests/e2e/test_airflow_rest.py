@@ -12,8 +12,9 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from tests.helpers.kafka import KafkaEnv
 pytestmark = [pytest.mark.airflow_standalone, pytest.mark.kafka]
 
 DAG_ID = "e2e_kafka2pc"
+SCHEDULED_DAG_ID = "e2e_kafka2pc_scheduled"  # same tasks, daily (for backfills), prefix {prefix}_sched
+TWO_EXPORTS_DAG_ID = "e2e_two_exports"  # export a fails fast, export b is slow; prefixes {prefix}_two_a|b
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
 RUN_TIMEOUT = 300.0  # generous: the shared machine may be loaded, Spark alone takes 10-20 s to start
@@ -48,19 +51,33 @@ class Instance:
     def keys(self, kafka: KafkaEnv) -> Counter[str]:
         return visible_keys(kafka, self.topic)
 
-    def log(self, run_id: str, task_id: str, try_number: int) -> str:
-        return self.af.task_log(DAG_ID, run_id, task_id, try_number)
+    def log(self, run_id: str, task_id: str, try_number: int, dag_id: str = DAG_ID) -> str:
+        return self.af.task_log(dag_id, run_id, task_id, try_number)
 
     def tries(self, run_id: str, task_id: str) -> list[tuple[int, str]]:
         return [(int(t["try_number"]), t["state"]) for t in self.af.task_tries(DAG_ID, run_id, task_id)]
 
-    def wait(self, run_id: str, seen: dict[str, set[str | None]] | None = None) -> str:
+    def wait(
+        self,
+        run_id: str,
+        seen: dict[str, set[str | None]] | None = None,
+        dag_id: str = DAG_ID,
+        on_poll: Callable[[dict[str, str | None]], None] | None = None,
+    ) -> str:
         def record(states: dict[str, str | None]) -> None:
             if seen is not None:
                 for task_id, state in states.items():
                     seen.setdefault(task_id, set()).add(state)
+            if on_poll is not None:
+                on_poll(states)
 
-        return self.af.wait_run(DAG_ID, run_id, timeout=RUN_TIMEOUT, on_poll=record, poll=0.5)
+        return self.af.wait_run(dag_id, run_id, timeout=RUN_TIMEOUT, on_poll=record, poll=0.5)
+
+    def times(self, dag_id: str, run_id: str, task_id: str) -> tuple[datetime, datetime]:
+        """A task instance's start and end, as the API reports them."""
+        ti = self.af.task_instance(dag_id, run_id, task_id)
+        assert ti["start_date"] and ti["end_date"], ti
+        return datetime.fromisoformat(ti["start_date"]), datetime.fromisoformat(ti["end_date"])
 
     def assert_recovered_in_triggerer(self, run_id: str, try_number: int, seen: dict[str, set[str | None]]) -> str:
         """The recover try's log (trigger part merged in by Airflow) shows passes run by the triggerer."""
@@ -93,9 +110,11 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     home = tmp_path_factory.mktemp("airflow_rest") / "home"
     # A harness that cannot start raises here, which errors (never skips) every test of the module.
-    af = StandaloneAirflow(home, DAGS, env, dag_ids=[DAG_ID])
+    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID]
+    af = StandaloneAirflow(home, DAGS, env, dag_ids=dag_ids)
     with af:
-        af.unpause(DAG_ID)
+        for dag_id in dag_ids:
+            af.unpause(dag_id)
         instance = Instance(af, prefix, topic)
         yield instance
     timings = {k: round(v, 1) for k, v in af.timings.items()}
@@ -181,3 +200,107 @@ def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(
     exactly_once(keys, "first", ROWS)
     exactly_once(keys, "second", ROWS)
     assert kafka.open_transactions(prefix) == []
+
+
+def test_backfill_of_a_pooling_exporter_waits_for_the_live_run(airflow: Instance, kafka: KafkaEnv) -> None:
+    """Backfill runs share the POOLING ids with a live run (Airflow counts max_active_runs per backfill).
+
+    They must take turns: each backfill run's recovery sensor (deferred: its passes run in the
+    triggerer, which asks the scheduler which runs are live) waits until the run ahead has ended.
+    """
+    af, prefix = airflow.af, f"{airflow.prefix}_sched"
+    t = time.monotonic()
+
+    # A manual run whose prepare sleeps 20 s inside the Spark job, its other partitions prepared and open.
+    live = af.trigger(SCHEDULED_DAG_ID, conf=airflow.conf("live", sleep_s=20, fault=""))
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while af.task_states(SCHEDULED_DAG_ID, live).get("prepare") != "running":
+        assert time.monotonic() < deadline, af.task_states(SCHEDULED_DAG_ID, live)
+        assert af.run_state(SCHEDULED_DAG_ID, live) not in ("success", "failed")
+        time.sleep(0.5)
+    t = airflow.phase("backfill_live_prepare_started", t)
+
+    # Two backfill runs, allowed to run at once (and next to the live run: a backfill has its own limit).
+    af.backfill(
+        SCHEDULED_DAG_ID,
+        "2026-01-02T00:00:00Z",
+        "2026-01-03T00:00:00Z",
+        conf=airflow.conf("bf", tag_by_date=True, fault=""),
+        max_active_runs=2,
+    )
+    runs: list[dict[str, Any]] = []
+    while len(runs) < 2:
+        assert time.monotonic() < deadline, runs
+        runs = af.dag_runs(SCHEDULED_DAG_ID, run_type="backfill")  # the module's only backfill
+        time.sleep(0.5)
+    assert len(runs) == 2, runs
+    backfilled = sorted(str(r["dag_run_id"]) for r in runs)
+    tags = sorted(f"bf{datetime.fromisoformat(r['logical_date']):%Y%m%d}" for r in runs)
+    assert tags == ["bf20260102", "bf20260103"], tags
+
+    assert airflow.wait(live, dag_id=SCHEDULED_DAG_ID) == "success", af.task_states(SCHEDULED_DAG_ID, live)
+    t = airflow.phase("backfill_live_run", t)
+    for run_id in backfilled:
+        assert airflow.wait(run_id, dag_id=SCHEDULED_DAG_ID) == "success", af.task_states(SCHEDULED_DAG_ID, run_id)
+    t = airflow.phase("backfill_runs", t)
+
+    # Turns: every backfill run waited for the live run; no two prepares of the exporter overlapped.
+    for run_id in backfilled:
+        log = airflow.log(run_id, "recover", 1, dag_id=SCHEDULED_DAG_ID)
+        assert f"waiting: exporter '{prefix}' uses POOLING transactional ids, and DAG run {live} " in log, log
+
+    def run_end(run_id: str) -> datetime:
+        return datetime.fromisoformat(af.dag_run(SCHEDULED_DAG_ID, run_id)["end_date"])
+
+    # A run holds the exporter until the scheduler has ended it: each prepare starts after the run ahead ended.
+    order = sorted(backfilled, key=lambda r: airflow.times(SCHEDULED_DAG_ID, r, "prepare")[0])
+    ahead = live
+    for run_id in order:
+        started = airflow.times(SCHEDULED_DAG_ID, run_id, "prepare")[0]
+        assert started > run_end(ahead), (run_id, started, ahead, run_end(ahead))
+        ahead = run_id
+
+    keys = airflow.keys(kafka)
+    for tag in ("live", *tags):
+        exactly_once(keys, tag, ROWS)
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_one_export_fails_while_the_other_is_still_writing(airflow: Instance, kafka: KafkaEnv) -> None:
+    """The abort (all_done) waits for the slow export, then aborts what it prepared: nothing visible."""
+    af = airflow.af
+    prefixes = [f"{airflow.prefix}_two_a", f"{airflow.prefix}_two_b"]
+    t = time.monotonic()
+
+    # Seen at a poll: export a already failed while export b was still running, and the abort had not run.
+    overlap: list[dict[str, str | None]] = []
+
+    def watch(states: dict[str, str | None]) -> None:
+        if states.get("prepare_a") == "failed" and states.get("prepare_b") == "running":
+            overlap.append(states)
+
+    run_id = af.trigger(TWO_EXPORTS_DAG_ID, conf=airflow.conf("two", sleep_s=30))
+    assert airflow.wait(run_id, dag_id=TWO_EXPORTS_DAG_ID, on_poll=watch) == "failed"
+    t = airflow.phase("two_exports_run", t)
+    assert af.task_states(TWO_EXPORTS_DAG_ID, run_id) == {
+        "recover_a": "success",
+        "recover_b": "success",
+        "prepare_a": "failed",
+        "prepare_b": "success",
+        "commit": "upstream_failed",
+        "abort": "success",
+    }
+    assert overlap, "never saw prepare_a failed while prepare_b was running"
+    assert all(s.get("abort") in (None, "none", "scheduled", "queued") for s in overlap), overlap
+    a_end = airflow.times(TWO_EXPORTS_DAG_ID, run_id, "prepare_a")[1]
+    b_end = airflow.times(TWO_EXPORTS_DAG_ID, run_id, "prepare_b")[1]
+    abort_start = airflow.times(TWO_EXPORTS_DAG_ID, run_id, "abort")[0]
+    assert a_end < b_end <= abort_start, (a_end, b_end, abort_start)
+    abort_log = airflow.log(run_id, "abort", 1, dag_id=TWO_EXPORTS_DAG_ID)
+    assert "export task(s) ['prepare_a'] failed: aborting the run" in abort_log, abort_log
+    payload = af.xcom(TWO_EXPORTS_DAG_ID, run_id, "prepare_b")
+    assert len(payload["committables"]) == PARTITIONS, payload
+
+    assert not any(k.startswith("two-") for k in airflow.keys(kafka))
+    for prefix in prefixes:
+        assert kafka.open_transactions(prefix) == [], prefix

@@ -109,6 +109,8 @@ def test_run_died_during_prepare_leftovers_are_aborted_by_the_next_run(kafka: Ka
     dag_tester.kill_when(proc, log, lambda: len(kafka.open_transactions(prefix)) >= PARTITIONS - 1)
     leftovers = len(kafka.open_transactions(prefix))
     assert leftovers >= PARTITIONS - 1
+    # What the scheduler does to a run whose task died; without it the next run waits its turn for ever.
+    assert len(dag_tester.fail_running_runs("e2e_kafka2pc")) == 1
 
     second = dag_tester.run(E2E_DAG, "e2e_kafka2pc", conf("alive"), {**env, "E2E_FAULT": ""})
     assert second.state == "success", second.log

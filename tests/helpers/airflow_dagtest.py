@@ -112,6 +112,34 @@ class DagTester:
             time.sleep(0.5)
         kill_group(proc)
 
+    def fail_running_runs(self, dag_id: str) -> list[str]:
+        """Mark the DAG's runs still "running" in the DB as failed: the scheduler's part, for a killed dag.test.
+
+        A run killed with SIGKILL stays "running" in the metadata DB. On a real Airflow the scheduler
+        fails its task (heartbeat timeout) and then the run; ``dag.test()`` has no scheduler, and a
+        POOLING exporter's next run waits for every earlier run the DB still calls live.
+        """
+        code = (
+            "import json, sys\n"
+            "from sqlalchemy import select\n"
+            "from airflow.models.dagrun import DagRun\n"
+            "from airflow.utils.session import create_session\n"
+            "from airflow.utils.state import DagRunState\n"
+            "with create_session() as s:\n"
+            "    running = DagRun.dag_id == sys.argv[1], DagRun.state == DagRunState.RUNNING\n"
+            "    ids = []\n"
+            "    for dr in s.scalars(select(DagRun).where(*running)):\n"
+            "        dr.state = DagRunState.FAILED\n"
+            "        ids.append(dr.run_id)\n"
+            "print(json.dumps(ids))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, dag_id], env=self.env({}), capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"cannot fail the running runs of {dag_id}:\n{done.stderr[-3000:]}")
+        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):

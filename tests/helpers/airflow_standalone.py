@@ -422,6 +422,30 @@ class StandaloneAirflow:
         r = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json_body=body)
         return str(r.json()["dag_run_id"])
 
+    def backfill(
+        self,
+        dag_id: str,
+        from_date: str,
+        to_date: str,
+        *,
+        conf: Mapping[str, Any] | None = None,
+        max_active_runs: int = 10,
+    ) -> dict[str, Any]:
+        """Create a backfill (``POST /api/v2/backfills``) over [from_date, to_date]; returns the backfill."""
+        body = {
+            "dag_id": dag_id,
+            "from_date": from_date,
+            "to_date": to_date,
+            "dag_run_conf": dict(conf or {}),
+            "max_active_runs": max_active_runs,
+        }
+        return dict(self.request("POST", "/api/v2/backfills", json_body=body).json())
+
+    def dag_runs(self, dag_id: str, **params: Any) -> list[dict[str, Any]]:
+        """The DAG's runs (``GET /api/v2/dags/{dag_id}/dagRuns`` with filters such as ``run_type``)."""
+        r = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100, **params})
+        return list(r.json()["dag_runs"])
+
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json())
 
@@ -462,6 +486,10 @@ class StandaloneAirflow:
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         r = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
         return list(r.json()["task_instances"])
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """One (unmapped) task instance: state, start_date, end_date, try_number..."""
+        return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}").json())
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         """task_id -> state (mapped tasks: ``task_id[map_index]``)."""

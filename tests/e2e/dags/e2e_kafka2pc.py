@@ -3,7 +3,14 @@
 Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
 E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES. The run's
 conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give ``fault``
-to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per run).
+to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per run),
+``sleep_s`` (the first row of partition 0 sleeps that long inside the Spark job: a slow prepare
+with transactions open) and ``tag_by_date`` (the run's logical date is appended to its tag, so
+the runs of one backfill, which share a conf, write different keys).
+
+Two DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only) and ``e2e_kafka2pc_scheduled`` (daily,
+for backfills; its own prefix E2E_PREFIX + "_sched"; its end date lies in the past so the
+scheduler never creates a run by itself, while manual runs and backfills of January still run).
 """
 
 from __future__ import annotations
@@ -45,9 +52,20 @@ def source(spark: Any, context: Any) -> Any:
 
     conf = context["dag_run"].conf or {}
     rows, partitions, tag = int(conf.get("rows", 2000)), int(conf.get("partitions", 4)), str(conf.get("tag", "r"))
+    if conf.get("tag_by_date") and context.get("logical_date") is not None:
+        tag = f"{tag}{context['logical_date']:%Y%m%d}"
     df = spark.range(rows, numPartitions=partitions)
     key = F.concat(F.lit(f"{tag}-"), F.col("id").cast("string"))
     fault = fault_of(context)
+    sleep_s = float(conf.get("sleep_s", 0))
+    if sleep_s > 0 and not fault:
+
+        def slow(i: int) -> str:
+            if i == 0:
+                time.sleep(sleep_s)
+            return f"value-{i}"
+
+        return df.select(key.alias("key"), F.udf(slow, "string")(F.col("id")).alias("value"))
     if fault in ("prepare_fails", "prepare_hangs"):
         last = rows - 1
 
@@ -88,32 +106,43 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
         return super().execute(context)
 
 
-with DAG(
-    dag_id="e2e_kafka2pc",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-) as dag:
-    recover = Kafka2PCRecoverySensor(
-        task_id="recover",
-        transactional_id_prefix=PREFIX,
-        deferrable=os.environ.get("E2E_DEFERRABLE", "") == "1",
-        poke_interval=1.0,
-        timeout=300,
-    )
-    prepare = Kafka2PCExportOperator(
-        task_id="prepare",
-        transactional_id_prefix=PREFIX,
-        topic=TOPIC,
-        source=source,
-        spark_conf={"spark.master": "local[2]", "spark.ui.enabled": "false"},
-    )
-    commit = E2ECommitOperator(
-        task_id="commit",
-        export_task_ids="prepare",
-        retries=int(os.environ.get("E2E_COMMIT_RETRIES", "1")),
-        retry_delay=timedelta(seconds=1),
-    )
-    abort = Kafka2PCAbortOperator(task_id="abort", export_task_ids="prepare", transactional_id_prefixes=PREFIX)
-    recover >> prepare >> [commit, abort]
+def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
+    with DAG(
+        dag_id=dag_id,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        **dag_kwargs,
+    ) as dag:
+        recover = Kafka2PCRecoverySensor(
+            task_id="recover",
+            transactional_id_prefix=prefix,
+            deferrable=os.environ.get("E2E_DEFERRABLE", "") == "1",
+            poke_interval=1.0,
+            timeout=300,
+        )
+        prepare = Kafka2PCExportOperator(
+            task_id="prepare",
+            transactional_id_prefix=prefix,
+            topic=TOPIC,
+            source=source,
+            spark_conf={"spark.master": "local[2]", "spark.ui.enabled": "false"},
+        )
+        commit = E2ECommitOperator(
+            task_id="commit",
+            export_task_ids="prepare",
+            retries=int(os.environ.get("E2E_COMMIT_RETRIES", "1")),
+            retry_delay=timedelta(seconds=1),
+        )
+        abort = Kafka2PCAbortOperator(task_id="abort", export_task_ids="prepare", transactional_id_prefixes=prefix)
+        recover >> prepare >> [commit, abort]
+    return dag
+
+
+dag = build("e2e_kafka2pc", PREFIX, schedule=None)
+scheduled = build(
+    "e2e_kafka2pc_scheduled",
+    f"{PREFIX}_sched",
+    schedule="@daily",
+    end_date=pendulum.datetime(2026, 1, 10, tz="UTC"),
+)
