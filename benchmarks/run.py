@@ -210,7 +210,9 @@ def _goals(table: list[dict[str, Any]], txn: dict[str, dict[str, Any]]) -> list[
         goals.append({"goal": "recovery of 1,000 lingering transactions < 10 s", "measured": s, "met": s < 10.0})
     if "log_100k_runs" in txn:
         s = txn["log_100k_runs"]["seconds"]
-        goals.append({"goal": "decision log read with 100,000 finished runs < 1 s", "measured": s, "met": s < 1.0})
+        goals.append(
+            {"goal": "recovery's decision log read with 100,000 finished runs < 1 s", "measured": s, "met": s < 1.0}
+        )
     return goals
 
 
@@ -260,9 +262,10 @@ def _render_txn(txn: dict[str, dict[str, Any]]) -> str:
     if "log_100k_runs" in txn:
         t = txn["log_100k_runs"]
         lines.append(
-            f"decision log read, {t['runs']:,} finished runs ({t['records_written']:,} records written): "
-            f"uncompacted {t['uncompacted']['seconds']:.3f} s, peak {t['uncompacted']['peak_python_mb']} MB; "
-            f"compacted {t['compacted']['seconds']:.3f} s, peak {t['compacted']['peak_python_mb']} MB"
+            f"decision log with {t['runs']:,} finished runs ({t['records_written']:,} records, uncompacted): "
+            f"recovery's read {t['recovery_read']['seconds']:.3f} s (peak {t['recovery_read']['peak_python_mb']} MB), "
+            f"a task's read of its own run {t['own_run_read']['seconds']:.3f} s "
+            f"(peak {t['own_run_read']['peak_python_mb']} MB)"
         )
     return "\n".join(lines)
 

@@ -163,6 +163,13 @@ class LostTxn:
     covered: Covered
     reason: str
 
+    def to_list(self) -> list[Any]:
+        return [*self.covered.to_list(), self.reason]
+
+    @classmethod
+    def from_list(cls, v: Sequence[Any]) -> LostTxn:
+        return cls(Covered.from_list(v[:6]), str(v[6]))
+
 
 @dataclass(frozen=True)
 class OutcomeRecord:
@@ -200,7 +207,7 @@ class OutcomeRecord:
                 "id": self.decision_id,
                 "committed": sorted(self.committed),
                 "aborted": sorted(self.aborted),
-                "lost": [[*t.covered.to_list(), t.reason] for t in self.lost],
+                "lost": [t.to_list() for t in self.lost],
             }
         )
 
@@ -211,7 +218,7 @@ class OutcomeRecord:
             str(d["id"]),
             frozenset(d["committed"]),
             frozenset(d["aborted"]),
-            tuple(LostTxn(Covered.from_list(t[:6]), str(t[6])) for t in d["lost"]),
+            tuple(LostTxn.from_list(t) for t in d["lost"]),
         )
 
 
@@ -245,7 +252,7 @@ class RunRecord:
             "decision": self.decision_id,
         }
         if self.lost:
-            d["lost"] = [[*t.covered.to_list(), t.reason] for t in self.lost]
+            d["lost"] = [t.to_list() for t in self.lost]
         if self.note:
             d["note"] = self.note
         return _dumps(d)
@@ -263,7 +270,7 @@ class RunRecord:
             int(d["records"]),
             int(d["at_ms"]),
             str(d.get("decision", "")),
-            tuple(LostTxn(Covered.from_list(t[:6]), str(t[6])) for t in d.get("lost", ())),
+            tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
             str(d.get("note", "")),
         )
 

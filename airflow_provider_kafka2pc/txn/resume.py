@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -312,21 +312,14 @@ def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
 
 
 def lost_of_decisions(state: LogState, decision_ids: Sequence[str]) -> list[LostTransaction]:
-    return [
-        LostTransaction(
-            t.covered.transactional_id,
-            t.covered.producer_id,
-            t.covered.producer_epoch,
-            t.covered.records,
-            t.covered.partitions,
-            t.reason,
-        )
-        for did in dict.fromkeys(decision_ids)
-        for t in state.outcome(did).lost
-    ]
+    return _lost_transactions(t for did in dict.fromkeys(decision_ids) for t in state.outcome(did).lost)
 
 
 def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
+    return _lost_transactions(rec.lost)
+
+
+def _lost_transactions(lost: Iterable[LostTxn]) -> list[LostTransaction]:
     return [
         LostTransaction(
             t.covered.transactional_id,
@@ -336,7 +329,7 @@ def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
             t.covered.partitions,
             t.reason,
         )
-        for t in rec.lost
+        for t in lost
     ]
 
 
