@@ -44,6 +44,7 @@ KINDS = (
     "kill_prepare_then_abort",
     "kill_prepare_then_retry",
     "kill_commit",
+    "kill_commit_after_decision",
     "kill_abort",
     "broker_restart",
     "concurrent_resolve",
@@ -81,6 +82,8 @@ class Soak:
         self.runs: list[Run] = []
         self.committed: list[tuple[Run, Path]] = []
         self.faults: Counter[str] = Counter()
+        self.judge_each_run = False
+        self.first_violations: list[Violation] = []
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -106,6 +109,12 @@ class Soak:
 
     def call(self, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+    @staticmethod
+    def wait_for(proc: subprocess.Popen[str], err: Path, needle: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while needle not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     @staticmethod
     def kill(proc: subprocess.Popen[str]) -> None:
@@ -167,6 +176,8 @@ class Soak:
             time.sleep(self.rng.uniform(0.3, 1.5))
             self.kill(proc)
         self.recover(r)
+        if self.judge_each_run:  # after this recovery, every earlier run has reached its end
+            self.first_violations = self.first_violations or self.check(open_checks=False, runs=self.runs[:-1])[0]
         count, records = self.rng.randint(1, 6), self.rng.randint(1, 40)
         if fault == "timeout_after_decision":
             count = max(count, 2)
@@ -198,6 +209,15 @@ class Soak:
             time.sleep(self.rng.uniform(0.2, 2.0))
             self.kill(proc)
             self.commit(r, file)  # the task's retry
+        elif fault == "kill_commit_after_decision":
+            # Decided, k EndTxns done, killed; no retry: the next run's recovery must roll it forward.
+            k = self.rng.randint(0, count - 1)
+            argv = self.cmd("commit", "--run", r.run, "--committables", str(file), "--stall-after-ends", str(k),
+                            *COMMIT_TIMEOUTS)  # fmt: skip
+            proc, err = self.spawn(argv)
+            self.wait_for(proc, err, "stalled")
+            self.kill(proc)
+            r.status = "died-after-decision"
         elif fault == "broker_restart":
             node = self.rng.randint(1, self.brokers)
             proc, err = self.spawn(self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS))
@@ -222,9 +242,7 @@ class Soak:
             argv = self.cmd("commit", "--run", r.run, "--committables", str(file), "--stall-after-ends", str(k),
                             *COMMIT_TIMEOUTS)  # fmt: skip
             proc, err = self.spawn(argv)
-            deadline = time.monotonic() + 120
-            while "stalled" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            self.wait_for(proc, err, "stalled")
             self.kill(proc)
             time.sleep(CAP_MS / 1000 + 3)
             p = self.call(self.cmd("recover", "--run", f"{r.run}/after"))
@@ -248,10 +266,10 @@ class Soak:
     def settle(self) -> None:
         self.recover(Run("soak/final", "final"))
 
-    def check(self, open_checks: bool = True) -> tuple[list[Violation], dict[str, int]]:
-        runs = [asdict(r) for r in self.runs]
+    def check(self, open_checks: bool = True, runs: list[Run] | None = None) -> tuple[list[Violation], dict[str, int]]:
+        judged = [asdict(r) for r in (self.runs if runs is None else runs)]
         brokers = list(range(1, self.brokers + 1))
-        return judge(self.bootstrap, self.topic, PREFIX, runs, self.tool, brokers, open_checks)
+        return judge(self.bootstrap, self.topic, PREFIX, judged, self.tool, brokers, open_checks)
 
     def close(self) -> None:
         self.kl.stop_cluster(self.dir / "kafka")
@@ -272,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = args.dir or Path(tempfile.mkdtemp(prefix="kafka2pc-soak-"))
     directory.mkdir(parents=True, exist_ok=True)
     soak = Soak(directory, args.seed, args.brokers)
+    soak.judge_each_run = args.stop_at_violation
     started = time.monotonic()
     try:
         for i in range(args.runs):
@@ -281,8 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fault = soak.rng.choice(KINDS) if soak.rng.random() < args.fault_rate else "none"
             r = soak.one_run(i, fault)
             print(f"run {i:4d} {fault:26s} {r.status:8s} {r.expected:4d} records {'; '.join(r.notes)}", flush=True)
-            if args.stop_at_violation and soak.check(open_checks=False)[0]:
-                print(f"first violation after run {i} ({len(soak.runs)} runs)", flush=True)
+            if soak.first_violations:
+                print(f"first violation found at run {i}: {soak.first_violations}", flush=True)
                 break
         soak.settle()
         violations, outcomes = soak.check()
