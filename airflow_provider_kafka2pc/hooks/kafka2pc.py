@@ -168,14 +168,14 @@ class Kafka2PCHook(BaseHook):
 
         return DecisionLog(self.get_config(), topic=self.decision_topic)
 
-    def recover(self, prefix: str, run: str) -> RecoveryResult:
+    def recover(self, prefix: str, run: str, run_key: str | None = None) -> RecoveryResult:
         """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once."""
         from airflow_provider_kafka2pc.txn.recovery import recover
 
         wire = self.wire_client()
         decision_log = self.decision_log()
         try:
-            return recover(wire, prefix, decision_log, run=run)
+            return recover(wire, prefix, decision_log, run=run, run_key=run_key)
         finally:
             decision_log.close()
             wire.close()

@@ -233,6 +233,19 @@ class Kafka2PCExportOperator(BaseOperator):
                     "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
                     "turns, or use naming_strategy='INCREMENTING'"
                 )
+        run_key = (
+            naming.sanitize_run_key(context["run_id"])
+            if self.naming_strategy is naming.NamingStrategy.INCREMENTING
+            else None
+        )
+        # A pass of recovery first, whatever the DAG wiring: an earlier run's decided transactions
+        # are rolled forward (and a loss reported) before this run's writers fence their ids.
+        recovered = hook.recover(prefix, run, run_key)
+        if not recovered.done:
+            raise Kafka2PCError(
+                f"transactions of exporter {prefix!r} are still completing on the broker ({recovered.describe()}); "
+                "retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it"
+            )
         decision_log = hook.decision_log()
         try:
             decision_log.claim_prefix(prefix, owner=f"{self.dag_id}.{self.task_id}")

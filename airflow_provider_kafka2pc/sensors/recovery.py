@@ -51,6 +51,12 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
         self.deferrable = deferrable
 
+    def run_key(self, context: Context) -> str | None:
+        """INCREMENTING runs may overlap: recovery aborts only this run's undecided leftovers."""
+        if self.naming_strategy is naming.NamingStrategy.INCREMENTING:
+            return naming.sanitize_run_key(context["run_id"])
+        return None
+
     @property
     def takes_turns(self) -> bool:
         return self.naming_strategy is naming.NamingStrategy.POOLING
@@ -63,7 +69,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
             if holder is not None:
                 self.log.info(waiting_message(self.transactional_id_prefix, holder))
                 return False
-        result = hook.recover(self.transactional_id_prefix, decision_run(context))
+        result = hook.recover(self.transactional_id_prefix, decision_run(context), self.run_key(context))
         self.log.info("recovery of %s: %s", self.transactional_id_prefix, result.describe())
         return result.done
 
@@ -77,6 +83,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
                 run=decision_run(context),
                 kafka2pc_conn_id=self.kafka2pc_conn_id,
                 turn=(self.dag_id, context["run_id"]) if self.takes_turns else None,
+                run_key=self.run_key(context),
                 poke_interval=self.poke_interval,
             ),
             method_name="execute_complete",

@@ -36,8 +36,10 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
         kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
         poke_interval: float = 5.0,
         turn: tuple[str, str] | list[str] | None = None,
+        run_key: str | None = None,
     ) -> None:
         super().__init__()
+        self.run_key = run_key
         self.turn = tuple(turn) if turn else None  # (dag_id, run_id): a POOLING run waits its turn
         self.transactional_id_prefix = transactional_id_prefix
         self.run_name = run
@@ -54,6 +56,7 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                 "kafka2pc_conn_id": self.kafka2pc_conn_id,
                 "poke_interval": self.poke_interval,
                 "turn": list(self.turn) if self.turn else None,
+                "run_key": self.run_key,
             },
         )
 
@@ -70,7 +73,9 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                         self.log.info(waiting_message(self.transactional_id_prefix, holder))
                         await asyncio.sleep(self.poke_interval)
                         continue
-                result = await asyncio.to_thread(hook.recover, self.transactional_id_prefix, self.run_name)
+                result = await asyncio.to_thread(
+                    hook.recover, self.transactional_id_prefix, self.run_name, self.run_key
+                )
                 self.log.info("recovery of %s, pass %d: %s", self.transactional_id_prefix, passes, result.describe())
                 if result.done:
                     yield TriggerEvent(

@@ -402,10 +402,10 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         key = e.key
         if key.startswith(RUN_KEY.encode()):
             prefix, _, run = key[len(RUN_KEY) :].decode().partition(":")
-            if e.value is None:
-                state.runs.pop((prefix, run), None)
-            elif keep_run is None or keep_run(prefix, run, e.value):
+            if e.value is not None and (keep_run is None or keep_run(prefix, run, e.value)):
                 state.runs[(prefix, run)] = RunRecord.from_json(e.value)
+            else:  # latest value wins, as after compaction: a newer unwanted value hides an older one
+                state.runs.pop((prefix, run), None)
             continue
         if key.startswith(LEASE_KEY.encode()):
             state.leases.pop(key, None)

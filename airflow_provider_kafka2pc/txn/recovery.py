@@ -94,13 +94,21 @@ def recover(
     max_workers: int = 16,
     actor: str = "recovery",
     raise_on_loss: bool = True,
+    run_key: str | None = None,
 ) -> RecoveryResult:
+    """One recovery pass. ``run_key`` (INCREMENTING): abort only this run's undecided transactions;
+    another run's may belong to a run that is still live (decisions in force are obeyed for all)."""
     naming.validate_prefix(prefix)
     inspector = TransactionInspector(wire)
     state = decision_log.read_for(prefix)
     open_states = inspector.describe_prefix(prefix)
+    open_states = [s for s in open_states if _of_run(s.transactional_id, run_key) or ref_of(s) in state.ruling]
     plan = plan_recovery(open_states, state)
-    undecided = [s for s in open_states if s.state == "Ongoing" and ref_of(s) not in state.ruling]
+    undecided = [
+        s
+        for s in open_states
+        if s.state == "Ongoing" and ref_of(s) not in state.ruling and _of_run(s.transactional_id, run_key)
+    ]
     if not plan.empty:
         log.info(
             "recovery of %s: roll forward %d, abort %d (%d without a decision yet), wait for %d",
@@ -124,3 +132,8 @@ def recover(
     if raise_on_loss:
         result.raise_for_loss()
     return result
+
+
+def _of_run(tid: str, run_key: str | None) -> bool:
+    parsed = naming.parse_transactional_id(tid)
+    return run_key is None or (parsed is not None and parsed.run_key == run_key)

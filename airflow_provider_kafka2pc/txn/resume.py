@@ -401,6 +401,15 @@ def decide_commit(
     if mine is None:
         ruled = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) is not None}
         observed = resolver.observe_all(refs)
+        decided = [st for p in run_prefixes if (st := state.run_status(p, run)) is not None]
+        if decided:  # the run is decided with other transactions: these are a second export of it
+            _abort_run(decision_log, resolver, refs, observed, run, by_tid)
+            raise DecisionConflictError(
+                f"run {run} already has a COMMIT decision ({decided[0].decision_id}, {decided[0].transactions} "
+                f"transactions, {decided[0].status.value}) for other transactions than these {len(refs)}: they "
+                "come from a second export of the run (an export cleared while the run's commit went on). They "
+                "were aborted; the run stays as its first decision made it."
+            )
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
         margin_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
@@ -491,8 +500,9 @@ def _abort_run(
     if void is not None:
         conflict = {c.ref: state.ruled_by(c.ref) for c in void.txns if state.ruled_by(c.ref) not in (None, decision)}
     resolver.committed_in_log = committed_in(state)
-    rulers = [d for d in (state.ruled_by(r) for r in refs) if d is not None]
-    resolutions = obey(decision_log, state, [d.decision_id for d in rulers], resolver)
+    rulers = [d.decision_id for d in (state.ruled_by(r) for r in refs) if d is not None]
+    # The void COMMIT rules nothing: obey retires it at once (bounded log).
+    resolutions = obey(decision_log, state, rulers + ([void.decision_id] if void is not None else []), resolver)
     if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
         why = state.void.get(void.decision_id, "appended after a broker deadline")
         raise TransactionLostError(_lost(dict(by_tid), dict.fromkeys(by_tid, f"COMMIT {why}")), visible="none")
@@ -529,7 +539,7 @@ def abort_prepared(
     decision of each transaction. One whose first decision is COMMIT is rolled forward, never aborted."""
     refs = [_as_ref(c) for c in committables]
     _check_unique(refs)
-    state = decision_log.read(keep_run=_no_runs)
+    state = decision_log.read(history=())
     resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers)
     undecided = [r for r in refs if r not in state.ruling]
     if undecided:
@@ -562,10 +572,6 @@ def _covered_any(c: Committable | TxnRef | Covered, s: TxnState | None) -> Cover
     if isinstance(c, Covered):
         return c
     return Covered(c.transactional_id, c.producer_id, c.producer_epoch, 0, (), deadline_of(s))
-
-
-def _no_runs(_p: str, _r: str, _raw: bytes) -> bool:
-    return False
 
 
 def now_ms() -> int:

@@ -297,3 +297,27 @@ def test_a_clear_of_a_run_committed_by_recovery_touches_nothing(broker: FakeBrok
     report = commit_prepared(cs, broker, log, run="dag/run-1", prefixes=["orders"])
     assert "already" in report.note and "committed" in report.note
     assert (log.entries, len(broker.end_txn_calls)) == (written, calls)
+
+
+def test_a_second_export_of_a_decided_run_is_aborted_not_committed(broker: FakeBroker, log: HookedLog) -> None:
+    """The run's commit decided T@0; a cleared export re-prepared other transactions of the run."""
+    first = prepared(broker, "orders-0", "orders-1")
+    kill_after_deciding(log, broker, first, "dag/run-1")
+    second = prepared(broker, "orders-2", "orders-3")  # the second export's transactions
+    with pytest.raises(DecisionConflictError, match="already has a COMMIT decision"):
+        commit_prepared(second, broker, log, "dag/run-1", prefixes=["orders"])
+    assert broker.commits_sent() == []
+    assert sorted(broker.aborts_sent()) == ["orders-2", "orders-3"]
+    recover(broker, "orders", log)  # the first decision is obeyed
+    assert sorted(broker.commits_sent()) == ["orders-0", "orders-1"]
+
+
+def test_incrementing_recovery_leaves_another_live_runs_undecided_transactions_alone(
+    broker: FakeBroker, log: HookedLog
+) -> None:
+    mine = prepared(broker, "orders-run1-0")
+    other = prepared(broker, "orders-run2-0")
+    result = recover(broker, "orders", log, run_key="run1")
+    assert [r.transactional_id for r in result.plan.abort] == [mine[0].transactional_id]
+    assert broker.aborts_sent() == ["orders-run1-0"]
+    assert broker.state_of(other[0].transactional_id) == "Ongoing"

@@ -142,7 +142,7 @@ def test_pooling_sensor_recovers_once_it_is_its_turn(monkeypatch: pytest.MonkeyP
     Turns(None).install(monkeypatch)
     passes: list[tuple[str, str]] = []
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
         passes.append((prefix, run))
         return _Result(True)
 
@@ -153,7 +153,7 @@ def test_pooling_sensor_recovers_once_it_is_its_turn(monkeypatch: pytest.MonkeyP
 
 
 def test_incrementing_sensor_never_takes_turns(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
-    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r: _Result(False))
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None: _Result(False))
     dag, s = sensor("incrementing")
     assert s.poke(context(dag)) is False  # take_turn would fail the test
     assert s.poke(context(dag)) is False
@@ -211,7 +211,7 @@ def test_trigger_fires_only_after_the_holder_goes_away(monkeypatch: pytest.Monke
         order.append("wait" if holder else "turn")
         return holder
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
         order.append("recover")
         return _Result(True)
 
@@ -227,7 +227,7 @@ def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytes
     Turns(None).install(monkeypatch)
     lost = LostTransaction("orders-0", 7, 0, 10, ("events-0",), "aborted by the broker after its COMMIT")
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str) -> _Result:
+    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
         raise TransactionLostError([lost], visible="part")
 
     monkeypatch.setattr(Kafka2PCHook, "recover", recover)
@@ -238,7 +238,7 @@ def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytes
 
 
 def test_trigger_without_a_turn_never_asks_for_one(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
-    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r: _Result(True))
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None: _Result(True))
     assert [e["status"] for e in run_trigger(monkeypatch, turn=None)] == ["success"]
 
 
