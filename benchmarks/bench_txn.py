@@ -211,15 +211,34 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
             assert state.decisions == {}
         return {"seconds": round(min(times), 3), "peak_python_mb": round(peak / 1e6, 1)}
 
-    recovery_read = measure(None)
-    own_run_read = measure("dag/scheduled__77777")
+    uncompacted = {"recovery_read": measure(None), "own_run_read": measure("dag/scheduled__77777")}
+    # Steady state: once segments roll (segment.ms, 10 min) and tombstones expire
+    # (delete.retention.ms, 10 min), the cleaner leaves only live records in partition 0. The
+    # benchmark shortens both to seconds to get there now.
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(kafka.config)
+    fast = {"segment.ms": "1000", "delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.01"}
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in fast.items()]
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=entries)
+    admin.incremental_alter_configs([res])[res].result(30)
+    compacted = uncompacted
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        time.sleep(5)
+        for partition in (0, HISTORY_PARTITION):  # roll the active segments
+            producer.produce(topic, key=b"kafka2pc.bench:roll", value=None, partition=partition)
+        producer.flush(10)
+        compacted = {"recovery_read": measure(None), "own_run_read": measure("dag/scheduled__77777")}
+        if compacted["recovery_read"]["seconds"] < 0.2:
+            break
     log.close()
     return {
         "runs": runs,
         "records_written": 3 * runs,
         "write_seconds": round(write_s, 1),
-        "recovery_read": recovery_read,
-        "own_run_read": own_run_read,
-        "seconds": recovery_read["seconds"],
+        "uncompacted": uncompacted,
+        "compacted": compacted,
+        "seconds": compacted["recovery_read"]["seconds"],
         "verified": True,
     }

@@ -261,12 +261,14 @@ def _render_txn(txn: dict[str, dict[str, Any]]) -> str:
         lines.append(_render_phases(t["phases"]))
     if "log_100k_runs" in txn:
         t = txn["log_100k_runs"]
-        lines.append(
-            f"decision log with {t['runs']:,} finished runs ({t['records_written']:,} records, uncompacted): "
-            f"recovery's read {t['recovery_read']['seconds']:.3f} s (peak {t['recovery_read']['peak_python_mb']} MB), "
-            f"a task's read of its own run {t['own_run_read']['seconds']:.3f} s "
-            f"(peak {t['own_run_read']['peak_python_mb']} MB)"
-        )
+        for label in ("uncompacted", "compacted"):
+            m = t[label]
+            lines.append(
+                f"decision log with {t['runs']:,} finished runs, {label}: recovery's read "
+                f"{m['recovery_read']['seconds']:.3f} s (peak {m['recovery_read']['peak_python_mb']} MB), a task's "
+                f"read of its own run {m['own_run_read']['seconds']:.3f} s "
+                f"(peak {m['own_run_read']['peak_python_mb']} MB)"
+            )
     return "\n".join(lines)
 
 

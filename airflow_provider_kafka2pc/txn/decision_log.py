@@ -43,9 +43,10 @@ TOPIC_CONFIG = {
     "message.timestamp.type": "LogAppendTime",  # the protocol's deadlines are broker time
     "max.message.bytes": str(MAX_RECORD_BYTES),
     "unclean.leader.election.enable": "false",
-    "segment.ms": str(60 * 60 * 1000),  # compaction never touches the active segment: roll hourly
+    # Compaction never touches the active segment: roll it often, so finished runs leave partition 0.
+    "segment.ms": str(10 * 60 * 1000),
     "min.cleanable.dirty.ratio": "0.1",
-    "delete.retention.ms": str(24 * 60 * 60 * 1000),  # tombstones outlive any reader's scan
+    "delete.retention.ms": str(10 * 60 * 1000),  # tombstones outlive any reader's scan (seconds)
 }
 
 HISTORY_PARTITION = 1
