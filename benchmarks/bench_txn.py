@@ -178,25 +178,32 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
     prefix = "hist"
     producer = Producer({**kafka.config, "linger.ms": 50, "compression.type": "lz4", "batch.size": 1_000_000})
     now = int(time.time() * 1000)
+
+    def finish_runs(first: int, count: int) -> None:
+        """What ``count`` finished runs leave behind: decision + tombstone in 0, run record in 1."""
+        for i in range(first, first + count):
+            run = f"dag/scheduled__{i}"
+            txns = [
+                Covered(f"{prefix}-{s}", 1000 + s, i % 30000, 100, (f"orders-{s}",), now) for s in range(txns_per_run)
+            ]
+            d = new_decision(Kind.COMMIT, txns, run, "commit", [prefix], now)
+            rec = RunRecord(prefix, run, RunStatus.COMMITTED, txns_per_run, 100 * txns_per_run, now, d.decision_id)
+            for key, value, partition in (
+                (d.key, d.to_json(), 0),
+                (rec.key, rec.to_json(), HISTORY_PARTITION),
+                (d.key, None, 0),
+            ):
+                while True:
+                    try:
+                        producer.produce(topic, key=key, value=value, partition=partition)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+        producer.flush(120)
+
     started = time.perf_counter()
-    for i in range(runs):
-        run = f"dag/scheduled__{i}"
-        txns = [Covered(f"{prefix}-{s}", 1000 + s, i % 30000, 100, (f"orders-{s}",), now) for s in range(txns_per_run)]
-        d = new_decision(Kind.COMMIT, txns, run, "commit", [prefix], now)
-        rec = RunRecord(prefix, run, RunStatus.COMMITTED, txns_per_run, 100 * txns_per_run, now, d.decision_id)
-        for key, value, partition in (
-            (d.key, d.to_json(), 0),
-            (rec.key, rec.to_json(), HISTORY_PARTITION),
-            (d.key, None, 0),
-        ):
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=value, partition=partition)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        producer.poll(0)
-    producer.flush(120)
+    finish_runs(0, runs)
     write_s = time.perf_counter() - started
 
     def measure(run: str | None) -> dict[str, float]:
@@ -224,18 +231,21 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
     admin.incremental_alter_configs([res])[res].result(30)
     compacted = uncompacted
     deadline = time.monotonic() + 240
+    written = runs
     while time.monotonic() < deadline:
+        # Runs keep finishing, as in production: new dirty data is what makes the cleaner pass
+        # again and drop tombstones older than delete.retention.ms.
+        finish_runs(written, runs // 50)
+        written += runs // 50
         time.sleep(5)
-        for partition in (0, HISTORY_PARTITION):  # roll the active segments
-            producer.produce(topic, key=b"kafka2pc.bench:roll", value=None, partition=partition)
-        producer.flush(10)
         compacted = {"recovery_read": measure(None), "own_run_read": measure("dag/scheduled__77777")}
         if compacted["recovery_read"]["seconds"] < 0.2:
             break
     log.close()
     return {
         "runs": runs,
-        "records_written": 3 * runs,
+        "runs_at_the_end": written,
+        "records_written": 3 * written,
         "write_seconds": round(write_s, 1),
         "uncompacted": uncompacted,
         "compacted": compacted,
