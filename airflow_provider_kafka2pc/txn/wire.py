@@ -1,10 +1,20 @@
 """The one adapter over kafka-python's protocol classes and networking internals.
 
 kafka2pc needs four Kafka APIs that librdkafka does not expose to another process:
-FindCoordinator(TRANSACTION), EndTxn, DescribeTransactions and ListTransactions. kafka-python
-ships generated classes for them; its connection manager is private and changes between
-releases, so the version is pinned and every private name we touch is used here and only here
-(``tests/unit/test_wire_surface.py`` fails loudly when an upgrade moves one).
+FindCoordinator(TRANSACTION), EndTxn, DescribeTransactions and ListTransactions.
+ListTransactions goes through kafka-python's public ``KafkaAdminClient.list_transactions``.
+The others use kafka-python's generated protocol classes over its private connection manager:
+FindCoordinator because kafka-python has no public call for it (its internal one caches the
+answer, and we must see a moved coordinator), EndTxn because no public API ends another
+process's transaction, and DescribeTransactions because the public ``describe_transactions``
+routes through that coordinator cache (no node to ask) and raises on the first per-id error,
+dropping the other ids' rows and the error code we act on. The private
+names change between releases, so kafka-python's version is bounded and every private name we
+touch is used here and only here (``tests/unit/test_wire_surface.py`` fails loudly when an
+upgrade moves one).
+
+The admin client logs its whole configuration at DEBUG; ``config.protect_kafka_python_logs``
+redacts the credentials from every kafka-python log record before any handler sees it.
 
 Everything returns raw Kafka error codes: what they mean is decided by ``outcome.py`` after a
 fresh DescribeTransactions, never guessed here.
@@ -16,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.config import protect_kafka_python_logs
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
@@ -97,6 +108,8 @@ class WireClient:
 
         cfg = kafka_python_config(config)
         cfg.setdefault("client_id", "kafka2pc")
+        # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
+        protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
         try:
             self._admin = KafkaAdminClient(
@@ -106,6 +119,8 @@ class WireClient:
             raise BrokerUnavailableError(
                 f"cannot reach Kafka at {','.join(cfg['bootstrap_servers'])} within {bootstrap_timeout_ms} ms: {e}"
             ) from e
+        finally:
+            protect_kafka_python_logs(cfg)  # again, for loggers of modules imported while connecting
         self._manager = self._admin._manager  # private: the async connection manager
 
     def close(self) -> None:
@@ -161,7 +176,12 @@ class WireClient:
         return int(self._run(go))
 
     def describe_transactions(self, node_id: int, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
-        """DescribeTransactions on one coordinator, keeping per-id error codes."""
+        """DescribeTransactions on one coordinator, keeping per-id error codes.
+
+        Not kafka-python's public ``describe_transactions``: it picks the coordinator from its own
+        cache rather than the node we just found, and raises on the first per-id error
+        (TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR, ...) instead of returning it with the rest.
+        """
         from kafka.protocol.admin.transactions import DescribeTransactionsRequest
 
         async def go() -> dict[str, TxnState]:
@@ -186,27 +206,21 @@ class WireClient:
         return self._run(go) if transactional_ids else {}
 
     def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
-        """ListTransactions on every broker; the pattern filter only where the broker has it."""
-        from kafka.protocol.admin.transactions import ListTransactionsRequest
+        """ListTransactions on every broker (kafka-python's public API), sorted by broker id.
 
+        The pattern filter is sent only where the broker has it (ListTransactions v2, Kafka 4.1+);
+        callers filter again themselves. Only the states asked for come back, so kafka-python's
+        ``TransactionState`` conversion never meets a state it does not know.
+        """
         use_pattern = pattern is not None and self.supports_list_pattern()
-
-        async def go() -> list[TxnListing]:
-            out: list[TxnListing] = []
-            for node_id in self.broker_ids():
-                kwargs: dict[str, Any] = {"state_filters": list(states), "producer_id_filters": []}
-                if use_pattern:
-                    kwargs.update(transactional_id_pattern=pattern, min_version=2)
-                response = await self._send(ListTransactionsRequest(**kwargs), node_id)
-                if response.error_code:
-                    raise _kafka_error(int(response.error_code), f"ListTransactions on broker {node_id}")
-                out.extend(
-                    TxnListing(t.transactional_id, int(t.producer_id), str(t.transaction_state))
-                    for t in response.transaction_states
-                )
-            return out
-
-        return list(self._run(go))
+        by_broker = self._admin.list_transactions(
+            state_filters=list(states), transactional_id_pattern=pattern if use_pattern else None
+        )
+        return [
+            TxnListing(str(t.transactional_id), int(t.producer_id), _state_name(t.state))
+            for node_id in sorted(by_broker)
+            for t in by_broker[node_id]
+        ]
 
     def _api_max_version(self, api_key: int) -> int:
         versions = self._manager.broker_version_data.api_versions or {}
@@ -223,16 +237,15 @@ class WireClient:
         return self._api_max_version(_INIT_PRODUCER_ID_KEY) >= _KIP939_INIT_PRODUCER_ID_VERSION
 
 
+def _state_name(state: Any) -> str:
+    """kafka-python's ``TransactionState`` is a str Enum; keep the broker's wire value."""
+    return str(getattr(state, "value", state))
+
+
 def error_name(code: int) -> str:
     import kafka.errors as Errors
 
     return str(Errors.for_code(code).__name__) if code else "NONE"
-
-
-def _kafka_error(code: int, what: str) -> Exception:
-    import kafka.errors as Errors
-
-    return Errors.for_code(code)(what)  # type: ignore[no-any-return]
 
 
 def is_connection_error(exc: BaseException) -> bool:
