@@ -344,8 +344,7 @@ class DecisionLog:
         )
         consumer = Consumer(conf)
         try:
-            tp = TopicPartition(self.topic, partition)
-            end = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)[1]
+            end = self._end_offset(consumer, TopicPartition(self.topic, partition))
             last = end - 1 if until is None else until
             if last < 0:
                 return
@@ -373,6 +372,25 @@ class DecisionLog:
                         return
         finally:
             consumer.close()
+
+    def _end_offset(self, consumer: Any, tp: Any) -> int:
+        """The high watermark; a partition whose leader is still being elected answers in a moment."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        retriable = {
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_PARTITION,
+        }
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return int(consumer.get_watermark_offsets(tp, timeout=self.timeout_s)[1])
+            except KafkaException as e:
+                if e.args[0].code() not in retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def close(self) -> None:
         if self._producer is not None:

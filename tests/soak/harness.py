@@ -292,8 +292,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     soak = Soak(directory, args.seed, args.brokers)
     soak.judge_each_run = args.stop_at_violation
     started = time.monotonic()
+    stop = {"asked": False}  # SIGTERM: finish the run under way, then settle and judge what ran
+
+    def ask_to_stop(_signum: int, _frame: object) -> None:
+        stop["asked"] = True
+
+    signal.signal(signal.SIGTERM, ask_to_stop)
     try:
         for i in range(args.runs):
+            if stop["asked"]:
+                print(f"stopping after {i} runs (SIGTERM)", flush=True)
+                break
             if args.short:
                 fault = KINDS[i % len(KINDS)]
             else:
