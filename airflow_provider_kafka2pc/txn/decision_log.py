@@ -317,8 +317,7 @@ class DecisionLog:
     @staticmethod
     def keep_for(prefix: str, run: str | None = None) -> KeepRun:
         """Run records of ``run`` and the prefix's runs that are not COMMITTED (a loss must be met)."""
-        committed = f'"status":"{RunStatus.COMMITTED.value}"'.encode()
-        return lambda p, r, raw: p == prefix and (r == run or committed not in raw)
+        return lambda p, r, raw: p == prefix and (r == run or not _is_committed(raw))
 
     @staticmethod
     def keep_run_of(prefixes: Sequence[str], run: str) -> KeepRun:
