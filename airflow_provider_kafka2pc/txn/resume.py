@@ -392,11 +392,19 @@ def decide_commit(
     run_prefixes = sorted(set(prefixes) | {p for c in committables if (p := prefix_of(c.transactional_id))})
     keep = decision_log.keep_run_of(run_prefixes, run)
     state = decision_log.read(keep_run=keep, history={run_key(p, run) for p in run_prefixes})
-    finished = [state.runs.get((p, run)) for p in run_prefixes]
-    if run_prefixes and all(f is not None and f.status is not RunStatus.DECIDED for f in finished):
-        return _answer_from_run_records(run, [f for f in finished if f is not None])
-
+    finished = [f for p in run_prefixes if (f := state.runs.get((p, run))) is not None]
     resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers, timeout_s=end_txn_timeout_s)
+    if run_prefixes and len(finished) == len(run_prefixes) and all(f.status is not RunStatus.DECIDED for f in finished):
+        # Final: answer from the run record. The handed transactions are the run's own, long ended
+        # (their ids may be a newer run's by now, under another epoch: never touched), unless the
+        # broker shows them open with exactly this producer id and epoch: a second export of the run.
+        observed = resolver.observe_all(refs)
+        second = [r for r in refs if observed[r.transactional_id][0] is Observation.OPEN and state.ruled_by(r) is None]
+        if not second:
+            return _answer_from_run_records(run, finished)
+        _abort_run(decision_log, resolver, second, observed, run, by_tid)
+        raise _second_export(run, finished[0], len(second))
+
     mine = state.commit_of_run(run, refs)
     if mine is None:
         ruled = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) is not None}
@@ -404,12 +412,7 @@ def decide_commit(
         decided = [st for p in run_prefixes if (st := state.run_status(p, run)) is not None]
         if decided:  # the run is decided with other transactions: these are a second export of it
             _abort_run(decision_log, resolver, refs, observed, run, by_tid)
-            raise DecisionConflictError(
-                f"run {run} already has a COMMIT decision ({decided[0].decision_id}, {decided[0].transactions} "
-                f"transactions, {decided[0].status.value}) for other transactions than these {len(refs)}: they "
-                "come from a second export of the run (an export cleared while the run's commit went on). They "
-                "were aborted; the run stays as its first decision made it."
-            )
+            raise _second_export(run, decided[0], len(refs))
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
         margin_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
@@ -441,6 +444,15 @@ def decide_commit(
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
     resolver.committed_in_log = committed_in(state)
     return Decided(state, mine, resolver)
+
+
+def _second_export(run: str, first: RunRecord, count: int) -> DecisionConflictError:
+    return DecisionConflictError(
+        f"run {run} already has a COMMIT decision ({first.decision_id}, {first.transactions} transactions, "
+        f"{first.status.value}) for other transactions than these {count}: they come from a second export of the "
+        "run (an export cleared while, or after, the run's commit went on). They were aborted; the run stays as its "
+        "first decision made it."
+    )
 
 
 def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:

@@ -75,8 +75,10 @@ def judge(
             if status in ("success", "died-after-decision"):
                 violations.append(Violation(r["run"], f"nothing is visible, but the run {status}"))
         elif seen < want:
-            # Only the physics may split a run: the broker's timeout after the decision, reported.
-            if status == "lost" and r["fault"] == "timeout_after_decision":
+            # Only the physics may split a run: the broker's timeout after the decision (struck on
+            # purpose, or a broker restarted during the commit outlasting it), reported as a loss.
+            physics = {"timeout:after-decision", "broker_restart:commit"}
+            if status == "lost" and physics & set(r["faults"]):
                 outcomes["lost (partly visible), reported"] += 1
             else:
                 violations.append(Violation(r["run"], f"{seen} of {want} records visible, reported {status}"))

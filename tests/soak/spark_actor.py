@@ -1,0 +1,79 @@
+"""The soak's Spark prepare: one long-lived SparkSession (``local[2, 4]``: a failed task is retried,
+as on a cluster) that runs the exporter's real prepare job for each request it reads on stdin.
+
+Request (one JSON line): ``{"count": N, "records": R, "tag": T, "topic": ..., "prefix": ...}``.
+Answer (one JSON line): ``{"committables": [...], "retried": [slots]}`` or ``{"error": "..."}``.
+Python workers are not reused, so a worker process exists only while a task runs: the harness
+SIGKILLs one of them (``python_workers``) to make a real Spark task failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def python_workers(root: int) -> list[int]:
+    """Forked Spark Python workers under ``root``: children of a ``pyspark.daemon`` process."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    under: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - under
+        under |= frontier
+
+    def is_daemon(p: int) -> bool:
+        try:
+            return b"pyspark.daemon" in Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    daemons = {p for p in under if is_daemon(p) and not is_daemon(parent.get(p, 0))}
+    return sorted(p for p in under if parent.get(p) in daemons)
+
+
+def main() -> int:
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+
+    bootstrap = sys.argv[1]
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2, 4]")
+        .appName("kafka2pc-soak")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("OFF")
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        tag, records = req["tag"], int(req["records"])
+        df = spark.range(req["count"] * records, numPartitions=req["count"]).selectExpr(
+            f"concat('{tag}/', CAST(spark_partition_id() AS STRING), '/', CAST(id AS STRING)) AS key",
+            "CAST(id AS STRING) AS value",
+        )
+        settings = ExportSettings(req["prefix"], {"bootstrap.servers": bootstrap}, req["topic"])
+        try:
+            result = export_dataframe(df, settings)
+            out = {"committables": [c.to_json() for c in result.committables], "retried": list(result.retried)}
+        except Exception as e:  # reported to the harness, which treats it as a failed prepare
+            out = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+        print(json.dumps(out), flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
