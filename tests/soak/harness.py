@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.kafka import REPO, kafka_local
+from tests.soak.airflow_soak import AIRFLOW_SHORT_PLANS, AirflowPlan, AirflowRuns
 from tests.soak.checker import Violation, judge
-from tests.soak.spark_actor import python_workers
+from tests.soak.spark_actor import kill_all, python_workers
 
 PREFIX = "soak"
-CAP_MS = 10_000  # transaction.max.timeout.ms: short, so timeouts are part of the soak
-# The commit's own worst case must fit well inside CAP_MS: 2 s decision write, 4 s of EndTxn retries.
+# transaction.max.timeout.ms: room for Airflow's commits, whose worst case (decision write + EndTxn
+# retries) is the defaults' 90 s. The timeout faults set short timeouts on their own prepares.
+CAP_MS = 300_000
+# The protocol runs' commits: 2 s decision write, 4 s of EndTxn retries, so that TIMEOUT_MS fits them.
 COMMIT_TIMEOUTS = ["--decision-timeout", "2", "--end-txn-timeout", "4"]
 # The fault kinds, as the issue names them; each run draws a plan that may combine several.
 KINDS = (
@@ -53,6 +56,7 @@ KINDS = (
     "timeout",  # the broker's transaction timeout: before the commit, or after its decision
 )
 EXIT_CONFLICT, EXIT_LOST = 10, 11
+TIMEOUT_MS = {"timeout": 4_000, "timeout_after_decision": 10_000}  # the prepare's transaction.timeout.ms
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Run:
 class Soak:
     def __init__(self, directory: Path, seed: int, brokers: int) -> None:
         self.rng = random.Random(seed)
+        self.prefix = PREFIX
         self.broker_rng = random.Random(seed + 1)
         self.seed = seed
         self.dir = directory
@@ -277,7 +282,7 @@ class Soak:
     def prepare_phase(self, r: Run, plan: Plan) -> Path | None:
         """The export: its committables file, or None when it failed (then its abort ran)."""
         # A short transaction timeout where the broker is to expire the transaction before the commit.
-        timeout_ms = 4000 if plan.commit_end == "timeout" else None
+        timeout_ms = TIMEOUT_MS.get(plan.commit_end)
         lines, ok = self.prepare_once(r, plan, timeout_ms, faults=True)
         if plan.kill_prepare == "retry":  # the task's retry: same ids, the killed attempt fenced
             lines, ok = self.prepare_once(r, Plan(), timeout_ms, faults=False)
@@ -300,18 +305,19 @@ class Soak:
     def prepare_once(self, r: Run, plan: Plan, timeout_ms: int | None, faults: bool) -> tuple[list[str], bool]:
         """One prepare attempt, with the plan's faults during it; its committables and whether it ended well."""
         proc: subprocess.Popen[str] | None = None
-        worker: int | None = None
+        workers: list[int] = []
         spark = self.spark_actor() if plan.spark else None
         if spark is not None:
             assert spark.stdin is not None and spark.stdout is not None
-            request = {"count": r.count, "records": r.records, "tag": r.tag, "topic": self.topic, "prefix": PREFIX}
+            request = {"count": r.count, "records": r.records, "tag": r.tag, "topic": self.topic, "prefix": PREFIX,
+                       "slow_s": 1.0}  # fmt: skip
             spark.stdin.write(json.dumps(request) + "\n")
             spark.stdin.flush()
-            worker = self.first_python_worker(spark.pid)
-            if worker is not None:
-                time.sleep(self.rng.uniform(0.0, 0.4))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker, signal.SIGKILL)
+            delay = self.rng.uniform(0.0, 0.4)
+            workers = self.python_workers(spark.pid)
+            if workers:  # every task under way fails (a first row takes 1 s); Spark retries them
+                time.sleep(delay)
+                kill_all(workers)
         else:
             args = ["--count", str(r.count), "--records", str(r.records), "--topic", self.topic, "--tag", r.tag]
             if timeout_ms is not None:
@@ -328,7 +334,7 @@ class Soak:
             answer = json.loads(spark.stdout.readline())
             if answer.get("retried"):  # the killed worker's task failed and Spark retried it
                 self.inject(r, "spark_task_failure")
-            elif worker is not None:
+            elif workers:
                 r.notes.append("the Spark worker was killed after its task had finished")
             if "error" in answer:
                 r.notes.append(f"Spark prepare failed: {answer['error'][-300:]}")
@@ -351,14 +357,16 @@ class Soak:
         lines = [line for line in out.splitlines(keepends=True) if line.endswith("\n")]
         return [line.strip() for line in lines if line.strip()], code == 0
 
-    def first_python_worker(self, root: int, timeout_s: float = 60.0) -> int | None:
+    @staticmethod
+    def python_workers(root: int, timeout_s: float = 60.0) -> list[int]:
+        """Spark's Python workers under ``root`` as soon as there are some (none after the timeout)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             workers = python_workers(root)
             if workers:
-                return self.rng.choice(workers)
+                return workers
             time.sleep(0.02)
-        return None
+        return []
 
     def commit_phase(self, r: Run, plan: Plan, file: Path) -> None:
         commit = self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS)
@@ -387,7 +395,7 @@ class Soak:
                 r.status = "died-after-decision"  # the next run's recovery must roll it forward
                 return
             self.inject(r, "timeout", "after-decision")
-            time.sleep(CAP_MS / 1000 + 3)
+            time.sleep(TIMEOUT_MS["timeout_after_decision"] / 1000 + 3)
             p = self.call(self.cmd("recover", "--run", f"{r.run}/after"))
             r.status = "lost" if p.returncode == EXIT_LOST else "success"
             r.notes.append(f"recovery after the timeout: exit {p.returncode}")
@@ -451,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--short", action="store_true", help="the fixed plans that strike every kind once (CI)")
+    ap.add_argument("--airflow", type=int, default=0, help="then this many runs of a DAG on a standalone Airflow")
     ap.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     ap.add_argument("--stop-at-violation", action="store_true", help="judge visibility after every run")
@@ -473,12 +482,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"stopping after {i} runs (SIGTERM)", flush=True)
                 break
             plan = SHORT_PLANS[i % len(SHORT_PLANS)] if args.short else Plan.draw(soak.rng)
-            r = soak.one_run(i, plan)
-            faults = ",".join(r.faults) or "none"
-            print(f"run {i:4d} {r.status:19s} {r.expected:4d} records  {faults}  {'; '.join(r.notes)}", flush=True)
+            print(progress(f"run {i:4d}", soak.one_run(i, plan)), flush=True)
             if soak.first_violations:
                 print(f"first violation found at run {i}: {soak.first_violations}", flush=True)
                 break
+        if args.airflow and not stop["asked"]:
+            soak.settle()  # a loss the protocol runs reported is acknowledged before Airflow's runs
+            run_airflow(soak, args.airflow, args.short, directory / "airflow", stop)
         soak.settle()
         violations, outcomes = soak.check()
     finally:
@@ -498,6 +508,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if violations else 0
+
+
+def run_airflow(soak: Soak, runs: int, short: bool, home: Path, stop: dict[str, bool]) -> None:
+    airflow = AirflowRuns(soak, home)
+    try:
+        for j in range(runs):
+            if stop["asked"]:
+                break
+            plan = AIRFLOW_SHORT_PLANS[j % len(AIRFLOW_SHORT_PLANS)] if short else AirflowPlan.draw(airflow.rng)
+            print(progress(f"airflow {j:3d}", airflow.one_run(j, plan)), flush=True)
+    finally:
+        airflow.close()
+
+
+def progress(label: str, r: Run) -> str:
+    return f"{label} {r.status:19s} {r.expected:5d} records  {','.join(r.faults) or 'none'}  {'; '.join(r.notes)}"
 
 
 def render(result: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The soak's Spark prepare: one long-lived SparkSession (``local[2, 4]``: a failed task is retried,
 as on a cluster) that runs the exporter's real prepare job for each request it reads on stdin.
 
-Request (one JSON line): ``{"count": N, "records": R, "tag": T, "topic": ..., "prefix": ...}``.
+Request (one JSON line): ``{"count": N, "records": R, "tag": T, "topic": ..., "prefix": ..., "slow_s": S}``;
+the first row of every partition takes S seconds, so that a task lives long enough to be struck.
 Answer (one JSON line): ``{"committables": [...], "retried": [slots]}`` or ``{"error": "..."}``.
 Python workers are not reused, so a worker process exists only while a task runs: the harness
 SIGKILLs one of them (``python_workers``) to make a real Spark task failure.
@@ -9,9 +10,12 @@ SIGKILLs one of them (``python_workers``) to make a real Spark task failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -40,8 +44,15 @@ def python_workers(root: int) -> list[int]:
     return sorted(p for p in under if parent.get(p) in daemons)
 
 
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def main() -> int:
     from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
 
     from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 
@@ -59,10 +70,18 @@ def main() -> int:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        tag, records = req["tag"], int(req["records"])
-        df = spark.range(req["count"] * records, numPartitions=req["count"]).selectExpr(
-            f"concat('{tag}/', CAST(spark_partition_id() AS STRING), '/', CAST(id AS STRING)) AS key",
-            "CAST(id AS STRING) AS value",
+        tag, records, slow_s = req["tag"], int(req["records"]), float(req.get("slow_s", 0))
+
+        def value(i: int, records: int = records, slow_s: float = slow_s) -> str:
+            if i % records == 0:  # the first row of its partition
+                time.sleep(slow_s)
+            return str(i)
+
+        df = spark.range(req["count"] * records, numPartitions=req["count"]).select(
+            F.concat(
+                F.lit(f"{tag}/"), F.spark_partition_id().cast("string"), F.lit("/"), F.col("id").cast("string")
+            ).alias("key"),
+            F.udf(value, "string")(F.col("id")).alias("value"),
         )
         settings = ExportSettings(req["prefix"], {"bootstrap.servers": bootstrap}, req["topic"])
         try:

@@ -1,6 +1,6 @@
 """The fault soak's short mode: fixed plans that strike every fault kind and variant, on a real
-3-broker Kafka with real Spark, judged by the independent checker. The long mode is
-``python -m tests.soak.harness --runs 450`` (docs/design.md)."""
+3-broker Kafka with real Spark, then four runs of a DAG on a standalone Airflow, all judged by the
+independent checker. The long mode is ``python -m tests.soak.harness --runs 450`` (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 
 from tests.soak import harness
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.airflow_standalone]
 
 
 def test_short_soak_has_no_violations(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    runs = str(len(harness.SHORT_PLANS))
-    code = harness.main(["--short", "--runs", runs, "--seed", "7", "--dir", str(tmp_path / "soak"), "--json", str(out)])
+    runs, airflow_runs = str(len(harness.SHORT_PLANS)), str(len(harness.AIRFLOW_SHORT_PLANS))
+    args = ["--short", "--runs", runs, "--airflow", airflow_runs, "--seed", "7"]
+    code = harness.main([*args, "--dir", str(tmp_path / "soak"), "--json", str(out)])
     result = json.loads(out.read_text())
     assert result["violations"] == [], harness.render(result)
     assert code == 0
@@ -25,5 +26,10 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
     assert set(result["variants"]) >= {"kill_prepare:abort", "kill_prepare:retry", "kill_commit:before-retry",
                                        "kill_commit:after-decision", "broker_restart:prepare", "broker_restart:commit",
                                        "concurrent_resolve:prepare", "concurrent_resolve:commit", "clear:commit",
-                                       "clear:run", "timeout:before-commit", "timeout:after-decision"}  # fmt: skip
+                                       "clear:run", "timeout:before-commit", "timeout:after-decision",
+                                       # the Airflow runs: task kills, REST clears, Spark and broker faults
+                                       "kill_recover:airflow", "kill_prepare:airflow", "kill_commit:airflow",
+                                       "clear:airflow-run", "clear:airflow-prepare-running",
+                                       "clear:airflow-commit-running", "broker_restart:airflow",
+                                       "spark_task_failure:airflow"}  # fmt: skip
     assert result["outcomes"].get("committed", 0) >= 1 and result["outcomes"].get("aborted", 0) >= 1

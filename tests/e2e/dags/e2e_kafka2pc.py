@@ -1,7 +1,8 @@
 """The DAG of the end-to-end tests: the exporter's tasks wired by hand, with failures to inject.
 
 Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
-E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES. The run's
+E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES, E2E_SPARK_CONF (JSON, merged into the
+export's Spark settings). The run's
 conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give ``fault``
 to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per run),
 ``sleep_s`` (the first row of partition 0 sleeps that long inside the Spark job: a slow prepare
@@ -15,6 +16,7 @@ scheduler never creates a run by itself, while manual runs and backfills of Janu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import timedelta
@@ -126,7 +128,11 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
             transactional_id_prefix=prefix,
             topic=TOPIC,
             source=source,
-            spark_conf={"spark.master": "local[2]", "spark.ui.enabled": "false"},
+            spark_conf={
+                "spark.master": "local[2]",
+                "spark.ui.enabled": "false",
+                **json.loads(os.environ.get("E2E_SPARK_CONF", "{}")),
+            },
         )
         commit = E2ECommitOperator(
             task_id="commit",
