@@ -368,13 +368,7 @@ class StandaloneAirflow:
         """Call the REST API (``path`` starts with ``/api/v2/``) as admin; raise on an unexpected status."""
         expected = set(expect)
         for attempt in range(2):
-            r = self.client.request(
-                method,
-                path,
-                json=json_body,
-                params=params,
-                headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
-            )
+            r = self._send(method, path, json_body, params, headers)
             if r.status_code == 401 and attempt == 0:
                 self._login()  # token expired (long session): log in again once
                 continue
@@ -384,6 +378,31 @@ class StandaloneAirflow:
                 f"{method} {path} -> HTTP {r.status_code} (expected {sorted(expected)}): {r.text}"
             )
         return r
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        json_body: Any,
+        params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+    ) -> httpx.Response:
+        # On a loaded 2-core machine the api-server may not answer a read within the client's timeout;
+        # reads are retried (twice), writes never (a clear or trigger must not happen twice).
+        for attempt in range(3):
+            try:
+                return self.client.request(
+                    method,
+                    path,
+                    json=json_body,
+                    params=params,
+                    headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
+                )
+            except (httpx.TimeoutException, httpx.ReadError):
+                if method != "GET" or attempt == 2:
+                    raise
+                self._check_alive()
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ DAGs and runs
 
