@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 DAG_ID = "e2e_kafka2pc"
 DAGS = REPO / "tests" / "e2e" / "dags"
 RUN_TIMEOUT_S = 600.0
+# How long after a task is seen running a fault may strike: within what the task usually takes.
+STRIKE_WITHIN_S = {"recover": 0.5, "prepare": 3.0, "commit": 0.5}
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,10 @@ def task_process(ti_id: str) -> int | None:
 class AirflowRuns:
     """One standalone Airflow for the whole soak; each ``one_run`` is one DAG run and its faults."""
 
-    def __init__(self, soak: Soak, home: Path) -> None:
+    def __init__(self, soak: Soak, home: Path, quick: bool = False) -> None:
         self.soak = soak
         self.rng = random.Random(soak.seed + 2)
+        self.quick = quick  # strike as soon as the task runs (the short mode must not miss)
         conn = {"conn_type": "kafka2pc", "host": soak.bootstrap, "extra": {"decision_topic": soak.decisions}}
         env = {
             "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps(conn),
@@ -157,13 +160,13 @@ class AirflowRuns:
         # Each fault on a thread of its own, its moment drawn here so that a seed replays the plan.
         faults = []
         if plan.kill:
-            kill = (r, run_id, plan.kill, self.rng.uniform(0.0, 1.0 if plan.kill == "commit" else 3.0))
+            kill = (r, run_id, plan.kill, self.moment(STRIKE_WITHIN_S[plan.kill]))
             faults.append(threading.Thread(target=self.kill_task, args=kill, daemon=True))
         if plan.spark:
-            spark = (r, run_id, self.rng.uniform(0.0, 0.3))
+            spark = (r, run_id, self.moment(0.3))
             faults.append(threading.Thread(target=self.kill_spark_workers, args=spark, daemon=True))
         if plan.clear:
-            clear = (r, run_id, plan.clear, self.rng.uniform(0.0, 2.0))
+            clear = (r, run_id, plan.clear, self.moment(STRIKE_WITHIN_S[plan.clear]))
             faults.append(threading.Thread(target=self.clear_running, args=clear, daemon=True))
         if plan.broker:
             delay = self.rng.uniform(3.0, 25.0)
@@ -189,6 +192,9 @@ class AirflowRuns:
         if plan.clear_earlier and self.succeeded:
             self.clear_earlier(r)
         return r
+
+    def moment(self, within_s: float) -> float:
+        return 0.0 if self.quick else self.rng.uniform(0.0, within_s)
 
     def failed_tasks(self, run_id: str) -> str:
         states = self.af.task_states(DAG_ID, run_id)

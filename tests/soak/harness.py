@@ -528,7 +528,7 @@ def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool]) -> 
 
 
 def run_airflow(soak: Soak, runs: int, short: bool, home: Path, stop: dict[str, bool]) -> None:
-    airflow = AirflowRuns(soak, home)
+    airflow = AirflowRuns(soak, home, quick=short)
     try:
         for j in range(runs):
             if stop["asked"]:
