@@ -1,6 +1,6 @@
 """The exporter on a real, standalone Airflow 3, driven through REST API v2 only.
 
-One Airflow (api-server, scheduler, dag-processor, triggerer; SQLite, LocalExecutor) runs the
+One Airflow (api-server, scheduler, dag-processor, triggerer; PostgreSQL, LocalExecutor) runs the
 e2e DAG with a deferrable recovery sensor; operators' "what if someone clears it" paths are
 exercised the way a user would, by clearing tasks and runs over the API. The judge is Kafka
 itself: a read_committed consumer and the open transactions of the exporter's prefix.
@@ -113,6 +113,9 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID]
     af = StandaloneAirflow(home, DAGS, env, dag_ids=dag_ids)
     with af:
+        # The metadata DB is the harness's own PostgreSQL: the parsed DAGs are rows there.
+        rows = af.metadata_query("SELECT dag_id FROM dag WHERE dag_id = ANY(%s) ORDER BY dag_id", (dag_ids,))
+        assert [r[0] for r in rows] == sorted(dag_ids), rows
         for dag_id in dag_ids:
             af.unpause(dag_id)
         instance = Instance(af, prefix, topic)

@@ -1,7 +1,8 @@
 """Smoke test of the standalone-Airflow harness: real components, REST API v2 only.
 
 Proves what the operator e2e tests will rely on: a DAG is parsed, a run is triggered, a deferrable task
-goes through the triggerer, a failed task is cleared and re-run to success, XComs and logs are readable.
+goes through the triggerer, a failed task is cleared and re-run to success, XComs and logs are readable,
+and all of it is kept in the PostgreSQL cluster the harness started (no SQLite file anywhere).
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2024, 1, 1), catchup=Fal
 """
 
 
+def assert_metadata_in_postgres(af: StandaloneAirflow, run_id: str) -> None:
+    """What the REST API answered is what Airflow's tables in the harness's PostgreSQL hold."""
+    assert af.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == af.postgres.url("psycopg2")
+    assert af.metadata_query("SELECT version_num FROM alembic_version"), "airflow db migrate left no version"
+    assert af.metadata_query("SELECT state FROM dag_run WHERE dag_id = %s AND run_id = %s", (DAG_ID, run_id)) == [
+        ("success",)
+    ]
+    tries = af.metadata_query(
+        "SELECT task_id, try_number, state FROM task_instance_history WHERE dag_id = %s AND run_id = %s",
+        (DAG_ID, run_id),
+    )
+    assert ("fail_once", 1, "failed") in tries, tries
+    # The components hold connections to this database while they run.
+    clients = af.metadata_query(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    assert clients[0][0] >= 4, clients
+    assert not list(af.home.rglob("*.db")), list(af.home.rglob("*.db"))
+
+
 def test_trigger_fail_clear_succeed(tmp_path: Path) -> None:
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -78,6 +99,7 @@ def test_trigger_fail_clear_succeed(tmp_path: Path) -> None:
         tries = af.task_tries(DAG_ID, run_id, "fail_once")
         assert [(t["try_number"], t["state"]) for t in tries] == [(1, "failed"), (2, "success")], tries
         assert af.xcom(DAG_ID, run_id, "fail_once") == {"ok": True, "marker": "first try"}
+        assert_metadata_in_postgres(af, run_id)
         total = time.monotonic() - t0
     timings = {k: round(v, 1) for k, v in af.timings.items()}
     print(

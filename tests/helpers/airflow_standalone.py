@@ -1,8 +1,11 @@
 """A real, standalone Airflow 3 (api-server, scheduler, dag-processor, triggerer) for end-to-end tests.
 
-Each component runs as its own process (own process group) against a fresh AIRFLOW_HOME with a SQLite
-metadata DB and the LocalExecutor. Tests talk to it only through the public REST API v2, with a JWT
-obtained from the SimpleAuthManager's ``POST /auth/token``, like any external client would.
+Each component runs as its own process (own process group) against a fresh AIRFLOW_HOME and the
+LocalExecutor. The metadata DB is PostgreSQL, as in a deployment: a throwaway cluster on loopback that
+the harness starts before ``airflow db migrate`` and removes after the components stopped
+(``tests/helpers/postgres.py``). Tests talk to it only through the public REST API v2, with a JWT
+obtained from the SimpleAuthManager's ``POST /auth/token``, like any external client would;
+``metadata_query()`` looks into the database itself.
 
 Usage::
 
@@ -11,7 +14,7 @@ Usage::
         run_id = af.trigger("my_dag")
         assert af.wait_run("my_dag", run_id, timeout=120) == "success"
 
-Component logs stay in ``<home>/logs/components/<name>.log`` after ``stop()``.
+Component logs (and ``postgres.log``, the server's) stay in ``<home>/logs/components/`` after ``stop()``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import IO, Any, Self
 
 import httpx
 import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
+
+from tests.helpers.postgres import PostgresCluster
 
 # The project root goes on PYTHONPATH so DAG files (and the tasks they run) can import the provider
 # straight from the checkout without installing it.
@@ -86,11 +91,11 @@ class StandaloneAirflow:
     ) -> None:
         """Prepare (but do not start) an instance.
 
-        :param home: AIRFLOW_HOME; created if missing. DB, logs and airflow.cfg live here.
+        :param home: AIRFLOW_HOME; created if missing. Logs and airflow.cfg live here (the DB does not).
         :param dags_folder: the DAG files to parse.
         :param env: extra environment for every component and task (``AIRFLOW_CONN_*``, ``PYSPARK_PYTHON``...).
         :param parallelism: LocalExecutor worker processes; they are forked up front, so keep it small.
-        :param startup_timeout: seconds for ``airflow db migrate`` plus all components to become healthy.
+        :param startup_timeout: seconds for PostgreSQL, ``airflow db migrate`` and all components to be healthy.
         :param config: extra ``AIRFLOW__SECTION__KEY`` overrides, applied after the harness defaults.
         :param dag_ids: DAGs that ``start()`` waits for (parsed and visible in the API) before returning.
         """
@@ -101,6 +106,7 @@ class StandaloneAirflow:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_dir = self.home / "logs" / "components"
+        self.postgres = PostgresCluster(log_copy=self.log_dir / "postgres.log")
         self._password = secrets.token_urlsafe(16)
         self._components: list[_Component] = []
         self._client: httpx.Client | None = None
@@ -128,12 +134,13 @@ class StandaloneAirflow:
             "CORE__LOAD_EXAMPLES": "False",
             "CORE__EXECUTOR": "LocalExecutor",
             # Fork-based LocalExecutor starts all workers at once; tasks talk to the api-server, not to
-            # SQLite, so the DB writers stay the four components whatever this is.
+            # the DB, so the DB's clients stay the four components whatever this is.
             "CORE__PARALLELISM": str(parallelism),
             "CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "CORE__DAGBAG_IMPORT_TIMEOUT": "120",
             "CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            "DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            # The async engine (api-server) gets postgresql+asyncpg, derived by Airflow from this URL.
+            "DATABASE__SQL_ALCHEMY_CONN": self.postgres.url("psycopg2"),
             "API__HOST": "127.0.0.1",
             "API__PORT": str(self.port),
             "API__BASE_URL": self.base_url,
@@ -183,23 +190,26 @@ class StandaloneAirflow:
         self.stop()
 
     def start(self) -> None:
-        """Migrate the DB, start the four components and wait until the health endpoint says all are up."""
+        """Start PostgreSQL, migrate, start the four components, wait until the health endpoint says all are up."""
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.home / "simple_auth_manager_passwords.json").write_text(json.dumps({_ADMIN_USER: self._password}))
         deadline = time.monotonic() + self.startup_timeout
         t0 = time.monotonic()
-        self._migrate(deadline)
-        self.timings["db_migrate"] = time.monotonic() - t0
-        atexit.register(self.stop)  # a crashed test session must not leave Airflow running
-        t1 = time.monotonic()
-        self._spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"])
-        # No serve-logs sidecars: all components share this home, so the api-server reads task logs from
-        # disk, and fixed default ports (8793/8794) would clash with concurrently running instances.
-        self._spawn("scheduler", ["scheduler", "--skip-serve-logs"])
-        self._spawn("dag-processor", ["dag-processor"])
-        self._spawn("triggerer", ["triggerer", "--skip-serve-logs"])
+        atexit.register(self.stop)  # a crashed test session must not leave Airflow (or PostgreSQL) running
         try:
+            self.postgres.start()
+            self.timings["postgres_ready"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            self._migrate(deadline)
+            self.timings["db_migrate"] = time.monotonic() - t1
+            t1 = time.monotonic()
+            self._spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"])
+            # No serve-logs sidecars: all components share this home, so the api-server reads task logs from
+            # disk, and fixed default ports (8793/8794) would clash with concurrently running instances.
+            self._spawn("scheduler", ["scheduler", "--skip-serve-logs"])
+            self._spawn("dag-processor", ["dag-processor"])
+            self._spawn("triggerer", ["triggerer", "--skip-serve-logs"])
             self._wait_healthy(deadline)
             self.timings["components_healthy"] = time.monotonic() - t1
             if self.dag_ids:
@@ -225,7 +235,9 @@ class StandaloneAirflow:
             except subprocess.TimeoutExpired as e:
                 raise AirflowHarnessError(f"airflow db migrate timed out:\n{_tail(log_path, 60)}") from e
         if proc.returncode != 0:
-            raise AirflowHarnessError(f"airflow db migrate exited {proc.returncode}:\n{_tail(log_path, 60)}")
+            raise AirflowHarnessError(
+                f"airflow db migrate exited {proc.returncode}:\n{_tail(log_path, 60)}\n{self.postgres.log_tail()}"
+            )
 
     def _spawn(self, name: str, args: Sequence[str]) -> None:
         log_path = self.log_dir / f"{name}.log"
@@ -274,15 +286,24 @@ class StandaloneAirflow:
             raise AirflowHarnessError(f"Airflow component(s) exited: {names}\n" + self.logs_tail())
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM each component, SIGKILL its process group and stray descendants still alive after ``grace``.
+        """Stop the components, then PostgreSQL (fast shutdown; its files are removed).
 
-        Idempotent. Logs are kept under ``log_dir``.
+        Each component gets SIGTERM; its process group and stray descendants still alive after ``grace``
+        get SIGKILL. Idempotent. Logs are kept under ``log_dir``.
         """
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
         if self._client is not None:
             self._client.close()
             self._client = None
+        try:
+            self._stop_components(grace)
+        finally:
+            if self.postgres.directory is not None:
+                self.postgres.stop()
+                self.timings["postgres_stop"] = self.postgres.timings["stop"]
+
+    def _stop_components(self, grace: float) -> None:
         if not self._components:
             return
         t0 = time.monotonic()
@@ -331,7 +352,13 @@ class StandaloneAirflow:
         parts = [f"(component logs in {self.log_dir})"]
         for path in sorted(self.log_dir.glob("*.log")):
             parts.append(f"----- {path.name} (last {lines} lines) -----\n{_tail(path, lines)}")
+        if self.postgres.directory is not None:  # running: its log is not copied to log_dir yet
+            parts.append(self.postgres.log_tail(lines))
         return "\n".join(parts)
+
+    def metadata_query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one SQL statement on the instance's metadata DB (PostgreSQL), as Airflow's own DB user."""
+        return self.postgres.query(sql, params)
 
     # ------------------------------------------------------------------ HTTP plumbing
 
