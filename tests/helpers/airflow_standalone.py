@@ -32,13 +32,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import httpx
 import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
 
 from tests.helpers.postgres import PostgresCluster
+from tests.helpers.service import Service
 
 # The project root goes on PYTHONPATH so DAG files (and the tasks they run) can import the provider
 # straight from the checkout without installing it.
@@ -75,7 +75,7 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-class StandaloneAirflow:
+class StandaloneAirflow(Service):
     """Start, drive (REST API v2 only) and stop a standalone Airflow; see the module docstring."""
 
     def __init__(
@@ -179,15 +179,6 @@ class StandaloneAirflow:
         return env
 
     # ------------------------------------------------------------------ lifecycle
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start PostgreSQL, migrate, start the four components, wait until the health endpoint says all are up."""

@@ -35,10 +35,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]  # no stubs in the pinned venv
+
+from tests.helpers.service import Service
 
 # The server's OS user when we are root (the Debian package creates it).
 _SERVER_OS_USER = "postgres"
@@ -89,7 +90,7 @@ def _tail(path: Path, lines: int = 40) -> str:
         return f"<cannot read {path}: {e}>"
 
 
-class PostgresCluster:
+class PostgresCluster(Service):
     """Create, start, and stop-and-remove one throwaway cluster; see the module docstring."""
 
     def __init__(
@@ -139,15 +140,6 @@ class PostgresCluster:
         return self.directory / "server.log"
 
     # ------------------------------------------------------------------ lifecycle
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """initdb, start the server, create the role and the database; raises PostgresError on failure."""
