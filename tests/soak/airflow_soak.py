@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 DAG_ID = "e2e_kafka2pc"
 DAGS = REPO / "tests" / "e2e" / "dags"
 RUN_TIMEOUT_S = 600.0
-# How long after a task is seen running a fault may strike: within what the task usually takes.
-STRIKE_WITHIN_S = {"recover": 0.5, "prepare": 3.0, "commit": 0.5}
+# How long after a task's process starts a fault may strike: within what the task usually takes,
+# start-up included (the prepare starts Spark).
+STRIKE_WITHIN_S = {"recover": 4.0, "prepare": 25.0, "commit": 5.0}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ def task_process(ti_id: str) -> int | None:
     return None
 
 
+def task_process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class AirflowRuns:
     """One standalone Airflow for the whole soak; each ``one_run`` is one DAG run and its faults."""
 
@@ -104,30 +113,40 @@ class AirflowRuns:
         self.af.stop()
 
     # -- faults -----------------------------------------------------------------------------
-    def running_ti(self, run_id: str, task: str) -> str | None:
-        """The id of the task's try once it runs (in the user's rerun, too), or None if it never did."""
+    def task_pid(self, run_id: str, task: str) -> int | None:
+        """The task's process as soon as it exists (in the user's rerun, too), or None if it never ran.
+
+        A try's id is known while it is scheduled or queued, and its process carries it in its
+        title from the fork on: watching /proc for it cannot miss a task that lasts a second.
+        """
         while not self.settled.is_set():
             ti = self.af.task_instance(DAG_ID, run_id, task)
-            if ti["state"] == "running":
-                return str(ti["id"])
-            time.sleep(0.3)
+            if ti["state"] in ("scheduled", "queued", "running") and ti.get("id"):
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline:
+                    pid = task_process(str(ti["id"]))
+                    if pid is not None:
+                        return pid
+                    time.sleep(0.02)
+            else:
+                time.sleep(0.3)
         return None
 
     def kill_task(self, r: Run, run_id: str, task: str, delay_s: float) -> None:
-        ti_id = self.running_ti(run_id, task)
+        pid = self.task_pid(run_id, task)
         time.sleep(delay_s)
-        pid = task_process(ti_id) if ti_id else None
-        if pid is None:
+        try:
+            if pid is None:
+                raise ProcessLookupError
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
             r.notes.append(f"{task} ended before the kill")
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-            self.soak.inject(r, f"kill_{task}", "airflow")
+        self.soak.inject(r, f"kill_{task}", "airflow")
 
     def kill_spark_workers(self, r: Run, run_id: str, delay_s: float) -> None:
         """Every Python worker under way (partition 0's first row takes 2 s): its tasks fail, Spark retries."""
-        ti_id = self.running_ti(run_id, "prepare")
-        pid = task_process(ti_id) if ti_id else None
+        pid = self.task_pid(run_id, "prepare")
         workers = self.soak.python_workers(pid, timeout_s=120) if pid is not None else []
         if workers:
             time.sleep(delay_s)
@@ -135,13 +154,13 @@ class AirflowRuns:
             r.notes.append("Spark workers were killed")
 
     def clear_running(self, r: Run, run_id: str, task: str, delay_s: float) -> None:
-        if self.running_ti(run_id, task) is None:
+        pid = self.task_pid(run_id, task)
+        time.sleep(delay_s)
+        if pid is None or not task_process_alive(pid):
             r.notes.append(f"{task} ended before the clear")
             return
-        time.sleep(delay_s)
-        if self.af.task_instance(DAG_ID, run_id, task)["state"] == "running":
-            self.af.clear_tasks(DAG_ID, run_id, [task])
-            self.soak.inject(r, "clear", f"airflow-{task}-running")
+        self.af.clear_tasks(DAG_ID, run_id, [task])
+        self.soak.inject(r, "clear", f"airflow-{task}-running")
 
     def restart_broker(self, r: Run, delay_s: float) -> None:
         if not self.settled.wait(delay_s):  # only while the run is under way
