@@ -236,8 +236,16 @@ def deadline_of(state: TxnState | None) -> int | None:
 
 def covered(c: Committable, state: TxnState | None) -> Covered:
     return Covered(
-        c.transactional_id, c.producer_id, c.producer_epoch, c.records, c.describe_partitions(), deadline_of(state)
+        c.transactional_id, c.producer_id, c.producer_epoch, c.records, _partitions(c, state), deadline_of(state)
     )
+
+
+def _partitions(c: Committable, state: TxnState | None) -> tuple[str, ...]:
+    """The transaction's partitions as the broker lists them while it is open for this producer;
+    else as the committable has them (none when it came through a version-2 XCom)."""
+    if state is not None and state.topic_partitions and ref_of(state) == ref_of(c):
+        return tuple(f"{t}-{p}" for t, p in state.topic_partitions)
+    return c.describe_partitions()
 
 
 def covered_state(s: TxnState) -> Covered:
@@ -417,7 +425,7 @@ def decide_commit(
         if doomed:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
             _abort_run(decision_log, resolver, refs, observed, run, by_tid)
-            raise TransactionLostError(_lost(by_tid, doomed), visible="none")
+            raise TransactionLostError(_lost(by_tid, doomed, observed), visible="none")
         decision = new_decision(
             Kind.COMMIT,
             (covered(c, observed[c.transactional_id][1]) for c in committables),
@@ -505,7 +513,7 @@ def _abort_run(
     resolutions = obey(decision_log, state, rulers + ([void.decision_id] if void is not None else []), resolver)
     if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
         why = state.void.get(void.decision_id, "appended after a broker deadline")
-        raise TransactionLostError(_lost(dict(by_tid), dict.fromkeys(by_tid, f"COMMIT {why}")), visible="none")
+        raise TransactionLostError(_lost(by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed), visible="none")
     if conflict is None:
         return CommitReport(tuple(resolutions))
     winners = {d.decision_id: d for d in conflict.values() if d is not None}
@@ -582,9 +590,15 @@ def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
-def _lost(by_tid: dict[str, Committable], reasons: dict[str, str]) -> list[LostTransaction]:
+def _lost(
+    by_tid: Mapping[str, Committable],
+    reasons: Mapping[str, str],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+) -> list[LostTransaction]:
     return [
-        LostTransaction(tid, c.producer_id, c.producer_epoch, c.records, c.describe_partitions(), reasons[tid])
+        LostTransaction(
+            tid, c.producer_id, c.producer_epoch, c.records, _partitions(c, observed[tid][1]), reasons[tid]
+        )
         for tid, c in by_tid.items()
         if tid in reasons
     ]
