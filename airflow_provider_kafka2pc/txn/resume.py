@@ -436,19 +436,32 @@ def decide_commit(
         )
         log.info("appending the COMMIT decision for run %s (%d transaction(s))", run, len(refs))
         state = decision_log.decide(decision, keep_run=keep)
-        log.info(
-            "decision: COMMIT %s for run %s, %d transaction(s), at offset %d: from here on the run becomes visible",
-            decision.decision_id,
-            run,
-            len(refs),
-            state.offsets[decision.decision_id],
-        )
         # A twin of this task (a zombie, a concurrent retry) may have decided the same run first: obey it.
         mine = decision if state.in_force(decision.decision_id) else state.commit_of_run(run, refs)
         if mine is None:
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
+        _log_decision(mine, committables, state, "" if mine is decision else "appended first by a twin of this task")
+    else:
+        _log_decision(mine, committables, state, "appended by an earlier try")
     resolver.committed_in_log = committed_in(state)
     return Decided(state, mine, resolver)
+
+
+def _log_decision(decision: DecisionRecord, committables: Sequence[Committable], state: LogState, note: str) -> None:
+    """The one line that says the run is decided, before the first EndTxn."""
+    topics = sorted({t for c in committables for t in c.topics})
+    offset = state.offsets.get(decision.decision_id)
+    log.info(
+        "decision: COMMIT %s for run %s: %d transaction(s), %d records, topics %s, at offset %s%s: "
+        "from here on the run becomes visible",
+        decision.decision_id,
+        decision.run,
+        len(committables),
+        sum(c.records for c in committables),
+        ", ".join(topics),
+        "?" if offset is None else offset,
+        f" ({note})" if note else "",
+    )
 
 
 def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
@@ -596,9 +609,7 @@ def _lost(
     observed: Mapping[str, tuple[Observation, TxnState | None]],
 ) -> list[LostTransaction]:
     return [
-        LostTransaction(
-            tid, c.producer_id, c.producer_epoch, c.records, _partitions(c, observed[tid][1]), reasons[tid]
-        )
+        LostTransaction(tid, c.producer_id, c.producer_epoch, c.records, _partitions(c, observed[tid][1]), reasons[tid])
         for tid, c in by_tid.items()
         if tid in reasons
     ]

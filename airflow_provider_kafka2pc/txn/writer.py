@@ -17,6 +17,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.logs import with_log
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +343,7 @@ def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: floa
     """The broker's cap ``transaction.max.timeout.ms``: the longest a prepared transaction may live."""
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-    admin = AdminClient(connection_only(config))
+    admin = AdminClient(with_log(connection_only(config)))
     md = admin.list_topics(timeout=timeout_s)
     broker = str(min(md.brokers))
     res = ConfigResource(ConfigResource.Type.BROKER, broker)
