@@ -222,6 +222,8 @@ def ref_of(c: _HoldsProducer) -> TxnRef:
 class CommitReport:
     resolutions: tuple[Resolution, ...]
     note: str = ""  # e.g. "already committed", from the run's own record
+    # Every transaction of the run ended committed: by this call, an earlier try, or per its run record.
+    committed: bool = False
 
     def count(self, v: Verdict) -> int:
         return sum(1 for r in self.resolutions if r.outcome is v)
@@ -380,7 +382,7 @@ def commit_prepared(
     lost = lost_of_decisions(state, [did])
     if lost:
         raise TransactionLostError(lost, visible="part" if state.outcome(did).committed else "decided")
-    return CommitReport(tuple(resolutions))
+    return CommitReport(tuple(resolutions), committed=all(r.outcome is Verdict.COMMITTED for r in resolutions))
 
 
 def decide_commit(
@@ -470,7 +472,7 @@ def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitRe
         raise TransactionLostError(lost, visible="part")
     note = "; ".join(f"exporter {r.prefix}: already {r.status.value.lower()}, {r.records} records" for r in records)
     log.info("run %s is final in the decision log (%s); nothing to do", run, note)
-    return CommitReport((), note=note)
+    return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))
 
 
 def _doomed(

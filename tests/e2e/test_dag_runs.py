@@ -60,6 +60,14 @@ def test_example_dag_exports_exactly_once(kafka: KafkaEnv, dag_tester: DagTester
     keys = visible_keys(kafka, EXAMPLE_TOPIC)
     assert len(keys) == 20_000 and set(keys.values()) == {1}
     assert kafka.open_transactions("kafka2pc_example.orders") == []
+    # One asset event, from the commit, for the topic it made visible.
+    assert dag_tester.asset_events("kafka2pc_example", result.run_id) == [
+        {
+            "uri": f"kafka://{kafka.bootstrap}/{EXAMPLE_TOPIC}",
+            "task_id": "orders.commit",
+            "extra": {"run": f"kafka2pc_example/{result.run_id}", "records": 20_000, "transactions": 4},
+        }
+    ]
 
     # The logs a person reads: every line a log record (an Airflow task supervisor logs any other
     # stderr line, Spark's or librdkafka's, at ERROR), none at ERROR, no kafka-python chatter.
@@ -92,6 +100,7 @@ def test_prepare_fails_mid_job_abort_leaves_nothing(kafka: KafkaEnv, dag_tester:
     assert "injected: row" in result.log.read_text(errors="replace")
     assert visible_keys(kafka, topic) == Counter()
     assert kafka.open_transactions(prefix) == []
+    assert dag_tester.asset_events("e2e_kafka2pc", result.run_id) == []  # nothing became visible
 
 
 def test_commit_dies_halfway_and_its_retry_commits_the_rest(kafka: KafkaEnv, dag_tester: DagTester) -> None:
@@ -102,6 +111,11 @@ def test_commit_dies_halfway_and_its_retry_commits_the_rest(kafka: KafkaEnv, dag
     assert "injected: commit died after deciding and committing 2 of 4" in result.log.read_text(errors="replace")
     exactly_once(visible_keys(kafka, topic), "a")
     assert kafka.open_transactions(prefix) == []
+    # The retry, which committed the other half, reports the whole run's topic once.
+    events = dag_tester.asset_events("e2e_kafka2pc", result.run_id)
+    assert [(e["uri"], e["extra"]["records"], e["extra"]["transactions"]) for e in events] == [
+        (f"kafka://{kafka.bootstrap}/{topic}", ROWS, PARTITIONS)
+    ]
 
 
 def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(

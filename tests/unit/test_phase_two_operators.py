@@ -461,3 +461,66 @@ def test_commit_refuses_a_foreign_committable_before_anything_else(
 def test_version_2_payload_cannot_carry_a_foreign_committable() -> None:
     with pytest.raises(MalformedCommittableError, match="payments-1"):
         payload("orders", "orders-0", "payments-1")
+
+
+# --- commit: asset events for the topics it made visible ------------------------------------------
+
+
+def committed_report(committed: bool) -> Any:
+    from airflow_provider_kafka2pc.txn.resume import CommitReport
+
+    return CommitReport((), note="", committed=committed)
+
+
+def run_commit(monkeypatch: pytest.MonkeyPatch, op: Kafka2PCCommitOperator, dag: Any, committed: bool) -> Any:
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from airflow_provider_kafka2pc.txn.committable import Committable
+
+    two_topics = Committable("orders-1", 7, 0, 30, counts_by_topic={"events": 10, "audit": 20})
+    one_topic = Committable("orders-2", 8, 0, 5, counts_by_topic={"events": 5})
+    xcom = ExportPayload("kafka2pc_default", "orders", "POOLING", None, "EXACTLY_ONCE", (two_topics, one_topic))
+    monkeypatch.setattr(Kafka2PCHook, "get_config", lambda self: {"bootstrap.servers": "b1:9092,b2:9092"})
+    monkeypatch.setattr(Kafka2PCCommitOperator, "resolve", lambda *a: committed_report(committed))
+    events = OutletEventAccessors()
+    ti = FakeTI({("prepare", "return_value"): xcom.to_xcom()})
+    op.execute({**context(dag, ti), "outlet_events": events})
+    return events
+
+
+def test_commit_emits_one_asset_event_per_visible_topic_through_its_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import AssetAlias
+
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    assert op.outlets == [AssetAlias("kafka2pc")]
+    events = run_commit(monkeypatch, op, dag, committed=True)
+    emitted = [
+        (e.dest_asset_key.uri, e.extra) for e in events[AssetAlias("kafka2pc")].asset_alias_events
+    ]  # fmt: skip
+    run = f"{DAG_ID}/{RUN_ID}"
+    assert emitted == [
+        ("kafka://b1:9092/audit", {"run": run, "records": 20, "transactions": 1}),
+        ("kafka://b1:9092/events", {"run": run, "records": 15, "transactions": 2}),
+    ]
+
+
+def test_commit_emits_nothing_unless_the_run_ended_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import AssetAlias
+
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    events = run_commit(monkeypatch, op, dag, committed=False)
+    assert events[AssetAlias("kafka2pc")].asset_alias_events == []
+
+
+def test_a_declared_topic_asset_gets_the_extra_instead_of_a_second_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import Asset, AssetAlias
+
+    declared = Asset("kafka://b1:9092/events")
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare", outlets=[declared], asset_alias=None)
+    assert op.outlets == [declared]
+    events = run_commit(monkeypatch, op, dag, committed=True)
+    assert events[declared].extra == {"run": f"{DAG_ID}/{RUN_ID}", "records": 15, "transactions": 2}
+    assert events[AssetAlias("kafka2pc")].asset_alias_events == []  # no alias, no other topic
