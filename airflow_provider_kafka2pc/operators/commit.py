@@ -9,6 +9,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
@@ -26,10 +27,8 @@ KAFKA2PC_ASSET_ALIAS = "kafka2pc"
 
 
 def topic_asset(bootstrap_servers: str, topic: str) -> Asset:
-    """A topic as an asset: ``kafka://{first bootstrap server}/{topic}``, the apache-kafka provider's
-    scheme and OpenLineage's Kafka namespace (one broker address names the cluster)."""
-    server = bootstrap_servers.split(",")[0].strip()
-    return Asset(f"kafka://{server}/{topic}")
+    """A topic as an asset: ``kafka://{first bootstrap server}/{topic}``."""
+    return Asset(f"{kafka_namespace(bootstrap_servers)}/{topic}")
 
 
 class ConnectionMismatchError(Kafka2PCError):
@@ -122,6 +121,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             outlets.append(AssetAlias(asset_alias))
         super().__init__(outlets=outlets, **kwargs)
         self.asset_alias = asset_alias
+        self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
 
     def execute(self, context: Context) -> dict[str, Any]:
         payloads = self.payloads(context)
@@ -137,8 +137,14 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         counts = self.log_report("commit", report)
         counts["records"] = sum(c.records for c in committables)
         if report.committed:
-            self.emit_asset_events(context, committables, str(hook.get_config()["bootstrap.servers"]))
+            bootstrap = str(hook.get_config()["bootstrap.servers"])
+            self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
+            self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage outputs: the topics this commit made visible (none unless it committed)."""
+        return topics_lineage(*self._visible) if self._visible is not None else topics_lineage("", ())
 
     def emit_asset_events(self, context: Context, committables: Sequence[Committable], bootstrap: str) -> None:
         """One event per topic the run made visible; Airflow records them when this task succeeds."""

@@ -152,6 +152,13 @@ class Kafka2PCExportOperator(BaseOperator):
         self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
+        self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage outputs: the topics this export wrote its (prepared, not yet visible) records to."""
+        from airflow_provider_kafka2pc.operators.lineage import topics_lineage
+
+        return topics_lineage(*self._written)
 
     def _dataframe(self, spark: Any, context: Context) -> Any:
         if self.source is not None:
@@ -252,6 +259,7 @@ class Kafka2PCExportOperator(BaseOperator):
         finally:
             spark.stop()
         summary = result.summary()
+        self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(
             "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s, "
             "%.0f records/s%s",
