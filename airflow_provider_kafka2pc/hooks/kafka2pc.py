@@ -13,6 +13,7 @@ from airflow.sdk import BaseHook
 
 from airflow_provider_kafka2pc.txn.config import redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.logs import quiet_third_party_logs
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -90,6 +91,7 @@ class Kafka2PCHook(BaseHook):
 
     def __init__(self, kafka2pc_conn_id: str = default_conn_name, connection: Connection | None = None) -> None:
         super().__init__()
+        quiet_third_party_logs()  # every kafka2pc task builds this hook first
         self.kafka2pc_conn_id = kafka2pc_conn_id
         # A trigger fetches the connection asynchronously and hands it in.
         self._conn: Connection | None = connection

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
@@ -19,6 +20,15 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.committable import Committable
     from airflow_provider_kafka2pc.txn.outcome import TxnRef
     from airflow_provider_kafka2pc.txn.resume import CommitReport
+
+
+# The alias the commit reports its topics' assets through (a topic is only known at run time).
+KAFKA2PC_ASSET_ALIAS = "kafka2pc"
+
+
+def topic_asset(bootstrap_servers: str, topic: str) -> Asset:
+    """A topic as an asset: ``kafka://{first bootstrap server}/{topic}``."""
+    return Asset(f"{kafka_namespace(bootstrap_servers)}/{topic}")
 
 
 class ConnectionMismatchError(Kafka2PCError):
@@ -95,8 +105,23 @@ class Kafka2PCCommitOperator(_PhaseTwo):
     transaction that can no longer commit fails the task with ``TransactionLostError``; if nothing
     was decided yet, the whole run is aborted first, so no part of it becomes visible.
 
+    Once every transaction of the run ended committed, it emits an asset event for each topic it
+    made visible (``topic_asset``: ``kafka://{bootstrap}/{topic}``, extra: run, records,
+    transactions) through the asset alias ``asset_alias``; a topic asset the user declared among
+    ``outlets`` gets the same extra instead. Schedule downstream DAGs on those assets.
+
     :param export_task_ids: the export task(s) whose committables to commit.
+    :param asset_alias: the alias the topic assets are emitted through; None emits none.
     """
+
+    def __init__(self, *, asset_alias: str | None = KAFKA2PC_ASSET_ALIAS, **kwargs: Any) -> None:
+        outlets = kwargs.pop("outlets", None)
+        outlets = [] if outlets is None else list(outlets) if isinstance(outlets, list | tuple) else [outlets]
+        if asset_alias is not None:
+            outlets.append(AssetAlias(asset_alias))
+        super().__init__(outlets=outlets, **kwargs)
+        self.asset_alias = asset_alias
+        self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
 
     def execute(self, context: Context) -> dict[str, Any]:
         payloads = self.payloads(context)
@@ -111,7 +136,40 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self.log.info("commit of %s: %s", decision_run(context), report.note)
         counts = self.log_report("commit", report)
         counts["records"] = sum(c.records for c in committables)
+        if report.committed:
+            bootstrap = str(hook.get_config()["bootstrap.servers"])
+            self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
+            self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage outputs: the topics this commit made visible (none unless it committed)."""
+        return topics_lineage(*self._visible) if self._visible is not None else topics_lineage("", ())
+
+    def emit_asset_events(self, context: Context, committables: Sequence[Committable], bootstrap: str) -> None:
+        """One event per topic the run made visible; Airflow records them when this task succeeds."""
+        records: dict[str, int] = {}
+        transactions: dict[str, int] = {}
+        for c in committables:
+            for topic, n in c.counts_by_topic.items():
+                records[topic] = records.get(topic, 0) + n
+                transactions[topic] = transactions.get(topic, 0) + 1
+        declared = {o.uri for o in self.outlets if isinstance(o, Asset)}
+        events = context["outlet_events"]
+        for topic in sorted(records):
+            asset = topic_asset(bootstrap, topic)
+            extra: dict[str, Any] = {
+                "run": decision_run(context),
+                "records": records[topic],
+                "transactions": transactions[topic],
+            }
+            if asset.uri in declared:
+                events[asset].extra.update(extra)
+            elif self.asset_alias is not None:
+                events[AssetAlias(self.asset_alias)].add(asset, extra=extra)
+            else:
+                continue
+            self.log.info("asset event for %s: %s", asset.uri, extra)
 
     def resolve(
         self, committables: Sequence[Committable], prefixes: Sequence[str], hook: Kafka2PCHook, run: str

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -73,41 +72,15 @@ def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_
     # Forced off unless the user turned it on, which check_session then refuses loudly.
     if conf.get("spark.speculation") is None:
         conf.set("spark.speculation", "false")
+    if not conf.get("spark.remote"):
+        # The console progress bar is one huge stderr line (ERROR in a task log); the export logs
+        # its own progress.
+        if conf.get("spark.ui.showConsoleProgress") is None:
+            conf.set("spark.ui.showConsoleProgress", "false")
+        from airflow_provider_kafka2pc.spark.jvm_logs import launch_gateway_with_logs
+
+        launch_gateway_with_logs(conf)
     return SparkSession.builder.config(conf=conf).getOrCreate()
-
-
-class _Progress:
-    """Logs the Spark job's task progress while the driver waits for collect()."""
-
-    def __init__(self, spark: Any, log: Any, interval_s: float = 10.0) -> None:
-        self._tracker = getattr(getattr(spark, "sparkContext", None), "statusTracker", None)
-        self._log = log
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kafka2pc-progress", daemon=True)
-
-    def __enter__(self) -> _Progress:
-        if self._tracker is not None:  # Spark Connect sessions have no status tracker
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        tracker = self._tracker()  # type: ignore[misc]
-        while not self._stop.wait(self._interval_s):
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info is not None:
-                    self._log.info(
-                        "prepare: stage %d, %d of %d partitions written (%d running, %d failed attempts)",
-                        stage_id,
-                        info.numCompletedTasks,
-                        info.numTasks,
-                        info.numActiveTasks,
-                        info.numFailedTasks,
-                    )
 
 
 class Kafka2PCExportOperator(BaseOperator):
@@ -179,6 +152,13 @@ class Kafka2PCExportOperator(BaseOperator):
         self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
+        self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage outputs: the topics this export wrote its (prepared, not yet visible) records to."""
+        from airflow_provider_kafka2pc.operators.lineage import topics_lineage
+
+        return topics_lineage(*self._written)
 
     def _dataframe(self, spark: Any, context: Context) -> Any:
         if self.source is not None:
@@ -275,13 +255,14 @@ class Kafka2PCExportOperator(BaseOperator):
         spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
         try:
             df = self._dataframe(spark, context)
-            with _Progress(spark, self.log):
-                result = export_dataframe(df, settings)
+            result = export_dataframe(df, settings, on_progress=lambda p: self.log.info("%s", p.describe()))
         finally:
             spark.stop()
         summary = result.summary()
+        self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(
-            "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s%s",
+            "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s, "
+            "%.0f records/s%s",
             summary["transactions"],
             prefix,
             result.records,
@@ -289,6 +270,7 @@ class Kafka2PCExportOperator(BaseOperator):
             result.partitions,
             summary["counts_by_topic"],
             result.duration_s,
+            result.records / result.duration_s if result.duration_s > 0 else 0.0,
             f", retried partitions {list(result.retried)}" if result.retried else "",
         )
         return ExportPayload(

@@ -8,10 +8,12 @@ that they are exactly one per non-empty partition, and returns them with a summa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -91,6 +93,82 @@ class ExportResult:
             "duration_s": round(self.duration_s, 3),
             "retried_partitions": list(self.retried),
         }
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the prepare job stands; records count the partitions that finished."""
+
+    partitions_done: int
+    partitions: int
+    running: int
+    failed_attempts: int
+    records: int
+    elapsed_s: float
+
+    def describe(self) -> str:
+        rate = self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return (
+            f"prepare: {self.partitions_done} of {self.partitions} partitions done ({self.running} running, "
+            f"{self.failed_attempts} failed attempts), {self.records} records written, {rate:.0f} records/s, "
+            f"{self.elapsed_s:.0f} s"
+        )
+
+
+class _ProgressReporter:
+    """Reports the job every ``interval_s`` and once at the end, from Spark's status tracker and an
+    accumulator of the records of finished partitions (Spark merges it as each task succeeds).
+    Classic sessions only: Spark Connect has neither."""
+
+    def __init__(self, spark: Any, on_progress: Callable[[Progress], None], interval_s: float) -> None:
+        try:
+            sc = spark.sparkContext
+            self.written: Any = sc.accumulator(0)
+            self._tracker: Any = sc.statusTracker()
+        except Exception:  # Spark Connect: no SparkContext on the client
+            self.written, self._tracker = None, None
+        self._on_progress = on_progress
+        self._interval_s = interval_s
+        self._started = time.monotonic()
+        self._stages: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka2pc-progress", daemon=True)
+
+    def __enter__(self) -> _ProgressReporter:
+        if self._tracker is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._tracker is not None:
+            self._thread.join()
+            if exc[0] is None:
+                self._report()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._report()
+
+    def _report(self) -> None:
+        try:
+            for stage_id in self._tracker.getActiveStageIds():
+                if (info := self._tracker.getStageInfo(stage_id)) is not None:
+                    self._stages[stage_id] = info
+            # Stages seen active, as last seen or as they ended (the status store keeps them).
+            infos = [self._tracker.getStageInfo(i) or info for i, info in self._stages.items()]
+            self._on_progress(
+                Progress(
+                    partitions_done=sum(i.numCompletedTasks for i in infos),
+                    partitions=sum(i.numTasks for i in infos),
+                    running=sum(i.numActiveTasks for i in infos),
+                    failed_attempts=sum(i.numFailedTasks for i in infos),
+                    records=int(self.written.value),
+                    elapsed_s=time.monotonic() - self._started,
+                )
+            )
+        except Exception as e:  # progress is a courtesy: never fail the export for it
+            log.debug("progress report failed: %r", e)
 
 
 def _out_arrow_schema() -> Any:
@@ -242,8 +320,16 @@ def check_session(spark: Any) -> None:
         )
 
 
-def export_dataframe(df: Any, settings: ExportSettings) -> ExportResult:
-    """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary."""
+def export_dataframe(
+    df: Any,
+    settings: ExportSettings,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 5.0,
+) -> ExportResult:
+    """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
+
+    ``on_progress`` is called every ``progress_interval_s`` while the job runs and once when it
+    has succeeded (classic Spark sessions; Spark Connect reports nothing)."""
     started = time.monotonic()
     naming.validate_prefix(settings.transactional_id_prefix)
     validate_schema(df.schema, settings.topic)
@@ -254,17 +340,23 @@ def export_dataframe(df: Any, settings: ExportSettings) -> ExportResult:
         # Read the broker's cap once on the driver instead of once per task.
         settings = replace(settings, transaction_timeout_ms=broker_max_transaction_timeout_ms(settings.producer_config))
     payload = settings.to_json()
+    reporter = _ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
+    written = reporter.written if reporter is not None else None
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         assert ctx is not None
-        yield from write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches)
+        for out in write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches):
+            if written is not None:
+                written.add(sum(out.column("records").to_pylist()))
+            yield out
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
+    with reporter or contextlib.nullcontext():
+        rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
     return _collect(rows, settings, time.monotonic() - started)
 
 

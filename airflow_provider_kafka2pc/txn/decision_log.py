@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.logs import with_log
 from airflow_provider_kafka2pc.txn.naming import validate_prefix
 from airflow_provider_kafka2pc.txn.protocol import (
     CLAIM_KEY,
@@ -107,7 +108,7 @@ class DecisionLog:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-        admin = AdminClient(connection_only(self._config))
+        admin = AdminClient(with_log(connection_only(self._config)))
         try:
             md = admin.list_topics(timeout=self.timeout_s)
         except KafkaException as e:
@@ -194,7 +195,7 @@ class DecisionLog:
                     "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
                 }
             )
-            self._producer = Producer(conf)
+            self._producer = Producer(with_log(conf))
             self._producer.list_topics(timeout=self.timeout_s)  # connect now, not on the first write
         return self._producer
 
@@ -341,7 +342,7 @@ class DecisionLog:
                 "fetch.wait.max.ms": 10,
             }
         )
-        consumer = Consumer(conf)
+        consumer = Consumer(with_log(conf))
         try:
             end = self._end_offset(consumer, TopicPartition(self.topic, partition))
             last = end - 1 if until is None else until

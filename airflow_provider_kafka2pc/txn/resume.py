@@ -222,6 +222,8 @@ def ref_of(c: _HoldsProducer) -> TxnRef:
 class CommitReport:
     resolutions: tuple[Resolution, ...]
     note: str = ""  # e.g. "already committed", from the run's own record
+    # Every transaction of the run ended committed: by this call, an earlier try, or per its run record.
+    committed: bool = False
 
     def count(self, v: Verdict) -> int:
         return sum(1 for r in self.resolutions if r.outcome is v)
@@ -236,8 +238,16 @@ def deadline_of(state: TxnState | None) -> int | None:
 
 def covered(c: Committable, state: TxnState | None) -> Covered:
     return Covered(
-        c.transactional_id, c.producer_id, c.producer_epoch, c.records, c.describe_partitions(), deadline_of(state)
+        c.transactional_id, c.producer_id, c.producer_epoch, c.records, _partitions(c, state), deadline_of(state)
     )
+
+
+def _partitions(c: Committable, state: TxnState | None) -> tuple[str, ...]:
+    """The transaction's partitions as the broker lists them while it is open for this producer;
+    else as the committable has them (none when it came through a version-2 XCom)."""
+    if state is not None and state.topic_partitions and ref_of(state) == ref_of(c):
+        return tuple(f"{t}-{p}" for t, p in state.topic_partitions)
+    return c.describe_partitions()
 
 
 def covered_state(s: TxnState) -> Covered:
@@ -372,7 +382,7 @@ def commit_prepared(
     lost = lost_of_decisions(state, [did])
     if lost:
         raise TransactionLostError(lost, visible="part" if state.outcome(did).committed else "decided")
-    return CommitReport(tuple(resolutions))
+    return CommitReport(tuple(resolutions), committed=all(r.outcome is Verdict.COMMITTED for r in resolutions))
 
 
 def decide_commit(
@@ -420,7 +430,7 @@ def decide_commit(
         if doomed:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
             _abort_run(decision_log, resolver, refs, observed, run, by_tid)
-            raise TransactionLostError(_lost(by_tid, doomed), visible="none")
+            raise TransactionLostError(_lost(by_tid, doomed, observed), visible="none")
         decision = new_decision(
             Kind.COMMIT,
             (covered(c, observed[c.transactional_id][1]) for c in committables),
@@ -431,17 +441,13 @@ def decide_commit(
         )
         log.info("appending the COMMIT decision for run %s (%d transaction(s))", run, len(refs))
         state = decision_log.decide(decision, keep_run=keep)
-        log.info(
-            "decision: COMMIT %s for run %s, %d transaction(s), at offset %d: from here on the run becomes visible",
-            decision.decision_id,
-            run,
-            len(refs),
-            state.offsets[decision.decision_id],
-        )
         # A twin of this task (a zombie, a concurrent retry) may have decided the same run first: obey it.
         mine = decision if state.in_force(decision.decision_id) else state.commit_of_run(run, refs)
         if mine is None:
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
+        _log_decision(mine, committables, state, "" if mine is decision else "appended first by a twin of this task")
+    else:
+        _log_decision(mine, committables, state, "appended by an earlier try")
     resolver.committed_in_log = committed_in(state)
     return Decided(state, mine, resolver)
 
@@ -455,13 +461,30 @@ def _second_export(run: str, first: RunRecord, count: int) -> DecisionConflictEr
     )
 
 
+def _log_decision(decision: DecisionRecord, committables: Sequence[Committable], state: LogState, note: str) -> None:
+    """The one line that says the run is decided, before the first EndTxn."""
+    topics = sorted({t for c in committables for t in c.topics})
+    offset = state.offsets.get(decision.decision_id)
+    log.info(
+        "decision: COMMIT %s for run %s: %d transaction(s), %d records, topics %s, at offset %s%s: "
+        "from here on the run becomes visible",
+        decision.decision_id,
+        decision.run,
+        len(committables),
+        sum(c.records for c in committables),
+        ", ".join(topics),
+        "?" if offset is None else offset,
+        f" ({note})" if note else "",
+    )
+
+
 def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
         raise TransactionLostError(lost, visible="part")
     note = "; ".join(f"exporter {r.prefix}: already {r.status.value.lower()}, {r.records} records" for r in records)
     log.info("run %s is final in the decision log (%s); nothing to do", run, note)
-    return CommitReport((), note=note)
+    return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))
 
 
 def _doomed(
@@ -517,7 +540,7 @@ def _abort_run(
     resolutions = obey(decision_log, state, rulers + ([void.decision_id] if void is not None else []), resolver)
     if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
         why = state.void.get(void.decision_id, "appended after a broker deadline")
-        raise TransactionLostError(_lost(dict(by_tid), dict.fromkeys(by_tid, f"COMMIT {why}")), visible="none")
+        raise TransactionLostError(_lost(by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed), visible="none")
     if conflict is None:
         return CommitReport(tuple(resolutions))
     winners = {d.decision_id: d for d in conflict.values() if d is not None}
@@ -594,9 +617,13 @@ def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
-def _lost(by_tid: dict[str, Committable], reasons: dict[str, str]) -> list[LostTransaction]:
+def _lost(
+    by_tid: Mapping[str, Committable],
+    reasons: Mapping[str, str],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+) -> list[LostTransaction]:
     return [
-        LostTransaction(tid, c.producer_id, c.producer_epoch, c.records, c.describe_partitions(), reasons[tid])
+        LostTransaction(tid, c.producer_id, c.producer_epoch, c.records, _partitions(c, observed[tid][1]), reasons[tid])
         for tid, c in by_tid.items()
         if tid in reasons
     ]

@@ -8,6 +8,7 @@ itself: a read_committed consumer and the open transactions of the exporter's pr
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.airflow_standalone, pytest.mark.kafka]
 DAG_ID = "e2e_kafka2pc"
 SCHEDULED_DAG_ID = "e2e_kafka2pc_scheduled"  # same tasks, daily (for backfills), prefix {prefix}_sched
 TWO_EXPORTS_DAG_ID = "e2e_two_exports"  # export a fails fast, export b is slow; prefixes {prefix}_two_a|b
+CONSUMER_DAG_ID = "e2e_asset_consumer"  # scheduled on the topic's asset
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
 RUN_TIMEOUT = 300.0  # generous: the shared machine may be loaded, Spark alone takes 10-20 s to start
@@ -110,7 +112,7 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     home = tmp_path_factory.mktemp("airflow_rest") / "home"
     # A harness that cannot start raises here, which errors (never skips) every test of the module.
-    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID]
+    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID, CONSUMER_DAG_ID]
     af = StandaloneAirflow(home, DAGS, env, dag_ids=dag_ids)
     with af:
         # The metadata DB is the harness's own PostgreSQL: the parsed DAGs are rows there.
@@ -302,8 +304,55 @@ def test_one_export_fails_while_the_other_is_still_writing(airflow: Instance, ka
     abort_log = airflow.log(run_id, "abort", 1, dag_id=TWO_EXPORTS_DAG_ID)
     assert "export task(s) ['prepare_a'] failed: aborting the run" in abort_log, abort_log
     payload = af.xcom(TWO_EXPORTS_DAG_ID, run_id, "prepare_b")
-    assert len(payload["committables"]) == PARTITIONS, payload
+    assert len(payload["transactions"]["slots"]) == PARTITIONS, payload
 
     assert not any(k.startswith("two-") for k in airflow.keys(kafka))
     for prefix in prefixes:
         assert kafka.open_transactions(prefix) == [], prefix
+
+
+def test_a_dag_scheduled_on_the_topic_asset_runs_after_the_commit_and_only_then(
+    airflow: Instance, kafka: KafkaEnv
+) -> None:
+    """The commit emits the topic's asset event; a failed run emits none. Other tests' commits
+    trigger the consumer too, so each consumer run is told apart by the run its events name."""
+    af = airflow.af
+    t = time.monotonic()
+    failed = af.trigger(DAG_ID, conf=airflow.conf("noasset", fault="prepare_fails"))
+    assert airflow.wait(failed) == "failed", af.task_states(DAG_ID, failed)
+    ok = af.trigger(DAG_ID, conf=airflow.conf("asset", fault=""))
+    assert airflow.wait(ok) == "success", af.task_states(DAG_ID, ok)
+    commit_end = airflow.times(DAG_ID, ok, "commit")[1]
+    t = airflow.phase("asset_producer_runs", t)
+
+    def consumed() -> dict[str, list[tuple[str, Any]]]:
+        """Producer run -> [(consumer run, the extra of its triggering event)], over finished consumer runs."""
+        out: dict[str, list[tuple[str, Any]]] = {}
+        for r in af.dag_runs(CONSUMER_DAG_ID):
+            if r["state"] == "success":
+                for extra in af.xcom(CONSUMER_DAG_ID, r["dag_run_id"], "triggered_by"):
+                    out.setdefault(str(extra["run"]).split("/", 1)[1], []).append((r["dag_run_id"], extra))
+        return out
+
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while ok not in (seen := consumed()):
+        assert time.monotonic() < deadline, f"no consumer run for {ok}: {af.dag_runs(CONSUMER_DAG_ID)}"
+        time.sleep(1)
+    airflow.phase("asset_consumer_run", t)
+    [(consumer_run, extra)] = seen[ok]
+    assert extra == {"run": f"{DAG_ID}/{ok}", "records": ROWS, "transactions": PARTITIONS}
+    assert failed not in seen
+    consumer_start = datetime.fromisoformat(af.dag_run(CONSUMER_DAG_ID, consumer_run)["start_date"])
+    assert consumer_start > commit_end, (consumer_start, commit_end)
+    exactly_once(airflow.keys(kafka), "asset", ROWS)
+    assert not any(k.startswith("noasset-") for k in airflow.keys(kafka))
+
+    # The successful run's logs, as the task supervisor recorded them (stderr would be ERROR there).
+    logs = {task: airflow.log(ok, task, 1) for task in ("recover", "prepare", "commit")}
+    for task, log in logs.items():
+        errors = [line for line in log.splitlines() if line.split(" ", 2)[1:2] in (["error"], ["critical"])]
+        assert errors == [], (task, errors[:5])
+    assert re.search(
+        rf"decision: COMMIT \w+ for run {DAG_ID}/\S+: {PARTITIONS} transaction\(s\), {ROWS} records", logs["commit"]
+    )
+    assert f"prepare: {PARTITIONS} of {PARTITIONS} partitions done" in logs["prepare"], logs["prepare"]

@@ -6,6 +6,7 @@ transactions of the prefix still open on the broker.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 
@@ -20,6 +21,7 @@ E2E_DAG = REPO / "tests" / "e2e" / "dags" / "e2e_kafka2pc.py"
 EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
 ROWS, PARTITIONS = 3000, 4
 EXAMPLE_TOPIC = "kafka2pc_example_orders"  # dags/kafka2pc_example.py's TOPIC: the DAG never creates it
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(\w+)\s*\] ")
 
 
 def scenario(kafka: KafkaEnv, fault: str = "", **extra: str) -> tuple[dict[str, str], str, str]:
@@ -58,6 +60,34 @@ def test_example_dag_exports_exactly_once(kafka: KafkaEnv, dag_tester: DagTester
     keys = visible_keys(kafka, EXAMPLE_TOPIC)
     assert len(keys) == 20_000 and set(keys.values()) == {1}
     assert kafka.open_transactions("kafka2pc_example.orders") == []
+    # One asset event, from the commit, for the topic it made visible.
+    assert dag_tester.asset_events("kafka2pc_example", result.run_id) == [
+        {
+            "uri": f"kafka://{kafka.bootstrap}/{EXAMPLE_TOPIC}",
+            "task_id": "orders.commit",
+            "extra": {"run": f"kafka2pc_example/{result.run_id}", "records": 20_000, "transactions": 4},
+        }
+    ]
+
+    # The logs a person reads: every line a log record (an Airflow task supervisor logs any other
+    # stderr line, Spark's or librdkafka's, at ERROR), none at ERROR, no kafka-python chatter.
+    lines = result.log.read_text(errors="replace").splitlines()
+    records = [(m.group(1), line) for line in lines if (m := LOG_RECORD.match(line))]
+    raw = [line for line in lines if not LOG_RECORD.match(line) and not line.startswith('{"run_id"')]
+    assert raw == [], f"{len(raw)} line(s) outside any log record, first: {raw[:5]}"
+    errors = [line for level, line in records if level in ("error", "critical")]
+    assert errors == [], errors[:5]
+    assert not [line for _, line in records if " [kafka." in line]  # kafka-python logs only from WARNING
+    assert any(
+        re.search(r"\] decision: COMMIT \w+ for run kafka2pc_example/\S+: 4 transaction\(s\), 20000 records, "
+                  rf"topics {EXAMPLE_TOPIC}, at offset \d+", line)
+        for _, line in records
+    )  # fmt: skip
+    assert any(
+        re.search(r"\] prepare: 4 of 4 partitions done \(0 running, 0 failed attempts\), 20000 records written, "
+                  r"\d+ records/s", line)
+        for _, line in records
+    )  # fmt: skip
 
 
 def test_prepare_fails_mid_job_abort_leaves_nothing(kafka: KafkaEnv, dag_tester: DagTester) -> None:
@@ -70,6 +100,7 @@ def test_prepare_fails_mid_job_abort_leaves_nothing(kafka: KafkaEnv, dag_tester:
     assert "injected: row" in result.log.read_text(errors="replace")
     assert visible_keys(kafka, topic) == Counter()
     assert kafka.open_transactions(prefix) == []
+    assert dag_tester.asset_events("e2e_kafka2pc", result.run_id) == []  # nothing became visible
 
 
 def test_commit_dies_halfway_and_its_retry_commits_the_rest(kafka: KafkaEnv, dag_tester: DagTester) -> None:
@@ -80,6 +111,11 @@ def test_commit_dies_halfway_and_its_retry_commits_the_rest(kafka: KafkaEnv, dag
     assert "injected: commit died after deciding and committing 2 of 4" in result.log.read_text(errors="replace")
     exactly_once(visible_keys(kafka, topic), "a")
     assert kafka.open_transactions(prefix) == []
+    # The retry, which committed the other half, reports the whole run's topic once.
+    events = dag_tester.asset_events("e2e_kafka2pc", result.run_id)
+    assert [(e["uri"], e["extra"]["records"], e["extra"]["transactions"]) for e in events] == [
+        (f"kafka://{kafka.bootstrap}/{topic}", ROWS, PARTITIONS)
+    ]
 
 
 def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(

@@ -45,6 +45,7 @@ def migrate(home: Path, dags_folder: Path) -> None:
 
 @dataclass
 class DagRunResult:
+    run_id: str
     state: str
     tasks: dict[str, str]
     tries: dict[str, int]
@@ -96,7 +97,7 @@ class DagTester:
                 f"dag.test of {dag_id} crashed (exit {proc.returncode}); tail of {log}:\n" + "\n".join(lines[-60:])
             )
         data = json.loads(last)
-        return DagRunResult(data["state"], data["tasks"], data["tries"], data["seconds"], log)
+        return DagRunResult(data["run_id"], data["state"], data["tasks"], data["tries"], data["seconds"], log)
 
     def kill_when(
         self, proc: subprocess.Popen[bytes], log: Path, condition: Callable[[], bool], timeout_s: float = 300
@@ -111,6 +112,26 @@ class DagTester:
                 raise AssertionError(f"condition not reached in {timeout_s} s; log: {log}")
             time.sleep(0.5)
         kill_group(proc)
+
+    def asset_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The asset events a DAG run's tasks emitted, as the metadata DB recorded them."""
+        code = (
+            "import json, sys\n"
+            "from sqlalchemy import select\n"
+            "from airflow.models.asset import AssetEvent, AssetModel\n"
+            "from airflow.utils.session import create_session\n"
+            "with create_session() as s:\n"
+            "    rows = s.execute(select(AssetModel.uri, AssetEvent.source_task_id, AssetEvent.extra)\n"
+            "        .join(AssetModel, AssetEvent.asset_id == AssetModel.id)\n"
+            "        .where(AssetEvent.source_dag_id == sys.argv[1], AssetEvent.source_run_id == sys.argv[2]))\n"
+            "    print(json.dumps([{'uri': u, 'task_id': t, 'extra': e} for u, t, e in rows]))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, dag_id, run_id], env=self.env({}), capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"cannot read the asset events of {dag_id} {run_id}:\n{done.stderr[-3000:]}")
+        return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def fail_running_runs(self, dag_id: str) -> list[str]:
         """Mark the DAG's runs still "running" in the DB as failed: the scheduler's part, for a killed dag.test.

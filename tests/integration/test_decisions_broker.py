@@ -21,7 +21,11 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, UnsafeDecisionTopicError
-from airflow_provider_kafka2pc.txn.errors import ForeignCommittableError, TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import (
+    ForeignCommittableError,
+    MalformedCommittableError,
+    TransactionLostError,
+)
 from airflow_provider_kafka2pc.txn.naming import NamingStrategy, check_members
 from airflow_provider_kafka2pc.txn.protocol import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.recovery import recover
@@ -276,11 +280,23 @@ def test_foreign_committable_in_the_payload_is_refused_before_any_decision(
     )
     a, b, topic = _new("fa"), _new("fb"), kafka.topic(2)
     mine, theirs = prepare(kafka, a, 2, topic), prepare(kafka, b, 2, topic)
-    swapped = ExportPayload("kafka2pc_default", a, "POOLING", None, "EXACTLY_ONCE", (mine[0], theirs[1]))
+    # A version-2 payload cannot even name another exporter's id; version 1, still read, can.
+    with pytest.raises(MalformedCommittableError, match=theirs[1].transactional_id):
+        ExportPayload("kafka2pc_default", a, "POOLING", None, "EXACTLY_ONCE", (mine[0], theirs[1])).to_xcom()
+    swapped = {
+        "version": 1,
+        "conn_id": "kafka2pc_default",
+        "prefix": a,
+        "naming_strategy": "POOLING",
+        "run_key": None,
+        "delivery_guarantee": "EXACTLY_ONCE",
+        "committables": [mine[0].to_dict(), theirs[1].to_dict()],
+        "summary": {},
+    }
 
     class TI:
         def xcom_pull(self, task_ids: str, key: str) -> object:
-            return swapped.to_xcom()
+            return swapped
 
     class Dag:
         dag_id = "foreign"

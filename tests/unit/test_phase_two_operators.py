@@ -26,7 +26,12 @@ from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPaylo
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
 from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.errors import ForeignCommittableError, LostTransaction, TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import (
+    ForeignCommittableError,
+    LostTransaction,
+    MalformedCommittableError,
+    TransactionLostError,
+)
 from airflow_provider_kafka2pc.txn.protocol import Lease
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
@@ -63,6 +68,21 @@ def context(dag: Any, ti: FakeTI | None = None) -> Any:
 def payload(prefix: str = "orders", *tids: str, strategy: str = "POOLING", conn: str = "kafka2pc_default") -> Any:
     run_key = naming.sanitize_run_key(RUN_ID) if strategy == "INCREMENTING" else None
     return ExportPayload(conn, prefix, strategy, run_key, "EXACTLY_ONCE", tuple(committable(t) for t in tids)).to_xcom()
+
+
+def legacy_payload(prefix: str, *tids: str, strategy: str = "POOLING") -> Any:
+    """Version 1, a list of whole committables: it can name any id, so the commit must check them."""
+    run_key = naming.sanitize_run_key(RUN_ID) if strategy == "INCREMENTING" else None
+    return {
+        "version": 1,
+        "conn_id": "kafka2pc_default",
+        "prefix": prefix,
+        "naming_strategy": strategy,
+        "run_key": run_key,
+        "delivery_guarantee": "EXACTLY_ONCE",
+        "committables": [committable(t).to_dict() for t in tids],
+        "summary": {},
+    }
 
 
 @pytest.fixture
@@ -399,15 +419,28 @@ OTHER_RUNS_ID = naming.transactional_id("orders", 3, naming.NamingStrategy.INCRE
 @pytest.mark.parametrize(
     ("bad", "foreign_id"),
     [
-        (payload("orders", "orders-0", "payments-1"), "payments-1"),  # another exporter
-        (payload("orders", "orders2-1"), "orders2-1"),  # a prefix that only starts alike
-        (payload("orders", INCREMENTING_ID, strategy="INCREMENTING"), None),  # control: this run's own id
-        (payload("orders", INCREMENTING_ID, OTHER_RUNS_ID, strategy="INCREMENTING"), OTHER_RUNS_ID),
-        (payload("orders", "orders-1", strategy="INCREMENTING"), "orders-1"),  # a POOLING id in an INCREMENTING run
-        (payload("orders", INCREMENTING_ID), INCREMENTING_ID),  # an INCREMENTING id in a POOLING payload
-        (payload("orders", "orders-0", "orders-1", "orders-0"), "orders-0"),  # the same id twice
+        (legacy_payload("orders", "orders-0", "payments-1"), "payments-1"),  # another exporter
+        (legacy_payload("orders", "orders2-1"), "orders2-1"),  # a prefix that only starts alike
+        (legacy_payload("orders", INCREMENTING_ID, strategy="INCREMENTING"), None),
+        (payload("orders", INCREMENTING_ID, strategy="INCREMENTING"), None),  # version 2  # control: this run's own id
+        (legacy_payload("orders", INCREMENTING_ID, OTHER_RUNS_ID, strategy="INCREMENTING"), OTHER_RUNS_ID),
+        (
+            legacy_payload("orders", "orders-1", strategy="INCREMENTING"),
+            "orders-1",
+        ),  # a POOLING id in an INCREMENTING run
+        (legacy_payload("orders", INCREMENTING_ID), INCREMENTING_ID),  # an INCREMENTING id in a POOLING payload
+        (legacy_payload("orders", "orders-0", "orders-1", "orders-0"), "orders-0"),  # the same id twice
     ],
-    ids=["other-prefix", "alike-prefix", "valid", "other-run", "pooling-id", "incrementing-id", "duplicate"],
+    ids=[
+        "other-prefix",
+        "alike-prefix",
+        "valid",
+        "valid-v2",
+        "other-run",
+        "pooling-id",
+        "incrementing-id",
+        "duplicate",
+    ],
 )
 def test_commit_refuses_a_foreign_committable_before_anything_else(
     bad: dict[str, Any], foreign_id: str | None, no_kafka: None
@@ -423,3 +456,71 @@ def test_commit_refuses_a_foreign_committable_before_anything_else(
         with pytest.raises(ForeignCommittableError) as refused:
             call(context(dag, ti))
         assert repr(foreign_id) in str(refused.value)
+
+
+def test_version_2_payload_cannot_carry_a_foreign_committable() -> None:
+    with pytest.raises(MalformedCommittableError, match="payments-1"):
+        payload("orders", "orders-0", "payments-1")
+
+
+# --- commit: asset events for the topics it made visible ------------------------------------------
+
+
+def committed_report(committed: bool) -> Any:
+    from airflow_provider_kafka2pc.txn.resume import CommitReport
+
+    return CommitReport((), note="", committed=committed)
+
+
+def run_commit(monkeypatch: pytest.MonkeyPatch, op: Kafka2PCCommitOperator, dag: Any, committed: bool) -> Any:
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from airflow_provider_kafka2pc.txn.committable import Committable
+
+    two_topics = Committable("orders-1", 7, 0, 30, counts_by_topic={"events": 10, "audit": 20})
+    one_topic = Committable("orders-2", 8, 0, 5, counts_by_topic={"events": 5})
+    xcom = ExportPayload("kafka2pc_default", "orders", "POOLING", None, "EXACTLY_ONCE", (two_topics, one_topic))
+    monkeypatch.setattr(Kafka2PCHook, "get_config", lambda self: {"bootstrap.servers": "b1:9092,b2:9092"})
+    monkeypatch.setattr(Kafka2PCCommitOperator, "resolve", lambda *a: committed_report(committed))
+    events = OutletEventAccessors()
+    ti = FakeTI({("prepare", "return_value"): xcom.to_xcom()})
+    op.execute({**context(dag, ti), "outlet_events": events})
+    return events
+
+
+def test_commit_emits_one_asset_event_per_visible_topic_through_its_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import AssetAlias
+
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    assert op.outlets == [AssetAlias("kafka2pc")]
+    events = run_commit(monkeypatch, op, dag, committed=True)
+    emitted = [
+        (e.dest_asset_key.uri, e.extra) for e in events[AssetAlias("kafka2pc")].asset_alias_events
+    ]  # fmt: skip
+    run = f"{DAG_ID}/{RUN_ID}"
+    assert emitted == [
+        ("kafka://b1:9092/audit", {"run": run, "records": 20, "transactions": 1}),
+        ("kafka://b1:9092/events", {"run": run, "records": 15, "transactions": 2}),
+    ]
+
+
+def test_commit_emits_nothing_unless_the_run_ended_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import AssetAlias
+
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    events = run_commit(monkeypatch, op, dag, committed=False)
+    assert events[AssetAlias("kafka2pc")].asset_alias_events == []
+
+
+def test_a_declared_topic_asset_gets_the_extra_instead_of_a_second_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import Asset, AssetAlias
+
+    declared = Asset("kafka://b1:9092/events")
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare", outlets=[declared], asset_alias=None)
+    assert op.outlets == [declared]
+    events = run_commit(monkeypatch, op, dag, committed=True)
+    assert events[declared].extra == {"run": f"{DAG_ID}/{RUN_ID}", "records": 15, "transactions": 2}
+    assert events[AssetAlias("kafka2pc")].asset_alias_events == []  # no alias, no other topic
