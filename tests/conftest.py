@@ -6,6 +6,7 @@ A broker that cannot start fails the tests that need it; nothing is skipped.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,8 @@ def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, **
     base = os.environ.get("KAFKA2PC_TEST_LOGS")
     directory = Path(base) / name if base else tmp_path_factory.mktemp(name)
     state = kl.start_cluster(directory, brokers=brokers, **kwargs)
-    env = KafkaEnv(directory=Path(directory), bootstrap=state["bootstrap_servers"], brokers=brokers)
+    security = {k: v for k, v in kl.client_config(state).items() if k != "bootstrap.servers"}
+    env = KafkaEnv(directory=Path(directory), bootstrap=state["bootstrap_servers"], brokers=brokers, security=security)
     try:
         yield env
     finally:
@@ -51,12 +53,29 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv
     yield from _start(tmp_path_factory, "kafka3", 3)
 
 
+# The secured broker's SCRAM user for the exporter; made per test session, never committed.
+SECURE_EXPORTER = "exporter"
+SECURE_EXPORTER_PASSWORD = secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """SASL_SSL + SCRAM-SHA-512, StandardAuthorizer denying what no ACL allows; ``config`` is the super user."""
+    yield from _start(
+        tmp_path_factory,
+        "kafka1secure",
+        1,
+        security="sasl_ssl",
+        scram_users={SECURE_EXPORTER: SECURE_EXPORTER_PASSWORD},
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
     if report.failed:
-        for name in ("kafka", "kafka_short_timeout", "kafka_cluster"):
+        for name in ("kafka", "kafka_short_timeout", "kafka_cluster", "kafka_secure"):
             env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(env, KafkaEnv):
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))

@@ -43,11 +43,13 @@ class KafkaEnv:
     directory: Path
     bootstrap: str
     brokers: int
+    # A secured cluster's client settings for its super user (kafka_local.client_config).
+    security: dict[str, str] = field(default_factory=dict)
     _wire: WireClient | None = field(default=None, repr=False)
 
     @property
     def config(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap}
+        return {"bootstrap.servers": self.bootstrap, **self.security}
 
     @property
     def wire(self) -> WireClient:
@@ -58,12 +60,12 @@ class KafkaEnv:
     def new_wire(self) -> WireClient:
         return WireClient(self.config)
 
-    def topic(self, partitions: int = 3, name: str | None = None) -> str:
+    def topic(self, partitions: int = 3, name: str | None = None, config: dict[str, str] | None = None) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         name = name or f"t_{uuid.uuid4().hex[:10]}"
         admin = AdminClient(self.config)
-        admin.create_topics([NewTopic(name, partitions, min(3, self.brokers))])[name].result(30)
+        admin.create_topics([NewTopic(name, partitions, min(3, self.brokers), config=config or {})])[name].result(30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait for leaders before anyone produces
             md = admin.list_topics(name, timeout=10).topics[name]
