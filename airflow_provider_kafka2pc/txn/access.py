@@ -162,7 +162,9 @@ def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[s
                     principal, "Topic", topic, _operation_name(needs[topic][0]), detail=f"the broker said {name}"
                 ) from e
             raise
-        allowed = {op.name for op in description.authorized_operations or ()}
+        if description.authorized_operations is None:
+            continue  # the broker did not say (an old broker): the operations themselves will tell
+        allowed = {op.name for op in description.authorized_operations}
         for op in needs[topic]:
             if op not in allowed:
                 raise KafkaAuthorizationError(principal, "Topic", topic, _operation_name(op))
