@@ -97,6 +97,7 @@ TOOL_CONFIG_FLAGS: dict[str, str] = {
 SECURITY_MODES = ("plaintext", "sasl_ssl")
 ADMIN_USER = "admin"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
+OAUTH_AUDIENCE = "kafka"  # the "aud" an OAUTHBEARER token must carry for a --security sasl_ssl broker
 
 BROKER_LOG4J2 = """\
 # Written by kafka_local.py.
@@ -156,6 +157,8 @@ class Security(TypedDict):
     ca_file: str
     admin_properties: str  # Kafka tools' client config for the super user
     users: dict[str, str]  # SCRAM-SHA-512 name -> password, ``admin`` included
+    oauth_jwks_url: NotRequired[str]  # OAUTHBEARER accepted too, tokens checked against this JWKS
+    oauth_issuer: NotRequired[str]  # ... and must carry this "iss"
 
 
 class ClusterState(TypedDict):
@@ -398,12 +401,30 @@ def _sasl_ssl_properties(node: NodeState, security: Security, keystore: Path, ke
     broker connects to it, and clients are given the SASL_SSL port only.
     """
     admin = security["users"][ADMIN_USER]
+    mechanisms = [SCRAM_MECHANISM]
+    oauth: dict[str, str] = {}
+    jwks = security.get("oauth_jwks_url")
+    if jwks:
+        # Kafka's own validator: signature from the JWKS, then exp and sub (the principal).
+        mechanisms.append("OAUTHBEARER")
+        module = "org.apache.kafka.common.security.oauthbearer"
+        oauth = {
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": f"{module}.OAuthBearerLoginModule required;",
+            "listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class": (
+                f"{module}.OAuthBearerValidatorCallbackHandler"
+            ),
+            "sasl.oauthbearer.jwks.endpoint.url": jwks,
+            # Kafka 4.4 refuses to start without both.
+            "sasl.oauthbearer.expected.audience": OAUTH_AUDIENCE,
+            "sasl.oauthbearer.expected.issuer": security.get("oauth_issuer", ""),
+        }
     return {
+        **oauth,
         "listeners": f"SASL_SSL://{HOST}:{node['port']},CONTROLLER://{HOST}:{node['controller_port']}",
         "advertised.listeners": f"SASL_SSL://{HOST}:{node['port']}",
         "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "SASL_SSL",
-        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "sasl.enabled.mechanisms": ",".join(mechanisms),
         "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
         f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": _scram_jaas(ADMIN_USER, admin),
         "ssl.keystore.type": "PKCS12",
@@ -561,9 +582,12 @@ def _launch(state: ClusterState, node: NodeState) -> None:
     """Start the node's JVM detached and record its pid in ``node``."""
     log_dir = Path(node["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
+    jwks = state.get("security", {}).get("oauth_jwks_url")
     command = [
         state["java"],
         *BROKER_JVM_OPTS,
+        # Kafka 4 fetches only the OAuth URLs this system property allows.
+        *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={jwks}"] if jwks else []),
         f"-Dlog4j2.configurationFile={node['log4j_config']}",
         "-cp",
         _classpath(state["libs_dir"]),
@@ -742,12 +766,16 @@ def start_cluster(
     timeout: float = READY_TIMEOUT_S,
     security: str = "plaintext",
     scram_users: Mapping[str, str] | None = None,
+    oauth_jwks_url: str | None = None,
+    oauth_issuer: str | None = None,
 ) -> ClusterState:
     """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``.
 
     ``security="sasl_ssl"`` (one broker): SASL_SSL with SCRAM-SHA-512, TLS from a CA made here,
     StandardAuthorizer denying whatever no ACL allows, super user ``admin`` (random password)
-    and ``scram_users`` (name -> password) created at format time; see ``client_config``.
+    and ``scram_users`` (name -> password) created at format time; see ``client_config``. With
+    ``oauth_jwks_url`` and ``oauth_issuer`` the listener accepts SASL/OAUTHBEARER too: tokens signed
+    by a key of that JWKS, from that issuer, for audience ``OAUTH_AUDIENCE``; principal = ``sub``.
 
     Returns the state also written to ``directory/cluster.json`` once every node is
     up. On failure the nodes are stopped, their logs kept, and KafkaLocalError raised.
@@ -758,8 +786,10 @@ def start_cluster(
         raise KafkaLocalError(f"security must be one of {SECURITY_MODES}, not {security!r}")
     if security != "plaintext" and brokers != 1:
         raise KafkaLocalError(f"--security {security} runs one broker only")
-    if scram_users and security == "plaintext":
-        raise KafkaLocalError("SCRAM users need --security sasl_ssl")
+    if (scram_users or oauth_jwks_url) and security == "plaintext":
+        raise KafkaLocalError("SCRAM users and OAUTHBEARER need --security sasl_ssl")
+    if bool(oauth_jwks_url) != bool(oauth_issuer):
+        raise KafkaLocalError("OAUTHBEARER needs both the JWKS URL and the issuer")
     if ADMIN_USER in (scram_users or {}):
         raise KafkaLocalError(f"{ADMIN_USER!r} is the super user made by kafka-local; pick another name")
     started_at = time.monotonic()
@@ -816,6 +846,9 @@ def start_cluster(
                 admin_properties=str(admin_properties),
                 users={ADMIN_USER: uuid.uuid4().hex, **(scram_users or {})},
             )
+            if oauth_jwks_url and oauth_issuer:
+                state["security"]["oauth_jwks_url"] = oauth_jwks_url
+                state["security"]["oauth_issuer"] = oauth_issuer
             _write_properties(
                 admin_properties,
                 {
@@ -1041,15 +1074,11 @@ def _parser() -> argparse.ArgumentParser:
         help="node N gets PLAINTEXT port P+2(N-1) and CONTROLLER port P+2(N-1)+1 "
         "(default: free ports picked at random)",
     )
-    start.add_argument(
-        "--extra",
-        type=_key_value,
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra or overriding server.properties entries",
-    )
+    for flag, metavar, text in (
+        ("--extra", "KEY=VALUE", "extra or overriding server.properties entries"),
+        ("--scram-user", "NAME=PASSWORD", "SCRAM-SHA-512 users created at format time (with --security sasl_ssl)"),
+    ):
+        start.add_argument(flag, type=_key_value, nargs="+", action="extend", default=[], metavar=metavar, help=text)
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
     start.add_argument(
         "--security",
@@ -1057,15 +1086,6 @@ def _parser() -> argparse.ArgumentParser:
         default="plaintext",
         help="sasl_ssl: one broker, SCRAM-SHA-512 over TLS (CA in DIR/tls/ca.pem), "
         "StandardAuthorizer, super user admin (password in DIR/cluster.json)",
-    )
-    start.add_argument(
-        "--scram-user",
-        type=_key_value,
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="NAME=PASSWORD",
-        help="SCRAM-SHA-512 users created at format time (with --security sasl_ssl)",
     )
 
     stop = sub.add_parser("stop", help="stop all nodes (SIGTERM, then SIGKILL); keep DIR")

@@ -71,6 +71,23 @@ def kafka_python_config(librdkafka_config: Mapping[str, Any]) -> dict[str, Any]:
     return kafka_python_settings(librdkafka_config)[0]
 
 
+def kafka_python_token_provider(provider: Any) -> Any:
+    """kafka-python takes only subclasses of its ``AbstractTokenProvider``: wrap ours (``config.OidcTokenProvider``)."""
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    class TokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+        def token(self) -> str:
+            return str(provider.token())
+
+        def extensions(self) -> dict[str, str]:
+            return dict(provider.extensions())
+
+        def __repr__(self) -> str:  # logged with the client's configuration: the provider's own, secret-free
+            return repr(provider)
+
+    return TokenProvider()
+
+
 class WireClient:
     """A kafka-python admin connection used for the raw transaction APIs."""
 
@@ -93,6 +110,8 @@ class WireClient:
         self._request_timeout_ms = request_timeout_ms
         files, self._pem_dir = write_pem_files(pems)
         cfg.update(files)
+        if "sasl_oauth_token_provider" in cfg:
+            cfg["sasl_oauth_token_provider"] = kafka_python_token_provider(cfg["sasl_oauth_token_provider"])
         try:
             self._admin = KafkaAdminClient(
                 request_timeout_ms=request_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms, **cfg

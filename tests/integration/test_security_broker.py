@@ -28,8 +28,9 @@ import pytest
 
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
-from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
-from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.conftest import OIDC_CLIENT, OIDC_SECRET, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
+from tests.helpers.acls import Acl, acls_of, set_acls
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, sasl_connection
 
 pytestmark = pytest.mark.kafka
 
@@ -37,16 +38,6 @@ PRINCIPAL = f"User:{SECURE_EXPORTER}"
 RECORDS = 40  # per partition writer
 SLOTS = 2
 TIMEOUT_MS = 300_000  # set, so no Cluster DescribeConfigs is needed (docs/acls.md)
-
-
-@dataclass(frozen=True)
-class Acl:
-    """One documented ACL: (resource type, name, pattern, operation), as kafka-acls spells them."""
-
-    resource_type: str
-    name: str
-    pattern: str
-    operation: str
 
 
 @dataclass
@@ -70,26 +61,11 @@ class Exporter:
             acls.append(Acl("Topic", self.decision_topic, "LITERAL", "Create"))
         return acls
 
-    def hook(self, password: str = SECURE_EXPORTER_PASSWORD, debug: str | None = None) -> Any:
+    def hook(self, password: str = SECURE_EXPORTER_PASSWORD, debug: str | None = None, connection: Any = None) -> Any:
         from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 
-        config = {"ssl.ca.location": self.env.security["ssl.ca.location"]}
-        if debug:
-            config["debug"] = debug
-        os.environ[f"AIRFLOW_CONN_{self.conn_id.upper()}"] = json.dumps(
-            {
-                "conn_type": "kafka2pc",
-                "host": self.env.bootstrap,
-                "login": SECURE_EXPORTER,
-                "password": password,
-                "extra": {
-                    "security_protocol": "SASL_SSL",
-                    "sasl_mechanism": "SCRAM-SHA-512",
-                    "decision_topic": self.decision_topic,
-                    "config": config,
-                },
-            }
-        )
+        connection = connection or sasl_connection(self.env, SECURE_EXPORTER, password, self.decision_topic, debug)
+        os.environ[f"AIRFLOW_CONN_{self.conn_id.upper()}"] = json.dumps(connection)
         return Kafka2PCHook(self.conn_id)
 
     def export(
@@ -128,80 +104,26 @@ class Exporter:
     def keys(self) -> list[bytes]:
         return [r.key or b"" for r in self.env.read_committed(self.topic)]
 
+    def oauth_connection(self, client_id: str, secret: str) -> dict[str, Any]:
+        """An official ``kafka`` connection (its extra is the librdkafka config) using OIDC client credentials."""
+        assert self.env.oidc_url
+        config = {
+            "bootstrap.servers": self.env.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.client.id": client_id,
+            "sasl.oauthbearer.client.secret": secret,
+            "sasl.oauthbearer.token.endpoint.url": f"{self.env.oidc_url}/token",
+            "ssl.ca.location": self.env.security["ssl.ca.location"],
+        }
+        return {"conn_type": "kafka", "extra": config}
+
     def assert_exactly_once(self, runs: list[str]) -> None:
         keys = self.keys()
         assert len(keys) == len(set(keys)) == len(runs) * SLOTS * RECORDS
         assert {k.decode().split("/")[0] for k in keys} == set(runs)
         assert self.env.open_transactions(self.prefix) == []
-
-
-def _admin(env: KafkaEnv) -> Any:
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient(env.config)
-
-
-def _binding(acl: Acl) -> Any:
-    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-
-    operation = "".join("_" + c if c.isupper() else c for c in acl.operation).lstrip("_").upper()
-    return AclBinding(
-        ResourceType[acl.resource_type.upper().replace("TRANSACTIONALID", "TRANSACTIONAL_ID")],
-        acl.name,
-        ResourcePatternType[acl.pattern],
-        PRINCIPAL,
-        "*",
-        AclOperation[operation],
-        AclPermissionType.ALLOW,
-    )
-
-
-def acls_of_exporter(env: KafkaEnv) -> set[Acl]:
-    from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType
-    from confluent_kafka.admin import ResourceType as RT
-
-    admin = _admin(env)  # held: a collected client fails its futures with _DESTROY
-    found = admin.describe_acls(
-        AclBindingFilter(
-            RT.ANY, None, ResourcePatternType.ANY, PRINCIPAL, None, AclOperation.ANY, AclPermissionType.ANY
-        )
-    ).result(30)
-    names = {"TRANSACTIONAL_ID": "TransactionalId", "TOPIC": "Topic", "CLUSTER": "Cluster", "GROUP": "Group"}
-    return {
-        Acl(
-            names[b.restype.name],
-            b.name,
-            b.resource_pattern_type.name,
-            "".join(part.capitalize() for part in b.operation.name.split("_")),
-        )
-        for b in found
-    }
-
-
-def set_acls(env: KafkaEnv, wanted: set[Acl]) -> None:
-    """Make the exporter's ACLs exactly ``wanted`` and wait until the authorizer reports them."""
-    from confluent_kafka.admin import AclBindingFilter, AclPermissionType
-
-    admin = _admin(env)
-    current = acls_of_exporter(env)
-    gone = current - wanted
-    if gone:
-        filters = [
-            AclBindingFilter(
-                b.restype, b.name, b.resource_pattern_type, PRINCIPAL, "*", b.operation, AclPermissionType.ALLOW
-            )
-            for b in (_binding(a) for a in gone)
-        ]
-        for f in admin.delete_acls(filters).values():
-            f.result(30)
-    new = wanted - current
-    if new:
-        for f in admin.create_acls([_binding(a) for a in new]).values():
-            f.result(30)
-    deadline = time.monotonic() + 30
-    while acls_of_exporter(env) != wanted:
-        assert time.monotonic() < deadline, "the authorizer did not apply the ACLs"
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -212,7 +134,7 @@ def exporter(kafka_secure: KafkaEnv, request: pytest.FixtureRequest) -> Iterator
         yield ex
     finally:
         os.environ.pop(f"AIRFLOW_CONN_{ex.conn_id.upper()}", None)
-        set_acls(kafka_secure, set())
+        set_acls(kafka_secure, PRINCIPAL, set())
 
 
 def test_documented_acls_export_twice_exactly_once(exporter: Exporter) -> None:
@@ -228,7 +150,7 @@ def test_documented_acls_export_twice_exactly_once(exporter: Exporter) -> None:
     for args in commands:
         proc = kl.run_tool(ex.env.directory, "acls", ["--add", "--allow-principal", PRINCIPAL, *args], timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    assert acls_of_exporter(ex.env) == set(ex.documented_acls())
+    assert acls_of(ex.env, PRINCIPAL) == set(ex.documented_acls())
 
     ex.export("run1")
     ex.assert_exactly_once(["run1"])
@@ -251,12 +173,12 @@ def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter
     ex = exporter
     documented = set(ex.documented_acls())
     if missing != "decision Create":  # every other case runs against an existing decision topic
-        set_acls(ex.env, documented)
+        set_acls(ex.env, PRINCIPAL, documented)
         ex.export("warmup")
     where, operation = missing.split()
     name = {"data": ex.topic, "id": ex.prefix, "decision": ex.decision_topic}[where]
     (acl,) = [a for a in documented if a.name == name and a.operation == operation]
-    set_acls(ex.env, documented - {acl})
+    set_acls(ex.env, PRINCIPAL, documented - {acl})
     runs = [] if missing == "decision Create" else ["warmup"]
 
     with pytest.raises((KafkaAuthorizationError, MissingTopicError)) as failed:
@@ -268,7 +190,7 @@ def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter
         assert f"--operation {operation}" in message and PRINCIPAL in message
     ex.assert_exactly_once(runs)
 
-    set_acls(ex.env, documented)
+    set_acls(ex.env, PRINCIPAL, documented)
     ex.export("run1")
     ex.assert_exactly_once([*runs, "run1"])
 
@@ -277,7 +199,7 @@ def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(e
     from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 
     ex = exporter
-    set_acls(ex.env, set(ex.documented_acls()))
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
     with pytest.raises(KafkaAuthorizationError, match="DescribeConfigs Cluster") as failed:
         ex.export("run1", timeout_ms=None)
     assert "transaction_timeout_ms" in str(failed.value) and "--cluster" in str(failed.value)
@@ -290,7 +212,7 @@ def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporte
     from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
 
     ex = exporter
-    set_acls(ex.env, set(ex.documented_acls()))
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
     wrong = "not-" + SECURE_EXPORTER_PASSWORD[:8]
     hook = ex.hook(password=wrong)
 
@@ -343,7 +265,7 @@ def test_debug_run_shows_the_password_nowhere(exporter: Exporter, capfd: pytest.
     from airflow_provider_kafka2pc.operators.payload import ExportPayload
 
     ex = exporter
-    set_acls(ex.env, set(ex.documented_acls()))
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
@@ -391,7 +313,7 @@ def test_record_over_the_topic_limit_names_partition_and_limit(exporter: Exporte
     ex = exporter
     ex.topic = kafka_secure.topic(partitions=2, config={"max.message.bytes": "20000"})
     # DescribeConfigs on the data topic is optional (docs/acls.md): it lets the error name the limit.
-    set_acls(ex.env, {*ex.documented_acls(), Acl("Topic", ex.topic, "LITERAL", "DescribeConfigs")})
+    set_acls(ex.env, PRINCIPAL, {*ex.documented_acls(), Acl("Topic", ex.topic, "LITERAL", "DescribeConfigs")})
     with pytest.raises(DeliveryError) as failed:
         ex.export("run1", big=50_000)
     message = str(failed.value)
@@ -399,3 +321,31 @@ def test_record_over_the_topic_limit_names_partition_and_limit(exporter: Exporte
     assert f"a record of {50_000 + len(b'run1/0/big')} bytes" in message, message
     assert ex.keys() == []
     assert ex.env.open_transactions(ex.prefix) == [], "the failed prepare left its transaction open"
+
+
+def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter) -> None:
+    """The broker validates RS256 tokens of a local OIDC provider (tests/helpers/oidc.py); librdkafka
+    (producers, decision log) and kafka-python (commit, recovery) fetch them with the same client
+    credentials. The official kafka connection type uses the default decision topic."""
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+
+    ex = exporter
+    ex.decision_topic = DEFAULT_DECISION_TOPIC
+    principal = f"User:{OIDC_CLIENT}"
+    set_acls(ex.env, principal, set(ex.documented_acls()))
+    try:
+        ex.export("run1", hook=ex.hook(connection=ex.oauth_connection(OIDC_CLIENT, OIDC_SECRET)))
+        ex.assert_exactly_once(["run1"])
+
+        wrong = ex.hook(connection=ex.oauth_connection(OIDC_CLIENT, "not-the-secret"))
+        started = time.monotonic()
+        ok, message = wrong.test_connection()
+        assert not ok and time.monotonic() - started < 10, message
+        assert message.startswith(f"authentication failed: SASL OAUTHBEARER as {principal}"), message
+        assert "not-the-secret" not in message
+        with pytest.raises(KafkaAuthenticationError):
+            ex.export("run2", hook=wrong)
+        ex.assert_exactly_once(["run1"])
+    finally:
+        set_acls(ex.env, principal, set())

@@ -183,6 +183,12 @@ def test_oauthbearer_oidc_client_credentials_on_both_sides(token_endpoint: str) 
     # kafka-python logs its configuration: the provider shows no secret, redact() hides the rest.
     assert "s3cret" not in repr(provider)
     assert redact(config)["sasl.oauthbearer.client.secret"] == "***"
+    # kafka-python accepts only its own AbstractTokenProvider subclasses: the adapter wraps ours.
     import kafka.net.sasl.oauth as oauth
 
-    assert callable(getattr(oauth.AbstractTokenProvider, "token", None))  # the duck type kafka-python calls
+    from airflow_provider_kafka2pc.txn.wire import kafka_python_token_provider
+
+    wrapped = kafka_python_token_provider(provider)
+    assert isinstance(wrapped, oauth.AbstractTokenProvider)
+    assert wrapped.token() == "tok1" and wrapped.extensions() == provider.extensions()
+    assert "s3cret" not in repr(wrapped)
