@@ -35,6 +35,8 @@ from airflow_provider_kafka2pc.txn.protocol import (
 log = logging.getLogger(__name__)
 
 DEFAULT_DECISION_TOPIC = "kafka2pc_decisions"
+# The consumer group confluent-kafka insists on; never joined, so no ACL needs to name it.
+READER_GROUP = "kafka2pc-decision-reader"
 # One decision lists every transaction of a run: 5,000 transactions are ~300 KB of JSON before
 # lz4. The topic and the producer allow 32 MiB, so runs of several hundred thousand fit.
 MAX_RECORD_BYTES = 32 * 1024 * 1024
@@ -142,7 +144,8 @@ class DecisionLog:
     def _raise_if_unauthorized(self, error_name: str, operation: str) -> None:
         from airflow_provider_kafka2pc.txn.access import authorization_error_of
 
-        named = authorization_error_of(error_name, self._config, self.topic, operation)
+        resource = READER_GROUP if error_name == "GROUP_AUTHORIZATION_FAILED" else self.topic
+        named = authorization_error_of(error_name, self._config, resource, operation)
         if named is not None:
             raise named
 
@@ -352,7 +355,7 @@ class DecisionLog:
                 # committed (assign(), no commits), so the principal needs no Group ACL: librdkafka
                 # still looks the group's coordinator up, and its GROUP_AUTHORIZATION_FAILED is
                 # ignored below.
-                "group.id": "kafka2pc-decision-reader",
+                "group.id": READER_GROUP,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 10,
