@@ -2,8 +2,9 @@
 
 ``TransactionalWriter`` initialises the transactional id (fencing any older holder), begins,
 produces, flushes, proves every record acknowledged, and returns a ``Committable``. It never
-commits, never aborts and never closes the producer: recent confluent-kafka aborts an open
-transaction when the producer is closed, and the transaction has to outlive this process.
+commits, never aborts a prepared transaction (only one that failed to prepare) and never closes
+the producer: recent confluent-kafka aborts an open transaction when the producer is closed, and
+the transaction has to outlive this process.
 """
 
 from __future__ import annotations
