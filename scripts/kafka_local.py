@@ -11,6 +11,12 @@ any dependency is installed::
     kafka-local tool --dir /tmp/kafka transactions list
     kafka-local stop --dir /tmp/kafka
 
+``--security sasl_ssl`` starts one broker as a production cluster would run: a SASL_SSL
+listener (SCRAM-SHA-512) with a CA and broker certificate made here by ``openssl``, the
+StandardAuthorizer with ``allow.everyone.if.no.acl.found=false``, a super user ``admin`` and
+SCRAM users created at format time (``--scram-user NAME=PASSWORD``). ``tool`` then runs as
+``admin`` (``--command-config`` is added), e.g. ``kafka-local tool --dir D acls --list``.
+
 A test imports this file by path and calls :func:`start_cluster`,
 :func:`stop_cluster`, :func:`stop_node`, :func:`start_node` and :func:`run_tool`.
 """
@@ -34,7 +40,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, TypedDict
+from typing import NamedTuple, NotRequired, TypedDict
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 POM = SCRIPT_DIR / "kafka" / "pom.xml"
@@ -76,7 +82,22 @@ TOOL_ALIASES: dict[str, str] = {
     "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
     "console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "acls": "org.apache.kafka.tools.AclCommand",
 }
+# How each alias takes a client properties file (the admin's credentials on a secured cluster).
+TOOL_CONFIG_FLAGS: dict[str, str] = {
+    "transactions": "--command-config",
+    "topics": "--command-config",
+    "console-consumer": "--consumer.config",
+    "console-producer": "--producer.config",
+    "consumer-groups": "--command-config",
+    "acls": "--command-config",
+}
+
+SECURITY_MODES = ("plaintext", "sasl_ssl")
+ADMIN_USER = "admin"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+OAUTH_AUDIENCE = "kafka"  # the "aud" an OAUTHBEARER token must carry for a --security sasl_ssl broker
 
 BROKER_LOG4J2 = """\
 # Written by kafka_local.py.
@@ -129,6 +150,17 @@ class NodeState(TypedDict):
     log4j_config: str
 
 
+class Security(TypedDict):
+    """What a client of a ``sasl_ssl`` cluster needs; the passwords are made per cluster."""
+
+    mode: str
+    ca_file: str
+    admin_properties: str  # Kafka tools' client config for the super user
+    users: dict[str, str]  # SCRAM-SHA-512 name -> password, ``admin`` included
+    oauth_jwks_url: NotRequired[str]  # OAUTHBEARER accepted too, tokens checked against this JWKS
+    oauth_issuer: NotRequired[str]  # ... and must carry this "iss"
+
+
 class ClusterState(TypedDict):
     kafka_version: str
     tools_version: str
@@ -141,6 +173,7 @@ class ClusterState(TypedDict):
     tools_log4j_config: str
     java: str
     nodes: list[NodeState]
+    security: NotRequired[Security]
 
 
 class ClusterStatus(ClusterState):
@@ -360,6 +393,155 @@ def _broker_properties(
     return props
 
 
+def _sasl_ssl_properties(node: NodeState, security: Security, keystore: Path, keystore_password: str) -> dict[str, str]:
+    """One SASL_SSL listener for clients and the broker itself; the controller stays on loopback PLAINTEXT.
+
+    The controller listener's principal is ANONYMOUS, which therefore has to be a super user
+    (broker registration and heartbeats need ClusterAction); only the combined node's own
+    broker connects to it, and clients are given the SASL_SSL port only.
+    """
+    admin = security["users"][ADMIN_USER]
+    mechanisms = [SCRAM_MECHANISM]
+    oauth: dict[str, str] = {}
+    jwks = security.get("oauth_jwks_url")
+    if jwks:
+        # Kafka's own validator: signature from the JWKS, then exp and sub (the principal).
+        mechanisms.append("OAUTHBEARER")
+        module = "org.apache.kafka.common.security.oauthbearer"
+        oauth = {
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": f"{module}.OAuthBearerLoginModule required;",
+            "listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class": (
+                f"{module}.OAuthBearerValidatorCallbackHandler"
+            ),
+            "sasl.oauthbearer.jwks.endpoint.url": jwks,
+            # Kafka 4.4 refuses to start without both.
+            "sasl.oauthbearer.expected.audience": OAUTH_AUDIENCE,
+            "sasl.oauthbearer.expected.issuer": security.get("oauth_issuer", ""),
+        }
+    return {
+        **oauth,
+        "listeners": f"SASL_SSL://{HOST}:{node['port']},CONTROLLER://{HOST}:{node['controller_port']}",
+        "advertised.listeners": f"SASL_SSL://{HOST}:{node['port']}",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "SASL_SSL",
+        "sasl.enabled.mechanisms": ",".join(mechanisms),
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": _scram_jaas(ADMIN_USER, admin),
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(keystore),
+        "ssl.keystore.password": keystore_password,
+        "ssl.key.password": keystore_password,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": security["ca_file"],
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{ADMIN_USER};User:ANONYMOUS",
+    }
+
+
+def _scram_jaas(user: str, password: str) -> str:
+    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";'
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise KafkaLocalError("openssl not found on PATH (scripts/setup installs it)")
+    result = subprocess.run([openssl, *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise KafkaLocalError(f"openssl {' '.join(args[:2])} failed:\n{result.stderr}")
+
+
+def _make_tls(directory: Path) -> tuple[Path, Path, str]:
+    """A throw-away CA and a broker certificate for 127.0.0.1/localhost: (ca.pem, broker.p12, its password)."""
+    tls = directory / "tls"
+    tls.mkdir(mode=0o700)
+    password = uuid.uuid4().hex
+    (tls / "broker.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=kafka2pc test CA",
+        cwd=tls,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "broker.key",
+        "-out",
+        "broker.csr",
+        "-subj",
+        "/CN=localhost",
+        cwd=tls,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "broker.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "broker.pem",
+        "-days",
+        "30",
+        "-extfile",
+        "broker.ext",
+        cwd=tls,
+    )
+    _openssl(
+        "pkcs12",
+        "-export",
+        "-in",
+        "broker.pem",
+        "-inkey",
+        "broker.key",
+        "-certfile",
+        "ca.pem",
+        "-name",
+        "broker",
+        "-out",
+        "broker.p12",
+        "-passout",
+        f"pass:{password}",
+        cwd=tls,
+    )
+    return tls / "ca.pem", tls / "broker.p12", password
+
+
+def client_config(state: ClusterState, user: str = ADMIN_USER) -> dict[str, str]:
+    """librdkafka settings for ``user`` (the super user by default) on this cluster."""
+    config = {"bootstrap.servers": state["bootstrap_servers"]}
+    security = state.get("security")
+    if security is not None:
+        config.update(
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": SCRAM_MECHANISM,
+                "sasl.username": user,
+                "sasl.password": security["users"][user],
+                "ssl.ca.location": security["ca_file"],
+            }
+        )
+    return config
+
+
 def _write_properties(path: Path, props: Mapping[str, str]) -> None:
     lines = ["# Written by kafka_local.py."] + [f"{key}={value}" for key, value in props.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -400,9 +582,12 @@ def _launch(state: ClusterState, node: NodeState) -> None:
     """Start the node's JVM detached and record its pid in ``node``."""
     log_dir = Path(node["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
+    jwks = state.get("security", {}).get("oauth_jwks_url")
     command = [
         state["java"],
         *BROKER_JVM_OPTS,
+        # Kafka 4 fetches only the OAuth URLs this system property allows.
+        *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={jwks}"] if jwks else []),
         f"-Dlog4j2.configurationFile={node['log4j_config']}",
         "-cp",
         _classpath(state["libs_dir"]),
@@ -533,6 +718,8 @@ def _wait_ready(state: ClusterState, starting: Mapping[int, int], timeout: float
                 raise KafkaLocalError(f"node {node_id} exited while starting\n{_logs_tail([node])}")
             if _accepts_tcp(node["port"]) and _log_has_started(node, pending[node_id]):
                 del pending[node_id]
+        if not pending and "security" in state:
+            return  # one broker, and the raw Metadata probe below speaks PLAINTEXT only
         if not pending:
             live = [n for n in state["nodes"] if _alive(n)]
             wanted = {n["id"] for n in live}
@@ -577,14 +764,34 @@ def start_cluster(
     *,
     base_port: int | None = None,
     timeout: float = READY_TIMEOUT_S,
+    security: str = "plaintext",
+    scram_users: Mapping[str, str] | None = None,
+    oauth_jwks_url: str | None = None,
+    oauth_issuer: str | None = None,
 ) -> ClusterState:
     """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``.
+
+    ``security="sasl_ssl"`` (one broker): SASL_SSL with SCRAM-SHA-512, TLS from a CA made here,
+    StandardAuthorizer denying whatever no ACL allows, super user ``admin`` (random password)
+    and ``scram_users`` (name -> password) created at format time; see ``client_config``. With
+    ``oauth_jwks_url`` and ``oauth_issuer`` the listener accepts SASL/OAUTHBEARER too: tokens signed
+    by a key of that JWKS, from that issuer, for audience ``OAUTH_AUDIENCE``; principal = ``sub``.
 
     Returns the state also written to ``directory/cluster.json`` once every node is
     up. On failure the nodes are stopped, their logs kept, and KafkaLocalError raised.
     """
     if brokers not in (1, 3):
         raise KafkaLocalError(f"brokers must be 1 or 3, not {brokers}")
+    if security not in SECURITY_MODES:
+        raise KafkaLocalError(f"security must be one of {SECURITY_MODES}, not {security!r}")
+    if security != "plaintext" and brokers != 1:
+        raise KafkaLocalError(f"--security {security} runs one broker only")
+    if (scram_users or oauth_jwks_url) and security == "plaintext":
+        raise KafkaLocalError("SCRAM users and OAUTHBEARER need --security sasl_ssl")
+    if bool(oauth_jwks_url) != bool(oauth_issuer):
+        raise KafkaLocalError("OAUTHBEARER needs both the JWKS URL and the issuer")
+    if ADMIN_USER in (scram_users or {}):
+        raise KafkaLocalError(f"{ADMIN_USER!r} is the super user made by kafka-local; pick another name")
     started_at = time.monotonic()
     libs = fetch()
     root = Path(directory).resolve()
@@ -629,9 +836,34 @@ def start_cluster(
         # Written before anything can fail, so a retry recognises and clears the dir.
         _write_json(root / STATE_FILE, state)
         Path(state["tools_log4j_config"]).write_text(TOOLS_LOG4J2)
+        secured: dict[str, str] = {}
+        if security == "sasl_ssl":
+            ca, keystore, keystore_password = _make_tls(root)
+            admin_properties = root / "tls" / "admin.properties"
+            state["security"] = Security(
+                mode=security,
+                ca_file=str(ca),
+                admin_properties=str(admin_properties),
+                users={ADMIN_USER: uuid.uuid4().hex, **(scram_users or {})},
+            )
+            if oauth_jwks_url and oauth_issuer:
+                state["security"]["oauth_jwks_url"] = oauth_jwks_url
+                state["security"]["oauth_issuer"] = oauth_issuer
+            _write_properties(
+                admin_properties,
+                {
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": SCRAM_MECHANISM,
+                    "sasl.jaas.config": _scram_jaas(ADMIN_USER, state["security"]["users"][ADMIN_USER]),
+                    "ssl.truststore.type": "PEM",
+                    "ssl.truststore.location": str(ca),
+                },
+            )
+            secured = _sasl_ssl_properties(nodes[0], state["security"], keystore, keystore_password)
+            _write_json(root / STATE_FILE, state)
         for node in nodes:
             Path(node["log_dir"]).mkdir(parents=True)
-            props = _broker_properties(node, nodes, txn_max_timeout_ms, extra or {})
+            props = _broker_properties(node, nodes, txn_max_timeout_ms, {**secured, **(extra or {})})
             _write_properties(Path(node["config"]), props)
             log_file = _server_log(node)
             Path(node["log4j_config"]).write_text(BROKER_LOG4J2.format(log_file=log_file))
@@ -655,6 +887,12 @@ def start_cluster(
 def _format_storage(state: ClusterState) -> None:
     # Static controller.quorum.voters: format needs neither --standalone nor
     # --initial-controllers, and every node is formatted the same way.
+    # SCRAM credentials go into the bootstrap metadata: the broker authenticates its own
+    # inter-broker connection with them before any client could create users.
+    scram: list[str] = []
+    security = state.get("security")
+    for name, password in (security["users"] if security else {}).items():
+        scram += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
     processes = [
         (
             node,
@@ -671,6 +909,7 @@ def _format_storage(state: ClusterState) -> None:
                     state["cluster_id"],
                     "--config",
                     node["config"],
+                    *scram,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -769,7 +1008,9 @@ def run_tool(
 ) -> subprocess.CompletedProcess[str]:
     """Run a Kafka tool class (or an alias from TOOL_ALIASES) against the cluster.
 
-    For aliases, ``--bootstrap-server`` is put first when ``args`` lack it.
+    For aliases, ``--bootstrap-server`` is put first when ``args`` lack it, and on a
+    secured cluster the super user's client config (``--command-config`` or the
+    console tools' own flag) unless ``args`` name one.
     Output is captured as text unless ``capture`` is false; the caller checks
     ``returncode``.
     """
@@ -778,6 +1019,10 @@ def run_tool(
     args = list(args)
     if cls in TOOL_ALIASES and "--bootstrap-server" not in args:
         args = ["--bootstrap-server", state["bootstrap_servers"], *args]
+    security = state.get("security")
+    flag = TOOL_CONFIG_FLAGS.get(cls)
+    if security is not None and flag is not None and flag not in args and "--command-config" not in args:
+        args = [flag, security["admin_properties"], *args]
     log4j = Path(state["tools_log4j_config"])
     if not log4j.exists():
         log4j.write_text(TOOLS_LOG4J2)
@@ -829,16 +1074,19 @@ def _parser() -> argparse.ArgumentParser:
         help="node N gets PLAINTEXT port P+2(N-1) and CONTROLLER port P+2(N-1)+1 "
         "(default: free ports picked at random)",
     )
-    start.add_argument(
-        "--extra",
-        type=_key_value,
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra or overriding server.properties entries",
-    )
+    for flag, metavar, text in (
+        ("--extra", "KEY=VALUE", "extra or overriding server.properties entries"),
+        ("--scram-user", "NAME=PASSWORD", "SCRAM-SHA-512 users created at format time (with --security sasl_ssl)"),
+    ):
+        start.add_argument(flag, type=_key_value, nargs="+", action="extend", default=[], metavar=metavar, help=text)
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+    start.add_argument(
+        "--security",
+        choices=SECURITY_MODES,
+        default="plaintext",
+        help="sasl_ssl: one broker, SCRAM-SHA-512 over TLS (CA in DIR/tls/ca.pem), "
+        "StandardAuthorizer, super user admin (password in DIR/cluster.json)",
+    )
 
     stop = sub.add_parser("stop", help="stop all nodes (SIGTERM, then SIGKILL); keep DIR")
     stop.add_argument("--dir", required=True, type=Path)
@@ -879,6 +1127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dict(args.extra),
                 base_port=args.base_port,
                 timeout=args.timeout,
+                security=args.security,
+                scram_users=dict(args.scram_user),
             )
             print(state["bootstrap_servers"])
         elif args.command == "stop":

@@ -6,6 +6,7 @@ A broker that cannot start fails the tests that need it; nothing is skipped.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,18 +18,23 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka2pc-airflow-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from tests.helpers.kafka import KafkaEnv, kafka_local
+from tests.helpers.oidc import OidcProvider
 
 # Small enough for the timeout test to finish quickly, and the broker aborts expired
 # transactions within a second (see scripts/kafka_local.py).
 SHORT_TXN_MAX_TIMEOUT_MS = 6000
 
 
-def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, **kwargs: object) -> Iterator[KafkaEnv]:
+def _start(
+    tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, oidc_url: str | None = None, **kwargs: object
+) -> Iterator[KafkaEnv]:
     kl = kafka_local()
     base = os.environ.get("KAFKA2PC_TEST_LOGS")
     directory = Path(base) / name if base else tmp_path_factory.mktemp(name)
     state = kl.start_cluster(directory, brokers=brokers, **kwargs)
-    env = KafkaEnv(directory=Path(directory), bootstrap=state["bootstrap_servers"], brokers=brokers)
+    security = {k: v for k, v in kl.client_config(state).items() if k != "bootstrap.servers"}
+    bootstrap = state["bootstrap_servers"]
+    env = KafkaEnv(Path(directory), bootstrap, brokers, security=security, oidc_url=oidc_url)
     try:
         yield env
     finally:
@@ -51,12 +57,39 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv
     yield from _start(tmp_path_factory, "kafka3", 3)
 
 
+# The secured broker's SCRAM user and OIDC client for the exporter; made per test session, never committed.
+SECURE_EXPORTER = "exporter"
+SECURE_EXPORTER_PASSWORD = secrets.token_hex(16)
+OIDC_CLIENT = "oauth-exporter"
+OIDC_SECRET = secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """SASL_SSL with SCRAM-SHA-512 and OAUTHBEARER (a local OIDC provider), StandardAuthorizer denying
+    what no ACL allows; ``config`` is the super user."""
+    idp = OidcProvider({OIDC_CLIENT: OIDC_SECRET}, kafka_local().OAUTH_AUDIENCE)
+    try:
+        yield from _start(
+            tmp_path_factory,
+            "kafka1secure",
+            1,
+            oidc_url=idp.url,
+            security="sasl_ssl",
+            scram_users={SECURE_EXPORTER: SECURE_EXPORTER_PASSWORD},
+            oauth_jwks_url=f"{idp.url}/jwks",
+            oauth_issuer=idp.url,
+        )
+    finally:
+        idp.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
     if report.failed:
-        for name in ("kafka", "kafka_short_timeout", "kafka_cluster"):
+        for name in ("kafka", "kafka_short_timeout", "kafka_cluster", "kafka_secure"):
             env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(env, KafkaEnv):
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))

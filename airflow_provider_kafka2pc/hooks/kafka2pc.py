@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_kafka2pc.txn.config import redact
+from airflow_provider_kafka2pc.txn.config import UnmappableConfigError, kafka_python_settings, redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.logs import quiet_third_party_logs
 
 if TYPE_CHECKING:
@@ -72,7 +73,14 @@ def client_config(
             config["sasl.password"] = password
     if not config.get("bootstrap.servers"):
         raise Kafka2PCConfigError("the connection names no Kafka bootstrap servers (host, or bootstrap.servers)")
-    return {k: (str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v) for k, v in config.items()}
+    config = {k: (str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v) for k, v in config.items()}
+    # The commit side connects with kafka-python: refuse now, naming the setting, what it could not
+    # honour, rather than fail later with "cannot reach Kafka".
+    try:
+        kafka_python_settings(config)
+    except UnmappableConfigError as e:
+        raise Kafka2PCConfigError(str(e)) from e
+    return config
 
 
 class Kafka2PCHook(BaseHook):
@@ -197,6 +205,36 @@ class Kafka2PCHook(BaseHook):
         finally:
             decision_log.close()
 
+    def check_export_access(self, topic: str | None) -> None:
+        """Before a prepare: the data topic exists and the principal may do what an export needs.
+
+        Data topic Write; decision topic Read, Write and DescribeConfigs when it exists (Create
+        otherwise, asked when it is created). ``KafkaAuthorizationError`` names the missing ACL and
+        the ``kafka-acls`` command; the transactional id's Write is refused by the first
+        InitProducerId, which writes nothing (docs/acls.md).
+        """
+        from airflow_provider_kafka2pc.txn.access import check_topic_access, principal_of
+        from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+
+        config = self.get_config()
+        wire = self.wire_client()
+        try:
+            existing = wire.topics()
+        finally:
+            wire.close()
+        if topic is not None and topic not in existing:
+            raise MissingTopicError(
+                f"topic {topic!r} does not exist on {config['bootstrap.servers']}, or {principal_of(config)} may "
+                "not Describe it; create it first (the export never creates data topics) and grant Write on it "
+                "(docs/acls.md)"
+            )
+        needs: dict[str, list[str]] = {}
+        if topic is not None:
+            needs[topic] = ["WRITE"]
+        if self.decision_topic in existing:
+            needs[self.decision_topic] = ["READ", "WRITE", "DESCRIBE_CONFIGS"]
+        check_topic_access(config, needs)
+
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and check that it can run transactions (the UI's Test button)."""
         try:
@@ -206,6 +244,8 @@ class Kafka2PCHook(BaseHook):
                 kip939 = wire.supports_kip939()
             finally:
                 wire.close()
+        except Kafka2PCError as e:  # written for the user: "authentication failed: ...", "cannot reach ..."
+            return False, str(e)
         except Exception as e:  # reported to the user, not raised: this is what the Test button shows
             return False, f"cannot reach Kafka: {e}"
         return True, (

@@ -12,7 +12,7 @@ from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import redact
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -24,10 +24,6 @@ SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> D
 # What the apache-spark provider's PySparkOperator uses when no Spark connection is given.
 DEFAULT_SPARK_MASTER = "local[*]"
 SPARK_CONNECT_CONN_TYPE = "spark_connect"
-
-
-class MissingTopicError(Kafka2PCError):
-    """The export's default topic does not exist; kafka2pc never creates data topics."""
 
 
 class PoolingNeedsOneActiveRunError(Kafka2PCError):
@@ -194,17 +190,9 @@ class Kafka2PCExportOperator(BaseOperator):
         check_pooling_dag(self.naming_strategy, context["dag"], prefix)
         run = decision_run(context)
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
-        if self.topic is not None:
-            # Fail in seconds on the driver, not after every task's delivery timeout.
-            wire = hook.wire_client()
-            try:
-                if self.topic not in wire.topics():
-                    raise MissingTopicError(
-                        f"topic {self.topic!r} does not exist on {hook.get_config()['bootstrap.servers']}; "
-                        "create it first (the export never creates data topics)"
-                    )
-            finally:
-                wire.close()
+        # Fail in seconds on the driver, before anything is written, not after every task's
+        # delivery timeout or with transactions left open: the topic, then every ACL we can ask about.
+        hook.check_export_access(self.topic)
         if self.naming_strategy is naming.NamingStrategy.POOLING:
             holder = hook.take_turn(prefix, self.dag_id, context["run_id"])
             if holder is not None:  # the recovery sensor waits for its turn; a bare export refuses

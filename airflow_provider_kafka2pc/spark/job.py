@@ -226,7 +226,10 @@ def _open_writer(settings: ExportSettings, slot: int) -> DeliveryWriter:
 
     if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
         return TransactionalWriter(
-            settings.producer_config, settings.transactional_id(slot), settings.transaction_timeout_ms
+            settings.producer_config,
+            settings.transactional_id(slot),
+            settings.transaction_timeout_ms,
+            id_prefix=settings.transactional_id_prefix,
         ).open()
     extra = (
         {"enable.idempotence": True, "acks": "all"}
@@ -337,8 +340,11 @@ def export_dataframe(
     if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE and settings.transaction_timeout_ms is None:
         from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 
-        # Read the broker's cap once on the driver instead of once per task.
-        settings = replace(settings, transaction_timeout_ms=broker_max_transaction_timeout_ms(settings.producer_config))
+        configured = settings.producer_config.get("transaction.timeout.ms")
+        # Read the broker's cap once on the driver instead of once per task, and only when the user
+        # set no timeout: reading it needs the Cluster DescribeConfigs ACL (docs/acls.md).
+        timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
+        settings = replace(settings, transaction_timeout_ms=timeout_ms)
     payload = settings.to_json()
     reporter = _ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
     written = reporter.written if reporter is not None else None

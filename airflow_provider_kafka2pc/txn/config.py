@@ -117,3 +117,206 @@ def protect_kafka_python_logs(config: Mapping[str, Any]) -> None:
         logger = manager.loggerDict.get(name)
         if isinstance(logger, logging.Logger) and SECRET_FILTER not in logger.filters:
             logger.addFilter(SECRET_FILTER)
+
+
+# -- one connection, two clients --------------------------------------------------------------
+# librdkafka setting -> kafka-python setting, for the settings that decide how to connect. Every
+# other ``sasl.*`` / ``ssl.*`` setting is refused by ``kafka_python_settings``: the producers would
+# connect with it and the commit side without it, and fail later as "cannot reach Kafka".
+_KAFKA_PYTHON_NAMES = {
+    "bootstrap.servers": "bootstrap_servers",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.crl.location": "ssl_crlfile",
+    "client.id": "client_id",
+}
+# Inline PEM (librdkafka) -> the kafka-python file setting it is written to.
+_INLINE_PEM = {"ssl.ca.pem": "ssl_cafile", "ssl.certificate.pem": "ssl_certfile", "ssl.key.pem": "ssl_keyfile"}
+_OIDC_KEYS = frozenset(
+    {
+        "sasl.oauthbearer.method",
+        "sasl.oauthbearer.client.id",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.token.endpoint.url",
+        "sasl.oauthbearer.scope",
+        "sasl.oauthbearer.extensions",
+    }
+)
+# Connection settings that change nothing kafka-python needs (tuning, platform specifics).
+_KAFKA_PYTHON_IRRELEVANT = frozenset({"ssl.ca.certificate.stores", "sasl.oauthbearer.grant.type"})
+_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"})
+_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+
+
+class UnmappableConfigError(ValueError):
+    """A librdkafka connection setting the commit side's client (kafka-python) cannot honour."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"connection setting {key!r}: {why}")
+        self.key = key
+
+
+def kafka_python_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """kafka-python's settings for the same connection, and the inline PEMs it needs as files.
+
+    Pure (no files, no network), so the hook calls it when it builds its configs and an unmappable
+    setting is refused there, named. Returns ``(settings, {kafka-python file setting: PEM text})``.
+    """
+    out: dict[str, Any] = {}
+    pems: dict[str, str] = {}
+    for key, value in config.items():
+        if key == "enable.ssl.certificate.verification":
+            if str(value).lower() not in ("true", "1"):
+                raise UnmappableConfigError(key, "certificate verification cannot be turned off on the commit side")
+            continue
+        if not key.startswith(_CONNECTION_PREFIXES) or key in _KAFKA_PYTHON_IRRELEVANT or key in _OIDC_KEYS:
+            continue
+        if key.startswith(("socket.", "broker.address.family")):
+            continue  # tuning; kafka-python's defaults connect the same way
+        if key in _INLINE_PEM:
+            pems[_INLINE_PEM[key]] = str(value)
+        elif key == "ssl.endpoint.identification.algorithm":
+            if str(value).lower() not in ("https", "none"):
+                raise UnmappableConfigError(key, f"{value!r} is neither 'https' nor 'none'")
+            out["ssl_check_hostname"] = str(value).lower() == "https"
+        elif key in _KAFKA_PYTHON_NAMES:
+            target = _KAFKA_PYTHON_NAMES[key]
+            if target == "bootstrap_servers":
+                value = [s.strip() for s in str(value).split(",") if s.strip()]
+            elif target in ("security_protocol", "sasl_mechanism"):
+                value = str(value).upper()
+            out[target] = value
+        else:
+            raise UnmappableConfigError(
+                key, "kafka2pc's commit side (kafka-python) has no equivalent; use a supported setting (docs/design.md)"
+            )
+    for target in pems:
+        if target in out:
+            raise UnmappableConfigError(
+                next(k for k, t in _INLINE_PEM.items() if t == target), "set either the PEM or the file location"
+            )
+    protocol = str(out.get("security_protocol", "PLAINTEXT"))
+    if protocol not in _PROTOCOLS:
+        raise UnmappableConfigError("security.protocol", f"{protocol!r} is not one of {sorted(_PROTOCOLS)}")
+    if protocol.startswith("SASL"):
+        mechanism = str(out.setdefault("sasl_mechanism", "GSSAPI"))
+        if mechanism not in _MECHANISMS:
+            raise UnmappableConfigError(
+                "sasl.mechanism",
+                f"{mechanism} is not supported by kafka2pc (librdkafka and kafka-python configure it too "
+                f"differently to share one connection); use one of {sorted(_MECHANISMS)}",
+            )
+        if mechanism == "OAUTHBEARER":
+            out["sasl_oauth_token_provider"] = oidc_token_provider(config)
+    if not out.get("bootstrap_servers"):
+        raise UnmappableConfigError("bootstrap.servers", "missing")
+    return out, pems
+
+
+def oidc_token_provider(config: Mapping[str, Any]) -> Any:
+    """kafka-python's token provider for librdkafka's ``sasl.oauthbearer.method=oidc`` settings."""
+    method = str(config.get("sasl.oauthbearer.method", "default")).lower()
+    if method != "oidc":
+        raise UnmappableConfigError(
+            "sasl.oauthbearer.method",
+            "OAUTHBEARER needs sasl.oauthbearer.method=oidc (client credentials) so both clients can fetch tokens",
+        )
+    for key in ("sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret", "sasl.oauthbearer.token.endpoint.url"):
+        if not config.get(key):
+            raise UnmappableConfigError(key, "required with sasl.oauthbearer.method=oidc")
+    extensions = {}
+    for item in str(config.get("sasl.oauthbearer.extensions") or "").split(","):
+        k, sep, v = item.partition("=")
+        if sep:
+            extensions[k.strip()] = v.strip()
+    return OidcTokenProvider(
+        token_url=str(config["sasl.oauthbearer.token.endpoint.url"]),
+        client_id=str(config["sasl.oauthbearer.client.id"]),
+        client_secret=str(config["sasl.oauthbearer.client.secret"]),
+        scope=str(config.get("sasl.oauthbearer.scope") or "") or None,
+        extensions=extensions,
+    )
+
+
+class OidcTokenProvider:
+    """OIDC client credentials (RFC 6749 §4.4) for kafka-python's SASL/OAUTHBEARER.
+
+    kafka-python asks ``token()`` on every connection; the token is reused until a minute before
+    it expires. Duck-typed to kafka-python's ``AbstractTokenProvider`` so ``txn/config`` needs no
+    kafka-python import.
+    """
+
+    def __init__(
+        self,
+        token_url: str,
+        client_id: str,
+        client_secret: str,
+        scope: str | None = None,
+        extensions: Mapping[str, str] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.token_url, self.client_id, self._secret = token_url, client_id, client_secret
+        self.scope, self._extensions, self.timeout_s = scope, dict(extensions or {}), timeout_s
+        self._token: str | None = None
+        self._expires_at = 0.0
+
+    def __repr__(self) -> str:  # kafka-python logs its configuration: never the secret
+        return f"OidcTokenProvider(token_url={self.token_url!r}, client_id={self.client_id!r})"
+
+    def token(self) -> str:
+        import base64
+        import json
+        import time
+        import urllib.parse
+        import urllib.request
+
+        if self._token is not None and time.monotonic() < self._expires_at:
+            return self._token
+        form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
+        basic = base64.b64encode(
+            f"{urllib.parse.quote(self.client_id)}:{urllib.parse.quote(self._secret)}".encode()
+        ).decode()
+        request = urllib.request.Request(
+            self.token_url,
+            data=urllib.parse.urlencode(form).encode(),
+            headers={"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            body = json.loads(response.read())
+        token = body.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"the token endpoint {self.token_url} returned no access_token")
+        lifetime = float(body.get("expires_in") or 300)
+        self._token, self._expires_at = token, time.monotonic() + max(lifetime - 60, lifetime / 2)
+        return token
+
+    def extensions(self) -> dict[str, str]:
+        return dict(self._extensions)
+
+
+def write_pem_files(pems: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """Inline PEMs as files in a new private directory (0700, files 0600): kafka-python reads files.
+
+    Returns ``({setting: path}, directory)``; the caller removes the directory when done.
+    """
+    if not pems:
+        return {}, None
+    import os
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="kafka2pc-pem-")  # mkdtemp makes it 0700
+    paths = {}
+    for setting, text in pems.items():
+        path = os.path.join(directory, f"{setting}.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        paths[setting] = path
+    return paths, directory

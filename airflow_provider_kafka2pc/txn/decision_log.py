@@ -36,6 +36,8 @@ from airflow_provider_kafka2pc.txn.protocol import (
 log = logging.getLogger(__name__)
 
 DEFAULT_DECISION_TOPIC = "kafka2pc_decisions"
+# The consumer group confluent-kafka insists on; never joined, so no ACL needs to name it.
+READER_GROUP = "kafka2pc-decision-reader"
 # One decision lists every transaction of a run: 5,000 transactions are ~300 KB of JSON before
 # lz4. The topic and the producer allow 32 MiB, so runs of several hundred thousand fit.
 MAX_RECORD_BYTES = 32 * 1024 * 1024
@@ -131,6 +133,7 @@ class DecisionLog:
                 self._await_leaders(admin)
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    self._raise_if_unauthorized(e.args[0].name(), "Create")
                     raise DecisionLogError(f"cannot create decision log topic {self.topic!r}: {e}") from e
                 md = admin.list_topics(timeout=self.timeout_s)
                 self._partitions = len(md.topics[self.topic].partitions)
@@ -138,6 +141,14 @@ class DecisionLog:
         else:
             self._check_topic(admin, md)
         self._ready = True
+
+    def _raise_if_unauthorized(self, error_name: str, operation: str) -> None:
+        from airflow_provider_kafka2pc.txn.access import authorization_error_of
+
+        resource = READER_GROUP if error_name == "GROUP_AUTHORIZATION_FAILED" else self.topic
+        named = authorization_error_of(error_name, self._config, resource, operation)
+        if named is not None:
+            raise named
 
     def _await_leaders(self, admin: Any) -> None:
         """A new topic's partitions answer only once they have leaders."""
@@ -150,10 +161,16 @@ class DecisionLog:
         raise DecisionLogError(f"decision log topic {self.topic!r} has no leader after {self.timeout_s:g} s")
 
     def _check_topic(self, admin: Any, md: Any) -> None:
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
         res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
-        configs = {k: v.value for k, v in admin.describe_configs([res])[res].result(timeout=self.timeout_s).items()}
+        try:
+            described = admin.describe_configs([res])[res].result(timeout=self.timeout_s)
+        except KafkaException as e:
+            self._raise_if_unauthorized(e.args[0].name(), "DescribeConfigs")
+            raise
+        configs = {k: v.value for k, v in described.items()}
         partitions = md.topics[self.topic].partitions
         rf = min(len(p.replicas) for p in partitions.values()) if partitions else 0
         if configs.get("message.timestamp.type") == "CreateTime" and configs.get("cleanup.policy") == "compact":
@@ -335,8 +352,11 @@ class DecisionLog:
         conf = connection_only(self._config)
         conf.update(
             {
-                # No group is joined and no offset committed: assign() needs no Group ACL.
-                "group.id": "kafka2pc-decision-reader",
+                # confluent-kafka insists on a group.id, but no group is joined and no offset
+                # committed (assign(), no commits), so the principal needs no Group ACL: librdkafka
+                # still looks the group's coordinator up, and its GROUP_AUTHORIZATION_FAILED is
+                # ignored below.
+                "group.id": READER_GROUP,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 10,
@@ -361,6 +381,9 @@ class DecisionLog:
                             if int(msg.offset() or 0) > last:
                                 return
                             continue
+                        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                            continue  # the group is never used (above)
+                        self._raise_if_unauthorized(err.name(), "Read")
                         raise DecisionLogError(f"reading decision log {self.topic!r}: {err}")
                     offset = int(msg.offset() or 0)
                     if offset > last:

@@ -36,6 +36,10 @@ class ForeignCommittableError(MalformedCommittableError):
     """A committable whose transactional id is not one of the exporter's ids for this run."""
 
 
+class MissingTopicError(Kafka2PCError):
+    """The export's default topic does not exist (or cannot be seen); kafka2pc never creates data topics."""
+
+
 class DeliveryError(Kafka2PCError):
     """A record was not acknowledged by the broker; the transaction must not be committed."""
 

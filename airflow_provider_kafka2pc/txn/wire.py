@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.config import protect_kafka_python_logs
+from airflow_provider_kafka2pc.txn.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
@@ -36,21 +36,6 @@ END_TXN_MAX_VERSION = 4
 _TRANSACTION_COORDINATOR = 1  # CoordinatorType.TRANSACTION on the wire
 _INIT_PRODUCER_ID_KEY = 22
 _KIP939_INIT_PRODUCER_ID_VERSION = 6  # InitProducerId v6 carries Enable2Pc / KeepPreparedTxn
-
-# librdkafka property -> kafka-python setting, for the subset that decides how to connect.
-_CONFIG_MAP = {
-    "bootstrap.servers": "bootstrap_servers",
-    "security.protocol": "security_protocol",
-    "sasl.mechanism": "sasl_mechanism",
-    "sasl.mechanisms": "sasl_mechanism",
-    "sasl.username": "sasl_plain_username",
-    "sasl.password": "sasl_plain_password",
-    "ssl.ca.location": "ssl_cafile",
-    "ssl.certificate.location": "ssl_certfile",
-    "ssl.key.location": "ssl_keyfile",
-    "ssl.key.password": "ssl_password",
-    "client.id": "client_id",
-}
 
 
 @dataclass(frozen=True)
@@ -82,20 +67,25 @@ class TxnListing:
 
 
 def kafka_python_config(librdkafka_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Translate the connection part of a librdkafka config; the rest is producer tuning."""
-    out: dict[str, Any] = {}
-    for key, value in librdkafka_config.items():
-        target = _CONFIG_MAP.get(key)
-        if target is None:
-            continue
-        if target == "bootstrap_servers":
-            value = [s.strip() for s in str(value).split(",") if s.strip()]
-        elif target in ("security_protocol", "sasl_mechanism"):
-            value = str(value).upper()
-        out[target] = value
-    if not out.get("bootstrap_servers"):
-        raise ValueError("the Kafka config has no 'bootstrap.servers'")
-    return out
+    """kafka-python's settings for a librdkafka connection config (inline PEMs not written: see WireClient)."""
+    return kafka_python_settings(librdkafka_config)[0]
+
+
+def kafka_python_token_provider(provider: Any) -> Any:
+    """kafka-python takes only subclasses of its ``AbstractTokenProvider``: wrap ours (``config.OidcTokenProvider``)."""
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    class TokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+        def token(self) -> str:
+            return str(provider.token())
+
+        def extensions(self) -> dict[str, str]:
+            return dict(provider.extensions())
+
+        def __repr__(self) -> str:  # logged with the client's configuration: the provider's own, secret-free
+            return repr(provider)
+
+    return TokenProvider()
 
 
 class WireClient:
@@ -106,16 +96,28 @@ class WireClient:
     ) -> None:
         from kafka import KafkaAdminClient
 
-        cfg = kafka_python_config(config)
+        from airflow_provider_kafka2pc.txn.access import check_authentication
+
+        cfg, pems = kafka_python_settings(config)
         cfg.setdefault("client_id", "kafka2pc")
+        # kafka-python retries a refused SASL or TLS handshake until its bootstrap deadline and then
+        # says only "Unable to bootstrap"; librdkafka tells at the first refusal, so ask it first.
+        # Without SASL or TLS nothing can be refused.
+        if str(config.get("security.protocol", "PLAINTEXT")).upper() != "PLAINTEXT":
+            check_authentication(config, timeout_s=bootstrap_timeout_ms / 1000)
         # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
         protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
+        files, self._pem_dir = write_pem_files(pems)
+        cfg.update(files)
+        if "sasl_oauth_token_provider" in cfg:
+            cfg["sasl_oauth_token_provider"] = kafka_python_token_provider(cfg["sasl_oauth_token_provider"])
         try:
             self._admin = KafkaAdminClient(
                 request_timeout_ms=request_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms, **cfg
             )
         except Exception as e:
+            self._remove_pem_files()
             raise BrokerUnavailableError(
                 f"cannot reach Kafka at {','.join(cfg['bootstrap_servers'])} within {bootstrap_timeout_ms} ms: {e}"
             ) from e
@@ -124,7 +126,17 @@ class WireClient:
         self._manager = self._admin._manager  # private: the async connection manager
 
     def close(self) -> None:
-        self._admin.close()
+        try:
+            self._admin.close()
+        finally:
+            self._remove_pem_files()
+
+    def _remove_pem_files(self) -> None:
+        if self._pem_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._pem_dir, ignore_errors=True)
+            self._pem_dir = None
 
     def __enter__(self) -> WireClient:
         return self

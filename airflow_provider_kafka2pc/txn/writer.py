@@ -2,8 +2,9 @@
 
 ``TransactionalWriter`` initialises the transactional id (fencing any older holder), begins,
 produces, flushes, proves every record acknowledged, and returns a ``Committable``. It never
-commits, never aborts and never closes the producer: recent confluent-kafka aborts an open
-transaction when the producer is closed, and the transaction has to outlive this process.
+commits, never aborts a prepared transaction (only one that failed to prepare) and never closes
+the producer: recent confluent-kafka aborts an open transaction when the producer is closed, and
+the transaction has to outlive this process.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "message.max.bytes": 1_000_000,
     "max.in.flight.requests.per.connection": 5,
 }
+# Delivery errors that are the consequence of another failure, never its cause.
+_CONSEQUENCES = frozenset({"_PURGE_QUEUE", "_PURGE_INFLIGHT"})
 # Statistics carry the producer id and epoch (eos.producer_id/producer_epoch) and the records
 # enqueued per partition; prepare() waits for a report that counts every record, so the interval
 # bounds how long a partition's prepare waits after its flush.
@@ -64,8 +67,12 @@ class DeliveryWriter:
             **PRODUCER_DEFAULTS,
             **producer_config,
             "on_delivery": self._on_delivery,
+            "error_cb": self._on_error,
             "delivery.report.only.error": True,  # the proof above depends on it: not overridable
         }
+        self._purged: str | None = None
+        self._client_error: str | None = None
+        self._too_large: tuple[str, int, int] | None = None  # topic, partition, record bytes
         self._init_timeout_s = init_timeout_s
         self._producer: Any = None
         self.records = 0
@@ -78,8 +85,29 @@ class DeliveryWriter:
     def _on_delivery(self, err: Any, msg: Any) -> None:
         # Called for failures only (delivery.report.only.error).
         self.failed += 1
+        if err.name() in _CONSEQUENCES:
+            # A transaction that failed purges every queued record; the cause is elsewhere.
+            self._purged = self._purged or f"{err.name()}: {err.str()} ({msg.topic()} [{msg.partition()}])"
+            return
         if self._first_error is None:
             self._first_error = f"{err.name()}: {err.str()} ({msg.topic()} [{msg.partition()}])"
+        if err.name() == "MSG_SIZE_TOO_LARGE":
+            # The broker refuses a whole batch, small records too: name the largest one.
+            size = len(msg.value() or b"") + len(msg.key() or b"")
+            if self._too_large is None or size > self._too_large[2]:
+                self._too_large = (str(msg.topic()), int(msg.partition()), size)
+
+    def _on_error(self, err: Any) -> None:
+        # librdkafka reports a transaction's failure (e.g. TOPIC_AUTHORIZATION_FAILED when adding
+        # a partition) here, while the records only see _PURGE_QUEUE.
+        if self._client_error is None and err.name() not in _CONSEQUENCES:
+            self._client_error = f"{err.name()}: {err.str()}"
+            from airflow_provider_kafka2pc.txn.access import authorization_error_of
+
+            topics = ",".join(sorted(self._counts)) or "?"
+            named = authorization_error_of(err.name(), self._config, topics, "Write")
+            if named is not None:
+                self._client_error = str(named)
 
     def open(self) -> DeliveryWriter:
         from confluent_kafka import Producer
@@ -198,11 +226,23 @@ class DeliveryWriter:
         """Flush; raise ``DeliveryError`` unless every record was acknowledged."""
         remaining = self._producer.flush(self._init_timeout_s)
         if remaining or self.failed:
-            raise DeliveryError(
-                self.name,
-                self.failed + remaining,
-                self._first_error or f"{remaining} record(s) still queued after flush",
-            )
+            cause = self._too_large_message() or self._first_error or self._client_error or self._purged
+            cause = cause or f"{remaining} record(s) still queued after flush"
+            raise DeliveryError(self.name, self.failed + remaining, cause)
+
+    def _too_large_message(self) -> str | None:
+        """Which partition refused which record, and the limits, read when it happens (rare)."""
+        if self._too_large is None:
+            return None
+        from airflow_provider_kafka2pc.txn.access import topic_config_value
+
+        topic, partition, size = self._too_large
+        limit = topic_config_value(self._config, topic, "max.message.bytes") or "unknown (no DescribeConfigs on it)"
+        return (
+            f"MSG_SIZE_TOO_LARGE: a record of {size} bytes (key + value; the largest refused) to {topic} partition "
+            f"{partition} is over the limit: the topic's max.message.bytes is {limit}, the producer's "
+            f"message.max.bytes {self._config.get('message.max.bytes')}; compression and batch overhead count too"
+        )
 
     def finish(self) -> None:
         """Flush, prove every record acknowledged, and let the producer go (no transaction here)."""
@@ -229,9 +269,11 @@ class TransactionalWriter(DeliveryWriter):
         transactional_id: str,
         transaction_timeout_ms: int | None = None,
         init_timeout_s: float = 60.0,
+        id_prefix: str | None = None,
     ) -> None:
         super().__init__(producer_config, transactional_id, init_timeout_s)
         self.transactional_id = transactional_id
+        self._id_prefix = id_prefix  # named in an authorization error: ACLs grant the prefix
         if transaction_timeout_ms is None:
             transaction_timeout_ms = int(
                 self._config.get("transaction.timeout.ms") or broker_max_transaction_timeout_ms(producer_config)
@@ -278,11 +320,35 @@ class TransactionalWriter(DeliveryWriter):
             )
         return tuple(sorted(tp for tp, n in self._enqueued.items() if n > 0))
 
+    def _abort_own(self) -> None:
+        """End this writer's failed transaction now instead of leaving it Ongoing until its timeout."""
+        try:
+            self._producer.abort_transaction(self._init_timeout_s)
+        except Exception as e:  # a fatal error (fenced, ...): the broker or the next writer ends it
+            log.warning("could not abort the failed transaction %s: %s", self.transactional_id, e)
+        self._release()
+
     def open(self) -> TransactionalWriter:
+        from confluent_kafka import KafkaException
+
+        from airflow_provider_kafka2pc.txn.access import authorization_error_of
+
         super().open()
         # InitProducerId bumps the epoch: an older writer of this id (a failed Spark task
         # attempt, the previous POOLING run) is fenced and its open transaction aborted.
-        self._producer.init_transactions(self._init_timeout_s)
+        try:
+            self._producer.init_transactions(self._init_timeout_s)
+        except KafkaException as e:
+            named = authorization_error_of(
+                e.args[0].name(),
+                self._config,
+                self._id_prefix or self.transactional_id,
+                "Write",
+                "PREFIXED" if self._id_prefix else "LITERAL",
+            )
+            if named is not None:
+                raise named from e
+            raise
         self._producer.begin_transaction()
         return self
 
@@ -292,7 +358,11 @@ class TransactionalWriter(DeliveryWriter):
         Returns None when nothing was written (an empty transaction needs no commit)."""
         if self._prepared:
             raise Kafka2PCError(f"{self.transactional_id!r} is already prepared")
-        self.flush_and_verify()
+        try:
+            self.flush_and_verify()
+        except DeliveryError:
+            self._abort_own()
+            raise
         self._prepared = True
         p = self._producer
         if self.records == 0:
@@ -341,11 +411,26 @@ def enqueued_by_partition(stats: Mapping[str, Any]) -> dict[tuple[str, int], int
 
 def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: float = 30.0) -> int:
     """The broker's cap ``transaction.max.timeout.ms``: the longest a prepared transaction may live."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError, principal_of
 
     admin = AdminClient(with_log(connection_only(config)))
     md = admin.list_topics(timeout=timeout_s)
     broker = str(min(md.brokers))
     res = ConfigResource(ConfigResource.Type.BROKER, broker)
-    entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
+    try:
+        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
+    except KafkaException as e:
+        if e.args[0].name() != "CLUSTER_AUTHORIZATION_FAILED":
+            raise
+        raise KafkaAuthorizationError(
+            principal_of(config),
+            "Cluster",
+            "kafka-cluster",
+            "DescribeConfigs",
+            detail="to read transaction.max.timeout.ms; or set transaction_timeout_ms (producer setting "
+            "transaction.timeout.ms) and no cluster ACL is needed",
+        ) from e
     return int(entries["transaction.max.timeout.ms"].value)

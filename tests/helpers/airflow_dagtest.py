@@ -17,6 +17,14 @@ from typing import Any
 from tests.helpers.kafka import REPO, KafkaEnv
 
 RUNNER = REPO / "scripts" / "dag_test.py"
+EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
+# The task states of a run of the example DAG that exported and committed.
+EXAMPLE_DAG_COMMITTED = {
+    "orders.recover": "success",
+    "orders.prepare": "success",
+    "orders.commit": "success",
+    "orders.abort": "skipped",
+}
 
 
 def airflow_base_env(home: Path, dags_folder: Path) -> dict[str, str]:

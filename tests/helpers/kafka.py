@@ -43,11 +43,14 @@ class KafkaEnv:
     directory: Path
     bootstrap: str
     brokers: int
+    # A secured cluster's client settings for its super user (kafka_local.client_config).
+    security: dict[str, str] = field(default_factory=dict)
+    oidc_url: str | None = None  # the OIDC provider whose tokens the broker accepts (OAUTHBEARER)
     _wire: WireClient | None = field(default=None, repr=False)
 
     @property
     def config(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap}
+        return {"bootstrap.servers": self.bootstrap, **self.security}
 
     @property
     def wire(self) -> WireClient:
@@ -58,12 +61,12 @@ class KafkaEnv:
     def new_wire(self) -> WireClient:
         return WireClient(self.config)
 
-    def topic(self, partitions: int = 3, name: str | None = None) -> str:
+    def topic(self, partitions: int = 3, name: str | None = None, config: dict[str, str] | None = None) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         name = name or f"t_{uuid.uuid4().hex[:10]}"
         admin = AdminClient(self.config)
-        admin.create_topics([NewTopic(name, partitions, min(3, self.brokers))])[name].result(30)
+        admin.create_topics([NewTopic(name, partitions, min(3, self.brokers), config=config or {})])[name].result(30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait for leaders before anyone produces
             md = admin.list_topics(name, timeout=10).topics[name]
@@ -139,3 +142,14 @@ def prepare_in_subprocess(env: KafkaEnv, tid: str, spec: Any, timeout_ms: int | 
 
 def generate(topic: str, count: int, key_prefix: str = "k") -> dict[str, Any]:
     return {"generate": {"topic": topic, "count": count, "key_prefix": key_prefix}}
+
+
+def sasl_connection(
+    env: KafkaEnv, user: str, password: str, decision_topic: str | None = None, debug: str | None = None
+) -> dict[str, Any]:
+    """A ``kafka2pc`` Airflow connection (as JSON fields) for a SCRAM user of the secured broker."""
+    config = {"ssl.ca.location": env.security["ssl.ca.location"], **({"debug": debug} if debug else {})}
+    extra: dict[str, Any] = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "config": config}
+    if decision_topic:
+        extra["decision_topic"] = decision_topic
+    return {"conn_type": "kafka2pc", "host": env.bootstrap, "login": user, "password": password, "extra": extra}

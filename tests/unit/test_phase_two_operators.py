@@ -107,6 +107,9 @@ def kafka(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> Iterator[tuple[F
     broker.topics = lambda: {"events"}  # type: ignore[method-assign]
     monkeypatch.setattr(Kafka2PCHook, "wire_client", lambda self, *a, **k: broker)
     monkeypatch.setattr(Kafka2PCHook, "decision_log", lambda self: log)
+    # The export's ACL check asks a real broker; these tests are about the decision protocol.
+    monkeypatch.setattr("airflow_provider_kafka2pc.txn.access.check_topic_access", lambda *a, **k: None)
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
     yield broker, log
 
 

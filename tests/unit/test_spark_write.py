@@ -31,14 +31,20 @@ class FakeError:
 
 
 class FakeMessage:
-    def __init__(self, topic: str, partition: int) -> None:
-        self._topic, self._partition = topic, partition
+    def __init__(self, topic: str, partition: int, value: bytes | None = None, key: bytes | None = None) -> None:
+        self._topic, self._partition, self._value, self._key = topic, partition, value, key
 
     def topic(self) -> str:
         return self._topic
 
     def partition(self) -> int:
         return self._partition
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
 
 
 class FakeProducer:
@@ -54,6 +60,7 @@ class FakeProducer:
         self.pending: list[Record] = []
         self.calls = 0
         self.polls = 0
+        self.aborted = False
         FakeProducer.instances.append(self)
 
     def list_topics(self, timeout: float) -> None:
@@ -83,14 +90,23 @@ class FakeProducer:
     def poll(self, timeout: float = -1) -> int:
         self.polls += 1
         served, self.pending = self.pending, []
-        for topic, value, _, partition, _ in served:
+        for topic, value, key, partition, _ in served:
             if value in self.fail_values:  # only errors reach Python (delivery.report.only.error)
-                self.config["on_delivery"](FakeError(), FakeMessage(topic, max(partition, 0)))
+                self.config["on_delivery"](FakeError(), FakeMessage(topic, max(partition, 0), value, key))
         return len(served)
 
     def flush(self, timeout: float = -1) -> int:
         self.poll(0)
         return 0
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        return None
+
+    def begin_transaction(self) -> None:
+        return None
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self.aborted = True
 
 
 @pytest.fixture(autouse=True)
@@ -214,11 +230,33 @@ def test_a_full_local_queue_is_waited_out_without_losing_or_reordering_records()
     assert [r[1] for r in records] == [str(i).encode() for i in range(50)] and row["records"] == 50
 
 
-def test_a_failed_delivery_raises_delivery_error() -> None:
+def test_a_failed_delivery_raises_delivery_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_kafka2pc.txn import access
+
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(access, "topic_config_value", lambda config, topic, key: asked.append((topic, key)) or "2")
     FakeProducer.fail_values = {b"2"}
     batch = _batch(value=pa.array([str(i) for i in range(5)]))
-    with pytest.raises(DeliveryError, match=r"1 record\(s\) of transaction 'partition 3'.*MSG_SIZE_TOO_LARGE"):
+    with pytest.raises(DeliveryError, match=r"1 record\(s\) of transaction 'partition 3'.*MSG_SIZE_TOO_LARGE") as e:
         _run([batch])
+    # The record that was refused, where, and the limits: the topic's (read when it happens) and the producer's.
+    assert f"a record of 1 bytes (key + value; the largest refused) to {TOPIC} partition 0" in str(e.value)
+    assert "the topic's max.message.bytes is 2, the producer's message.max.bytes 1000000" in str(e.value)
+    assert asked == [(TOPIC, "max.message.bytes")]
+
+
+def test_a_failed_prepare_aborts_its_own_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rather than leaving it Ongoing until the broker's timeout aborts it."""
+    from airflow_provider_kafka2pc.txn import access
+
+    monkeypatch.setattr(access, "topic_config_value", lambda *a: None)
+    FakeProducer.fail_values = {b"bad"}
+    w = TransactionalWriter({"transaction.timeout.ms": 60000}, "orders-0").open()
+    w.produce(TOPIC, b"good")
+    w.produce(TOPIC, b"bad")
+    with pytest.raises(DeliveryError, match=r"the topic's max\.message\.bytes is unknown"):
+        w.prepare()
+    assert FakeProducer.instances[-1].aborted
 
 
 def test_success_reports_are_not_sent_to_python() -> None:

@@ -1,0 +1,201 @@
+"""Who the client is and what it may do: authentication and ACL failures that name their cause.
+
+Both clients hide these causes by default: kafka-python retries a failed SASL handshake until its
+bootstrap deadline ("Unable to bootstrap"), librdkafka reports it only through its error callback,
+and a transactional producer turns a broker's rejection into ``_PURGE_QUEUE`` for every queued
+record. ``check_authentication`` asks librdkafka directly (its error callback fires on the first
+refused handshake, ~0.3 s), and ``check_topic_access`` reads the operations the broker says this
+principal may perform (Metadata's authorized operations), so a missing ACL is named before anything
+is written. The ACLs an exporter needs are listed in ``docs/acls.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.config import connection_only
+from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
+
+# Kafka error names -> the resource type whose ACL refused (KafkaError names in both clients).
+_AUTHORIZATION_ERRORS = {
+    "TOPIC_AUTHORIZATION_FAILED": "Topic",
+    "GROUP_AUTHORIZATION_FAILED": "Group",
+    "CLUSTER_AUTHORIZATION_FAILED": "Cluster",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "TransactionalId",
+}
+_RESOURCE_FLAGS = {
+    "Topic": "--topic",
+    "Group": "--group",
+    "TransactionalId": "--transactional-id",
+    "Cluster": "--cluster",
+}
+
+
+class KafkaAuthenticationError(Kafka2PCError):
+    """The broker refused the client's credentials (never shows them)."""
+
+
+class KafkaAuthorizationError(Kafka2PCError):
+    """The principal lacks an ACL; the message names the resource, the operation and the fix."""
+
+    def __init__(
+        self,
+        principal: str,
+        resource_type: str,
+        resource: str,
+        operation: str,
+        pattern: str = "LITERAL",
+        detail: str = "",
+    ) -> None:
+        self.principal, self.resource_type, self.resource = principal, resource_type, resource
+        self.operation, self.pattern = operation, pattern
+        super().__init__(
+            f"authorization failed: principal {principal} may not {operation} {resource_type} "
+            f"{resource!r}{' (prefix)' if pattern == 'PREFIXED' else ''}{f' ({detail})' if detail else ''}. "
+            f"Grant it: {acl_command(principal, resource_type, resource, operation, pattern)}"
+        )
+
+
+def acl_command(principal: str, resource_type: str, resource: str, operation: str, pattern: str = "LITERAL") -> str:
+    """The ``kafka-acls`` command that grants one ACL (docs/acls.md has the full set)."""
+    flag = _RESOURCE_FLAGS[resource_type]
+    target = flag if resource_type == "Cluster" else f"{flag} {resource}"
+    if pattern == "PREFIXED":
+        target += " --resource-pattern-type prefixed"
+    return (
+        "kafka-acls --bootstrap-server BROKERS --command-config admin.properties --add "
+        f"--allow-principal {principal} --operation {operation} {target}"
+    )
+
+
+def principal_of(config: Mapping[str, Any]) -> str:
+    """The Kafka principal the config authenticates as, as ACLs name it (best effort, no secrets)."""
+    protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol.startswith("SASL"):
+        mechanism = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI").upper()
+        if mechanism == "OAUTHBEARER":
+            return f"User:{config.get('sasl.oauthbearer.client.id') or '<token subject>'}"
+        return f"User:{config.get('sasl.username') or '<none>'}"
+    if protocol == "SSL":
+        return "User:<client certificate DN>"
+    return "User:ANONYMOUS"
+
+
+def describe_identity(config: Mapping[str, Any]) -> str:
+    """'SASL SCRAM-SHA-512 as User:x over SASL_SSL': which mechanism and principal, never the secret."""
+    protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol.startswith("SASL"):
+        mechanism = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI").upper()
+        return f"SASL {mechanism} as {principal_of(config)} over {protocol}"
+    return f"{protocol} as {principal_of(config)}"
+
+
+def check_authentication(config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+    """Connect with librdkafka and raise at the first refused handshake, or when nothing answers.
+
+    ``KafkaAuthenticationError`` names the mechanism and principal; ``BrokerUnavailableError``
+    carries librdkafka's last error (an SSL handshake failure, a refused connection, ...).
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    errors: list[Any] = []
+    conf: dict[str, Any] = {**connection_only(config), "error_cb": errors.append, "log_level": 0}
+    admin = AdminClient(conf)
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=min(0.5, max(0.05, deadline - time.monotonic())))
+            return
+        except KafkaException as e:
+            last = e
+        admin.poll(0)
+        for err in errors:
+            if err.code() == KafkaError._AUTHENTICATION:
+                raise KafkaAuthenticationError(
+                    f"authentication failed: {describe_identity(config)} at {config.get('bootstrap.servers')}: "
+                    f"{_without_secrets(err.str(), config)}"
+                )
+    detail = "; ".join(dict.fromkeys(_without_secrets(e.str(), config) for e in errors)) or str(last)
+    raise BrokerUnavailableError(
+        f"cannot reach Kafka at {config.get('bootstrap.servers')} within {timeout_s:g} s "
+        f"({describe_identity(config)}): {detail}"
+    )
+
+
+def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
+    from airflow_provider_kafka2pc.txn.config import REDACTED, is_secret_key
+
+    for k, v in config.items():
+        if is_secret_key(str(k)) and isinstance(v, str) and v:
+            text = text.replace(v, REDACTED)
+    return text
+
+
+def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[str]], timeout_s: float = 30.0) -> None:
+    """Raise ``KafkaAuthorizationError`` unless the principal may perform ``needs[topic]`` on each topic.
+
+    Operations are Kafka's names (``WRITE``, ``READ``, ``DESCRIBE_CONFIGS``, ...). A topic the
+    principal may not even describe looks missing to it; that is reported as the missing ACL too
+    (callers check existence with an admin-free listing first when they need to tell them apart).
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    if not needs:
+        return
+    principal = principal_of(config)
+    admin = AdminClient(connection_only(config))
+    futures = admin.describe_topics(
+        TopicCollection(list(needs)), request_timeout=timeout_s, include_authorized_operations=True
+    )
+    for topic, future in futures.items():
+        try:
+            description = future.result()
+        except KafkaException as e:
+            name = e.args[0].name()
+            if name in ("TOPIC_AUTHORIZATION_FAILED", "UNKNOWN_TOPIC_OR_PART"):
+                raise KafkaAuthorizationError(
+                    principal, "Topic", topic, _operation_name(needs[topic][0]), detail=f"the broker said {name}"
+                ) from e
+            raise
+        if description.authorized_operations is None:
+            continue  # the broker did not say (an old broker): the operations themselves will tell
+        allowed = {op.name for op in description.authorized_operations}
+        for op in needs[topic]:
+            if op not in allowed:
+                raise KafkaAuthorizationError(principal, "Topic", topic, _operation_name(op))
+
+
+def _operation_name(op: str) -> str:
+    """WRITE -> Write, DESCRIBE_CONFIGS -> DescribeConfigs: how kafka-acls spells it."""
+    return "".join(part.capitalize() for part in op.split("_"))
+
+
+def authorization_error_of(
+    error_name: str, config: Mapping[str, Any], resource: str, operation: str, pattern: str = "LITERAL"
+) -> KafkaAuthorizationError | None:
+    """The named error for a Kafka ``*_AUTHORIZATION_FAILED`` code, or None for any other code."""
+    resource_type = _AUTHORIZATION_ERRORS.get(error_name)
+    if resource_type is None:
+        return None
+    if resource_type == "Cluster":
+        resource = "kafka-cluster"
+    return KafkaAuthorizationError(principal_of(config), resource_type, resource, operation, pattern)
+
+
+def topic_config_value(config: Mapping[str, Any], topic: str, key: str, timeout_s: float = 10.0) -> str | None:
+    """One setting of a topic, or None when it cannot be read (no DescribeConfigs ACL, broker gone)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    try:
+        admin = AdminClient(connection_only(config))
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
+        entry = entries.get(key)
+        return None if entry is None else str(entry.value)
+    except Exception:  # only used to enrich an error message
+        return None

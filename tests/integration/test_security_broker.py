@@ -1,0 +1,351 @@
+"""kafka2pc against a broker run as in production, by the project's own scripts/kafka-local.
+
+SASL_SSL with SCRAM-SHA-512 and a CA made by kafka-local, the StandardAuthorizer with
+``allow.everyone.if.no.acl.found=false``, and an exporter principal holding exactly the ACLs of
+docs/acls.md. Each outcome is judged as the super user: a read_committed consumer (counts, unique
+keys) and no open transaction of the exporter.
+
+The export path here is the export operator's without Spark (its ACL check, recovery pass,
+decision log, one librdkafka writer per partition, then the commit): Spark's executors run the
+same writer with the same config, and Spark's start-up would triple this file's runtime.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.committable import Committable
+from tests.conftest import OIDC_CLIENT, OIDC_SECRET, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
+from tests.helpers.acls import Acl, acls_of, set_acls
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, sasl_connection
+
+pytestmark = pytest.mark.kafka
+
+PRINCIPAL = f"User:{SECURE_EXPORTER}"
+RECORDS = 40  # per partition writer
+SLOTS = 2
+TIMEOUT_MS = 300_000  # set, so no Cluster DescribeConfigs is needed (docs/acls.md)
+
+
+@dataclass
+class Exporter:
+    env: KafkaEnv
+    topic: str
+    prefix: str
+    decision_topic: str
+    conn_id: str
+
+    def documented_acls(self, create_decision_topic: bool = True) -> list[Acl]:
+        """docs/acls.md, for this exporter (transaction_timeout_ms set, so no cluster ACL)."""
+        acls = [
+            Acl("Topic", self.topic, "LITERAL", "Write"),
+            Acl("TransactionalId", self.prefix, "PREFIXED", "Write"),
+            Acl("Topic", self.decision_topic, "LITERAL", "Read"),
+            Acl("Topic", self.decision_topic, "LITERAL", "Write"),
+            Acl("Topic", self.decision_topic, "LITERAL", "DescribeConfigs"),
+        ]
+        if create_decision_topic:
+            acls.append(Acl("Topic", self.decision_topic, "LITERAL", "Create"))
+        return acls
+
+    def hook(self, password: str = SECURE_EXPORTER_PASSWORD, debug: str | None = None, connection: Any = None) -> Any:
+        from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+
+        connection = connection or sasl_connection(self.env, SECURE_EXPORTER, password, self.decision_topic, debug)
+        os.environ[f"AIRFLOW_CONN_{self.conn_id.upper()}"] = json.dumps(connection)
+        return Kafka2PCHook(self.conn_id)
+
+    def export(
+        self, run: str, timeout_ms: int | None = TIMEOUT_MS, big: int = 0, hook: Any = None
+    ) -> list[Committable]:
+        """The export operator's path, then the commit task's: what one DAG run does."""
+        from airflow_provider_kafka2pc.txn.resume import commit_prepared
+        from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+
+        hook = hook or self.hook()
+        hook.check_export_access(self.topic)
+        assert hook.recover(self.prefix, run).done
+        committables = []
+        for slot in range(SLOTS):
+            writer = TransactionalWriter(
+                hook.producer_config(),
+                naming.transactional_id(self.prefix, slot),
+                timeout_ms,
+                id_prefix=self.prefix,
+            ).open()
+            for i in range(RECORDS):
+                writer.produce(self.topic, b"v" * 20, f"{run}/{slot}/{i}".encode())
+            if big and slot == 0:
+                writer.produce(self.topic, os.urandom(big), f"{run}/{slot}/big".encode(), partition=0)
+            committable = writer.prepare()
+            assert committable is not None
+            committables.append(committable)
+        wire, decision_log = hook.wire_client(), hook.decision_log()
+        try:
+            commit_prepared(committables, wire, decision_log, run, prefixes=[self.prefix])
+        finally:
+            decision_log.close()
+            wire.close()
+        return committables
+
+    def keys(self) -> list[bytes]:
+        return [r.key or b"" for r in self.env.read_committed(self.topic)]
+
+    def oauth_connection(self, client_id: str, secret: str) -> dict[str, Any]:
+        """An official ``kafka`` connection (its extra is the librdkafka config) using OIDC client credentials."""
+        assert self.env.oidc_url
+        config = {
+            "bootstrap.servers": self.env.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.client.id": client_id,
+            "sasl.oauthbearer.client.secret": secret,
+            "sasl.oauthbearer.token.endpoint.url": f"{self.env.oidc_url}/token",
+            "ssl.ca.location": self.env.security["ssl.ca.location"],
+        }
+        return {"conn_type": "kafka", "extra": config}
+
+    def assert_exactly_once(self, runs: list[str]) -> None:
+        keys = self.keys()
+        assert len(keys) == len(set(keys)) == len(runs) * SLOTS * RECORDS
+        assert {k.decode().split("/")[0] for k in keys} == set(runs)
+        assert self.env.open_transactions(self.prefix) == []
+
+
+@pytest.fixture
+def exporter(kafka_secure: KafkaEnv, request: pytest.FixtureRequest) -> Iterator[Exporter]:
+    tag = uuid.uuid4().hex[:8]
+    ex = Exporter(kafka_secure, kafka_secure.topic(partitions=2), f"sec{tag}", f"dec_{tag}", f"k2p_{tag}")
+    try:
+        yield ex
+    finally:
+        os.environ.pop(f"AIRFLOW_CONN_{ex.conn_id.upper()}", None)
+        set_acls(kafka_secure, PRINCIPAL, set())
+
+
+def test_documented_acls_export_twice_exactly_once(exporter: Exporter) -> None:
+    """Exactly docs/acls.md, granted with its kafka-acls commands: two runs, exactly once, nothing open."""
+    kl = kafka_local()
+    ex = exporter
+    commands = [
+        ["--operation", "Write", "--topic", ex.topic],
+        ["--operation", "Write", "--transactional-id", ex.prefix, "--resource-pattern-type", "prefixed"],
+        ["--operation", "Read", "--operation", "Write", "--operation", "DescribeConfigs", "--topic", ex.decision_topic],
+        ["--operation", "Create", "--topic", ex.decision_topic],
+    ]
+    for args in commands:
+        proc = kl.run_tool(ex.env.directory, "acls", ["--add", "--allow-principal", PRINCIPAL, *args], timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert acls_of(ex.env, PRINCIPAL) == set(ex.documented_acls())
+
+    ex.export("run1")
+    ex.assert_exactly_once(["run1"])
+    # The second run reads a decision log that is not empty (run 1's records are in it).
+    assert ex.env.read_committed(ex.decision_topic)
+    ex.export("run2")
+    ex.assert_exactly_once(["run1", "run2"])
+
+
+MISSING = ["data Write", "id Write", "decision Read", "decision Write", "decision DescribeConfigs", "decision Create"]
+
+
+@pytest.mark.parametrize("missing", MISSING)
+def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter, missing: str) -> None:
+    """Without one documented ACL: an error naming it, nothing visible, nothing open; granting it
+    (the user's next step) makes the same run go through exactly once."""
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+
+    ex = exporter
+    documented = set(ex.documented_acls())
+    if missing != "decision Create":  # every other case runs against an existing decision topic
+        set_acls(ex.env, PRINCIPAL, documented)
+        ex.export("warmup")
+    where, operation = missing.split()
+    name = {"data": ex.topic, "id": ex.prefix, "decision": ex.decision_topic}[where]
+    (acl,) = [a for a in documented if a.name == name and a.operation == operation]
+    set_acls(ex.env, PRINCIPAL, documented - {acl})
+    runs = [] if missing == "decision Create" else ["warmup"]
+
+    with pytest.raises((KafkaAuthorizationError, MissingTopicError)) as failed:
+        ex.export("run1")
+    message = str(failed.value)
+    assert name in message and operation in message, message
+    if isinstance(failed.value, KafkaAuthorizationError):
+        assert failed.value.resource_type == acl.resource_type and failed.value.operation == operation
+        assert f"--operation {operation}" in message and PRINCIPAL in message
+    ex.assert_exactly_once(runs)
+
+    set_acls(ex.env, PRINCIPAL, documented)
+    ex.export("run1")
+    ex.assert_exactly_once([*runs, "run1"])
+
+
+def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(exporter: Exporter) -> None:
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+
+    ex = exporter
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
+    with pytest.raises(KafkaAuthorizationError, match="DescribeConfigs Cluster") as failed:
+        ex.export("run1", timeout_ms=None)
+    assert "transaction_timeout_ms" in str(failed.value) and "--cluster" in str(failed.value)
+    ex.assert_exactly_once([])
+    ex.export("run1")  # the user's next step: set the timeout
+    ex.assert_exactly_once(["run1"])
+
+
+def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporter) -> None:
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+
+    ex = exporter
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
+    wrong = "not-" + SECURE_EXPORTER_PASSWORD[:8]
+    hook = ex.hook(password=wrong)
+
+    started = time.monotonic()
+    ok, message = hook.test_connection()
+    took = time.monotonic() - started
+    assert not ok and took < 10, (took, message)
+    assert message.startswith("authentication failed: SASL SCRAM-SHA-512 as User:exporter"), message
+    assert wrong not in message
+
+    started = time.monotonic()
+    with pytest.raises(KafkaAuthenticationError, match="authentication failed: SASL SCRAM-SHA-512") as failed:
+        ex.export("run1", hook=hook)
+    assert time.monotonic() - started < 10 and wrong not in str(failed.value)
+
+    props = ex.env.directory / f"wrong-{ex.prefix}.properties"
+    props.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+        f"sasl.username={SECURE_EXPORTER}\nsasl.password={wrong}\nssl.ca.location={ex.env.security['ssl.ca.location']}\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_kafka2pc.cli",
+            "list",
+            "--prefix",
+            ex.prefix,
+            "--bootstrap-servers",
+            ex.env.bootstrap,
+            "--config-file",
+            str(props),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    took = time.monotonic() - started  # includes the interpreter's start
+    assert proc.returncode == 3 and took < 10, (took, proc.stderr)
+    assert "kafka2pc: error: authentication failed: SASL SCRAM-SHA-512 as User:exporter" in proc.stderr
+    assert wrong not in proc.stderr + proc.stdout
+    ex.assert_exactly_once([])
+
+
+def test_debug_run_shows_the_password_nowhere(exporter: Exporter, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every logger at DEBUG (kafka-python's and ours), librdkafka's own debug output on stderr,
+    the XCom payload and every decision record: no password."""
+    from airflow_provider_kafka2pc.operators.payload import ExportPayload
+
+    ex = exporter
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    touched = [logging.getLogger(n) for n in ("kafka", "airflow_provider_kafka2pc")]
+    old_levels = [lg.level for lg in touched]
+    for lg in touched:
+        lg.setLevel(logging.DEBUG)
+    try:
+        committables = ex.export("run1", hook=ex.hook(debug="security,broker"))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        for lg, level in zip(touched, old_levels, strict=True):
+            lg.setLevel(level)
+    logs = buffer.getvalue()
+    out, err = capfd.readouterr()
+    # The run really logged at DEBUG: kafka-python's admin client and librdkafka's security debug.
+    assert "sasl_plain_username" in logs and "SASL" in err, (logs[-2000:], err[-2000:])
+    payload = ExportPayload(
+        conn_id=ex.conn_id,
+        prefix=ex.prefix,
+        naming_strategy="POOLING",
+        run_key=None,
+        delivery_guarantee="EXACTLY_ONCE",
+        committables=tuple(committables),
+        summary={},
+    ).to_xcom()
+    decisions = b"".join((r.key or b"") + (r.value or b"") for r in ex.env.read_committed(ex.decision_topic))
+    assert decisions
+    for where, text in (("logs", logs), ("stdout", out), ("stderr", err), ("xcom", json.dumps(payload))):
+        assert SECURE_EXPORTER_PASSWORD not in text, where
+    assert SECURE_EXPORTER_PASSWORD.encode() not in decisions
+    ex.assert_exactly_once(["run1"])
+
+
+def test_record_over_the_topic_limit_names_partition_and_limit(exporter: Exporter, kafka_secure: KafkaEnv) -> None:
+    """The prepare fails naming the partition, the record's size and the topic's limit, and aborts
+    its own transaction: nothing visible, nothing open, without waiting for the broker's timeout."""
+    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+
+    ex = exporter
+    ex.topic = kafka_secure.topic(partitions=2, config={"max.message.bytes": "20000"})
+    # DescribeConfigs on the data topic is optional (docs/acls.md): it lets the error name the limit.
+    set_acls(ex.env, PRINCIPAL, {*ex.documented_acls(), Acl("Topic", ex.topic, "LITERAL", "DescribeConfigs")})
+    with pytest.raises(DeliveryError) as failed:
+        ex.export("run1", big=50_000)
+    message = str(failed.value)
+    assert f"{ex.topic} partition 0" in message and "max.message.bytes is 20000" in message, message
+    assert f"a record of {50_000 + len(b'run1/0/big')} bytes" in message, message
+    assert ex.keys() == []
+    assert ex.env.open_transactions(ex.prefix) == [], "the failed prepare left its transaction open"
+
+
+def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter) -> None:
+    """The broker validates RS256 tokens of a local OIDC provider (tests/helpers/oidc.py); librdkafka
+    (producers, decision log) and kafka-python (commit, recovery) fetch them with the same client
+    credentials. The official kafka connection type uses the default decision topic."""
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+
+    ex = exporter
+    ex.decision_topic = DEFAULT_DECISION_TOPIC
+    principal = f"User:{OIDC_CLIENT}"
+    set_acls(ex.env, principal, set(ex.documented_acls()))
+    try:
+        ex.export("run1", hook=ex.hook(connection=ex.oauth_connection(OIDC_CLIENT, OIDC_SECRET)))
+        ex.assert_exactly_once(["run1"])
+
+        wrong = ex.hook(connection=ex.oauth_connection(OIDC_CLIENT, "not-the-secret"))
+        started = time.monotonic()
+        ok, message = wrong.test_connection()
+        assert not ok and time.monotonic() - started < 10, message
+        assert message.startswith(f"authentication failed: SASL OAUTHBEARER as {principal}"), message
+        assert "not-the-secret" not in message
+        with pytest.raises(KafkaAuthenticationError):
+            ex.export("run2", hook=wrong)
+        ex.assert_exactly_once(["run1"])
+    finally:
+        set_acls(ex.env, principal, set())

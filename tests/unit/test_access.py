@@ -1,0 +1,74 @@
+"""Who the client is and which ACL it lacks, said without secrets (txn/access.py, no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.access import (
+    KafkaAuthorizationError,
+    acl_command,
+    authorization_error_of,
+    describe_identity,
+    principal_of,
+)
+
+SCRAM = {
+    "bootstrap.servers": "b:9093",
+    "security.protocol": "sasl_ssl",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "exporter",
+    "sasl.password": "hunter2",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "principal", "identity"),
+    [
+        (SCRAM, "User:exporter", "SASL SCRAM-SHA-512 as User:exporter over SASL_SSL"),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.client.id": "c1"},
+            "User:c1",
+            "SASL OAUTHBEARER as User:c1 over SASL_SSL",
+        ),
+        ({"security.protocol": "SSL"}, "User:<client certificate DN>", "SSL as User:<client certificate DN>"),
+        ({}, "User:ANONYMOUS", "PLAINTEXT as User:ANONYMOUS"),
+    ],
+)
+def test_principal_and_identity_never_show_a_secret(config: dict[str, str], principal: str, identity: str) -> None:
+    assert principal_of(config) == principal
+    assert describe_identity(config) == identity
+    assert "hunter2" not in describe_identity(config)
+
+
+def test_acl_commands_as_docs_acls_md_writes_them() -> None:
+    assert acl_command("User:x", "Topic", "orders_out", "Write") == (
+        "kafka-acls --bootstrap-server BROKERS --command-config admin.properties --add "
+        "--allow-principal User:x --operation Write --topic orders_out"
+    )
+    assert acl_command("User:x", "TransactionalId", "orders", "Write", "PREFIXED").endswith(
+        "--operation Write --transactional-id orders --resource-pattern-type prefixed"
+    )
+    assert acl_command("User:x", "Cluster", "kafka-cluster", "DescribeConfigs").endswith(
+        "--operation DescribeConfigs --cluster"
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "resource_type", "resource"),
+    [
+        ("TOPIC_AUTHORIZATION_FAILED", "Topic", "orders_out"),
+        ("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "TransactionalId", "orders_out"),
+        ("CLUSTER_AUTHORIZATION_FAILED", "Cluster", "kafka-cluster"),
+        ("GROUP_AUTHORIZATION_FAILED", "Group", "orders_out"),
+    ],
+)
+def test_authorization_codes_name_resource_and_operation(code: str, resource_type: str, resource: str) -> None:
+    error = authorization_error_of(code, SCRAM, "orders_out", "Write")
+    assert isinstance(error, KafkaAuthorizationError)
+    assert (error.resource_type, error.resource, error.operation) == (resource_type, resource, "Write")
+    assert str(error).startswith(f"authorization failed: principal User:exporter may not Write {resource_type}")
+    assert "hunter2" not in str(error)
+
+
+def test_other_codes_are_not_authorization_errors() -> None:
+    assert authorization_error_of("MSG_SIZE_TOO_LARGE", SCRAM, "t", "Write") is None
