@@ -26,7 +26,10 @@ def with_log(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def quiet_third_party_logs() -> None:
-    """Raise kafka-python's and py4j's loggers to WARNING, unless the user set their level."""
+    """Raise kafka-python's and py4j's loggers to WARNING, unless the user set their level or asked
+    for DEBUG everywhere (Airflow's ``logging_level``): then they want the clients' chatter too."""
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
     for name in QUIET_BELOW_WARNING:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:

@@ -55,6 +55,15 @@ def test_kafka_python_and_py4j_log_from_warning_unless_the_user_chose(third_part
     assert logging.getLogger("py4j").level == logging.DEBUG
 
 
+def test_everything_at_debug_keeps_kafka_python_at_debug(
+    third_party_levels: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logging.getLogger("kafka").setLevel(logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.DEBUG)  # Airflow's logging_level = DEBUG
+    quiet_third_party_logs()
+    assert logging.getLogger("kafka.net.connection").isEnabledFor(logging.DEBUG)
+
+
 def test_driver_side_librdkafka_clients_log_through_python_logging() -> None:
     config = {"bootstrap.servers": "b:9092"}
     assert with_log(config) == {"bootstrap.servers": "b:9092", "logger": LIBRDKAFKA_LOG}
