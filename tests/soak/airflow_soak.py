@@ -183,7 +183,8 @@ class AirflowRuns:
             kill = (r, run_id, plan.kill, self.moment(STRIKE_WITHIN_S[plan.kill]))
             faults.append(threading.Thread(target=self.kill_task, args=kill, daemon=True))
         if plan.spark:
-            spark = (r, run_id, self.moment(0.3))
+            # Not at once: a worker killed before it reports to Spark is just forked again, no task fails.
+            spark = (r, run_id, 0.5 if self.quick else self.rng.uniform(0.3, 1.5))
             faults.append(threading.Thread(target=self.kill_spark_workers, args=spark, daemon=True))
         if plan.clear:
             clear = (r, run_id, plan.clear, self.moment(STRIKE_WITHIN_S[plan.clear]))

@@ -323,7 +323,7 @@ class Soak:
                        "slow_s": 1.0}  # fmt: skip
             spark.stdin.write(json.dumps(request) + "\n")
             spark.stdin.flush()
-            delay = self.rng.uniform(0.0, 0.4)
+            delay = self.rng.uniform(0.2, 0.6)  # a worker killed before it reports to Spark is just forked again
             workers = self.python_workers(spark.pid)
             if workers:  # every task under way fails (a first row takes 1 s); Spark retries them
                 time.sleep(delay)
