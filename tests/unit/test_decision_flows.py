@@ -77,7 +77,7 @@ def prepared(broker: FakeBroker, *tids: str, records: int = 10) -> list[Committa
 
 def kill_after_deciding(log: MemoryDecisionLog, broker: FakeBroker, cs: Sequence[Committable], run: str) -> str:
     """A commit task that appended its COMMIT and died before any EndTxn."""
-    states = broker.describe_transactions(1, [c.transactional_id for c in cs])
+    states = broker.describe_transactions([c.transactional_id for c in cs])
     d = new_decision(
         Kind.COMMIT,
         [covered(c, states[c.transactional_id]) for c in cs],
