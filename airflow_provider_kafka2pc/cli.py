@@ -12,11 +12,14 @@
 
 Exit status: 0 nothing of the prefix is open and nothing is lost (acknowledge: done); 1 transactions
 of the prefix are open (list, resolve --dry-run: something to do; resolve: still open after
---wait); 2 bad usage, an invalid prefix, or acknowledge of a run that is not LOST; 3 Kafka
-unreachable or failing; 4 a loss: a run of the prefix is LOST and not acknowledged, or a COMMIT
-decision in force has transactions that can never become visible (takes precedence over 1).
+--wait); 2 bad usage, an invalid prefix, a missing or mistaken --conn-id, or acknowledge of a run
+that is not LOST; 3 Kafka unreachable or failing; 4 a loss: a run of the prefix is LOST and not
+acknowledged, or a COMMIT decision in force has transactions that can never become visible (takes
+precedence over 1).
 
 Only the transaction core is imported: no Airflow, and Kafka clients only when a command runs.
+``--conn-id`` takes the settings from an Airflow connection instead, through the tasks' own hook
+(imported only then, so it needs Airflow installed).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from airflow_provider_kafka2pc.txn.wire import TxnListing, TxnState, WireClient
 
 EXIT_OK = 0
 EXIT_OPEN = 1
-EXIT_USAGE = 2  # what argparse uses too
+EXIT_USAGE = 2  # what argparse uses too; also a missing or mistaken --conn-id
 EXIT_FAILED = 3
 EXIT_LOST = 4
 
@@ -150,9 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--prefix", required=True, help="the exporter's transactional id prefix")
     common.add_argument(
+        "--conn-id",
+        metavar="CONN_ID",
+        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from; "
+        "needs Airflow installed",
+    )
+    common.add_argument(
         "--bootstrap-servers",
-        default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP),
-        help=f"Kafka bootstrap servers (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
+        help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
     )
     common.add_argument(
         "--config",
@@ -168,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
     )
-    common.add_argument("--decision-topic", default=DEFAULT_DECISION_TOPIC, help="the decision log topic")
+    common.add_argument(
+        "--decision-topic", help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})"
+    )
     common.add_argument(
         "--timeout",
         type=_positive_float,
@@ -228,8 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def client_config(args: argparse.Namespace) -> dict[str, str]:
-    config = {"bootstrap.servers": str(args.bootstrap_servers)}
+def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The client settings and decision topic: an Airflow connection's or the options', then --config."""
+    config: dict[str, Any]
+    if args.conn_id:
+        if args.bootstrap_servers is not None:
+            raise UsageError("give either --conn-id or --bootstrap-servers, not both")
+        config, decision_topic = airflow_connection(args.conn_id)
+    else:
+        config = {"bootstrap.servers": str(args.bootstrap_servers or os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP))}
+        decision_topic = DEFAULT_DECISION_TOPIC
     items: list[tuple[str, str]] = []
     for path in args.config_file:
         items += _read_properties(path)
@@ -241,9 +259,31 @@ def client_config(args: argparse.Namespace) -> dict[str, str]:
         if not sep or not key:
             raise UsageError(f"{where}: expected KEY=VALUE")
         if key == "bootstrap.servers":
-            raise UsageError(f"{where}: set bootstrap.servers with --bootstrap-servers")
+            raise UsageError(f"{where}: set bootstrap.servers with --bootstrap-servers or the connection")
         config[key] = value
-    return config
+    return config, args.decision_topic or decision_topic
+
+
+def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
+    """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
+
+    Imported here, not at the top: the CLI runs without Airflow, and only --conn-id needs it.
+    """
+    try:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
+    except ImportError as e:
+        raise UsageError(
+            f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
+        ) from None
+    hook = Kafka2PCHook(conn_id)
+    try:
+        return hook.get_config(), hook.decision_topic
+    except AirflowNotFoundException:
+        raise UsageError(f"no Airflow connection {conn_id!r} (looked up as Airflow's tasks do)") from None
+    except Kafka2PCConfigError as e:
+        raise UsageError(f"connection {conn_id!r}: {e}") from None
 
 
 def _read_properties(path: str) -> list[tuple[str, str]]:
@@ -901,11 +941,11 @@ def _fail(code: int, message: str, config: Mapping[str, Any]) -> int:
 
 def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> int:
     args = build_parser().parse_args(argv)
-    config: dict[str, str] = {}
+    config: dict[str, Any] = {}
     try:
-        config = client_config(args)
-        _setup_logging(args.debug, config)
         naming.validate_prefix(args.prefix)
+        config, args.decision_topic = client_config(args)  # the commands print the topic they read
+        _setup_logging(args.debug, config)
         conn = connect(config, args.decision_topic, args.timeout)
         try:
             handler: Callable[[Connection, argparse.Namespace, TextIO], int] = args.handler

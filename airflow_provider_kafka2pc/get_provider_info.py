@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Any
 
 from airflow_provider_kafka2pc import __version__
+from airflow_provider_kafka2pc.connection_form import CONN_FIELDS, HIDDEN_FIELDS, PLACEHOLDERS, RELABELING
 
 _PKG = "airflow_provider_kafka2pc"
 
@@ -38,36 +40,11 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "Kafka exactly-once export (kafka2pc)",
                 "connection-type": "kafka2pc",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema"],
-                    "relabeling": {
-                        "host": "Bootstrap servers",
-                        "login": "SASL username",
-                        "password": "SASL password",
-                    },
-                    "placeholders": {"host": "broker1:9092,broker2:9092"},
+                    "hidden-fields": list(HIDDEN_FIELDS),
+                    "relabeling": dict(RELABELING),
+                    "placeholders": dict(PLACEHOLDERS),
                 },
-                "conn-fields": {
-                    "security_protocol": {
-                        "label": "Security protocol",
-                        "description": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "sasl_mechanism": {
-                        "label": "SASL mechanism",
-                        "description": "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER...",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "decision_topic": {
-                        "label": "Decision topic",
-                        "description": "Compacted topic holding the commit decisions (created if missing)",
-                        "schema": {"type": ["string", "null"], "default": "kafka2pc_decisions"},
-                    },
-                    "config": {
-                        "label": "librdkafka settings",
-                        "description": 'Further client settings, e.g. {"ssl.ca.location": "/etc/ssl/ca.pem"}',
-                        "schema": {"type": ["object", "null"]},
-                    },
-                },
+                "conn-fields": deepcopy(CONN_FIELDS),
             }
         ],
     }

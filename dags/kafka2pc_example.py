@@ -1,10 +1,13 @@
 """Export a generated dataset to Kafka exactly once: recover → prepare (Spark) → commit, or abort.
 
-Needs a ``kafka2pc_default`` connection (``scripts/demo`` sets one up for a local broker).
+Needs a ``kafka2pc_default`` connection (``scripts/demo`` sets one up for a local broker) and the
+topic below. Spark runs ``local[*]`` unless ``KAFKA2PC_EXAMPLE_SPARK_CONN_ID`` names a ``spark``
+connection (docker-compose.yml sets it to its standalone cluster's).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pendulum
@@ -13,6 +16,7 @@ from airflow.sdk import DAG, Param
 from airflow_provider_kafka2pc.task_group import kafka2pc_export_group
 
 TOPIC = "kafka2pc_example_orders"
+SPARK_CONN_ID = os.environ.get("KAFKA2PC_EXAMPLE_SPARK_CONN_ID") or None
 
 
 def generated_orders(spark: Any, context: Any) -> Any:
@@ -42,6 +46,7 @@ with DAG(
         transactional_id_prefix="kafka2pc_example.orders",
         topic=TOPIC,
         source=generated_orders,
+        spark_conn_id=SPARK_CONN_ID,
         retries=0,
         commit_kwargs={"retries": 3},
     )

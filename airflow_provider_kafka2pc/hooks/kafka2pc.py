@@ -11,6 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_kafka2pc.connection_form import (
+    CONN_FIELDS,
+    EXTRA_CONFIG,
+    EXTRA_DECISION_TOPIC,
+    EXTRA_SASL_MECHANISM,
+    EXTRA_SECURITY_PROTOCOL,
+    HIDDEN_FIELDS,
+    PLACEHOLDERS,
+    RELABELING,
+    field_of_setting,
+)
 from airflow_provider_kafka2pc.txn.config import UnmappableConfigError, kafka_python_settings, redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
@@ -26,16 +37,15 @@ if TYPE_CHECKING:
 
 # The official apache-kafka provider's connection type: its extra is the librdkafka config itself.
 KAFKA_CONN_TYPE = "kafka"
-# Keys of a kafka2pc connection's extra that are not librdkafka settings.
-EXTRA_SECURITY_PROTOCOL = "security_protocol"
-EXTRA_SASL_MECHANISM = "sasl_mechanism"
-EXTRA_DECISION_TOPIC = "decision_topic"
-EXTRA_CONFIG = "config"
-_FIELDS = (EXTRA_SECURITY_PROTOCOL, EXTRA_SASL_MECHANISM, EXTRA_DECISION_TOPIC, EXTRA_CONFIG)
+_FIELDS = tuple(CONN_FIELDS)
 
 
 class Kafka2PCConfigError(ValueError):
-    """The connection cannot be turned into a Kafka client config."""
+    """The connection cannot be turned into a Kafka client config; ``field`` is the form field to fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"connection field {field!r}: {message}")
+        self.field = field
 
 
 def client_config(
@@ -53,11 +63,13 @@ def client_config(
         unknown = set(extra) - set(_FIELDS)
         if unknown:
             raise Kafka2PCConfigError(
-                f"unknown extra field(s) {sorted(unknown)}; librdkafka settings go under {EXTRA_CONFIG!r}"
+                "Extra", f"unknown extra field(s) {sorted(unknown)}; librdkafka settings go under {EXTRA_CONFIG!r}"
             )
         nested = extra.get(EXTRA_CONFIG) or {}
         if not isinstance(nested, Mapping):
-            raise Kafka2PCConfigError(f"extra {EXTRA_CONFIG!r} must be an object of librdkafka settings")
+            raise Kafka2PCConfigError(
+                field_of_setting(EXTRA_CONFIG), f"extra {EXTRA_CONFIG!r} must be an object of librdkafka settings"
+            )
         config = dict(nested)
         if host:
             servers = host.strip()
@@ -71,15 +83,19 @@ def client_config(
             config["sasl.username"] = login
         if password:
             config["sasl.password"] = password
+    official = conn_type == KAFKA_CONN_TYPE
     if not config.get("bootstrap.servers"):
-        raise Kafka2PCConfigError("the connection names no Kafka bootstrap servers (host, or bootstrap.servers)")
+        raise Kafka2PCConfigError(
+            field_of_setting("bootstrap.servers", official),
+            "the connection names no Kafka bootstrap servers (host, or bootstrap.servers)",
+        )
     config = {k: (str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v) for k, v in config.items()}
     # The commit side connects with kafka-python: refuse now, naming the setting, what it could not
     # honour, rather than fail later with "cannot reach Kafka".
     try:
         kafka_python_settings(config)
     except UnmappableConfigError as e:
-        raise Kafka2PCConfigError(str(e)) from e
+        raise Kafka2PCConfigError(field_of_setting(e.key, official), str(e)) from e
     return config
 
 
@@ -108,10 +124,10 @@ class Kafka2PCHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema"],
-            "relabeling": {"host": "Bootstrap servers", "login": "SASL username", "password": "SASL password"},
+            "hidden_fields": list(HIDDEN_FIELDS),
+            "relabeling": dict(RELABELING),
             "placeholders": {
-                "host": "broker1:9092,broker2:9092",
+                **PLACEHOLDERS,
                 EXTRA_CONFIG: '{"ssl.ca.location": "/etc/ssl/ca.pem"}',
                 EXTRA_DECISION_TOPIC: DEFAULT_DECISION_TOPIC,
             },
@@ -120,21 +136,23 @@ class Kafka2PCHook(BaseHook):
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
         try:  # the Flask UI's widgets; Airflow 3's UI uses the provider info's conn-fields instead
-            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget, Select2Widget
             from flask_babel import lazy_gettext
-            from wtforms import StringField
+            from wtforms import SelectField, StringField
         except ImportError:
             return {}
 
-        return {
-            name: StringField(lazy_gettext(label), widget=BS3TextFieldWidget())
-            for name, label in (
-                (EXTRA_SECURITY_PROTOCOL, "Security protocol"),
-                (EXTRA_SASL_MECHANISM, "SASL mechanism"),
-                (EXTRA_DECISION_TOPIC, "Decision topic"),
-                (EXTRA_CONFIG, "librdkafka settings (JSON)"),
-            )
-        }
+        widgets: dict[str, Any] = {}
+        for name, field in CONN_FIELDS.items():
+            label = lazy_gettext(field["label"])
+            choices = [c for c in field["schema"].get("enum", ()) if c is not None]
+            if choices:  # a choice, not free text: a typo cannot reach the clients
+                widgets[name] = SelectField(
+                    label, choices=[("", ""), *((c, c) for c in choices)], default="", widget=Select2Widget()
+                )
+            else:
+                widgets[name] = StringField(label, widget=BS3TextFieldWidget())
+        return widgets
 
     # -- configs -----------------------------------------------------------------------------
     @property
@@ -237,6 +255,10 @@ class Kafka2PCHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and check that it can run transactions (the UI's Test button)."""
+        try:
+            self.get_config()
+        except Kafka2PCConfigError as e:  # before any network: a mistake in the form is not "cannot reach Kafka"
+            return False, f"configuration mistake, Kafka was not contacted: {e}"
         try:
             wire = self.wire_client(bootstrap_timeout_ms=10000)
             try:

@@ -17,6 +17,7 @@ from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicErro
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_kafka2pc.txn.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol import RunRecord
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
@@ -182,6 +183,30 @@ class Kafka2PCExportOperator(BaseOperator):
             "duplicate it. Start a new DAG run to export again."
         )
 
+    def _stand_down_if_decided_meanwhile(
+        self, hook: Kafka2PCHook, context: Context, prefix: str, run: str, committables: Sequence[Committable]
+    ) -> None:
+        """The run may have reached its decision while Spark wrote (this export was cleared while the
+        run's commit went on): then these transactions are a second export of a decided run. They are
+        aborted (ABORT appended first) before the task stands down, not left open for the next run."""
+        if not committables:
+            return
+        from airflow_provider_kafka2pc.txn.resume import abort_prepared, ref_of
+
+        decision_log, wire = hook.decision_log(), hook.wire_client()
+        try:
+            status = decision_log.read_for(prefix, run).run_status(prefix, run)
+            if status is None:
+                return
+            self.log.warning(
+                "run %s was decided while this export wrote: aborting its %d transaction(s)", run, len(committables)
+            )
+            abort_prepared([ref_of(c) for c in committables], wire, decision_log, run)
+        finally:
+            decision_log.close()
+            wire.close()
+        self._skip_or_fail(context, prefix, run, status)
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 
@@ -246,6 +271,7 @@ class Kafka2PCExportOperator(BaseOperator):
             result = export_dataframe(df, settings, on_progress=lambda p: self.log.info("%s", p.describe()))
         finally:
             spark.stop()
+        self._stand_down_if_decided_meanwhile(hook, context, prefix, run, result.committables)
         summary = result.summary()
         self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(

@@ -151,8 +151,11 @@ _OIDC_KEYS = frozenset(
 )
 # Connection settings that change nothing kafka-python needs (tuning, platform specifics).
 _KAFKA_PYTHON_IRRELEVANT = frozenset({"ssl.ca.certificate.stores", "sasl.oauthbearer.grant.type"})
-_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"})
-_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+# What both clients support, in the order the connection form offers them.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = frozenset(SASL_MECHANISMS)
+_PROTOCOLS = frozenset(SECURITY_PROTOCOLS)
 
 
 class UnmappableConfigError(ValueError):

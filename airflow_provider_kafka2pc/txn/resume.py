@@ -364,7 +364,9 @@ def commit_prepared(
     """Phase two, COMMIT, by the protocol of DESIGN §3a.
 
     1. The run's own record says it is final → answer from it ("already committed", or the loss),
-       touching nothing: a clear of an old run never writes over newer runs' state.
+       writing nothing: a clear of an old run never writes over newer runs' state. Only handed
+       transactions still open under their own producer id and epoch (a second export of the
+       finished run) are aborted, and ``DecisionConflictError`` says so.
     2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
        within the commit's own worst case of its broker deadline), the whole run is aborted:
        ABORT is appended, read back, obeyed, and ``TransactionLostError`` says why.
@@ -407,9 +409,10 @@ def decide_commit(
     if run_prefixes and len(finished) == len(run_prefixes) and all(f.status is not RunStatus.DECIDED for f in finished):
         # Final: answer from the run record. The handed transactions are the run's own, long ended
         # (their ids may be a newer run's by now, under another epoch: never touched), unless the
-        # broker shows them open with exactly this producer id and epoch: a second export of the run.
+        # broker shows them open with exactly this producer id and epoch: a second export of the run,
+        # aborted here even if an ABORT already rules it (its writer may have died before obeying).
         observed = resolver.observe_all(refs)
-        second = [r for r in refs if observed[r.transactional_id][0] is Observation.OPEN and state.ruled_by(r) is None]
+        second = [r for r in refs if observed[r.transactional_id][0] is Observation.OPEN]
         if not second:
             return _answer_from_run_records(run, finished)
         _abort_run(decision_log, resolver, second, observed, run, by_tid)

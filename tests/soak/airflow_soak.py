@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tests.helpers.airflow_standalone import StandaloneAirflow
 from tests.helpers.kafka import REPO
+from tests.soak.checker import Violation
 from tests.soak.spark_actor import kill_all
 
 if TYPE_CHECKING:
@@ -242,6 +243,6 @@ class AirflowRuns:
         self.soak.inject(r, "clear", "airflow-run")
         self.wait_rerun(old_run_id)
         state = self.af.wait_run(DAG_ID, old_run_id, timeout=RUN_TIMEOUT_S)
-        if state != "success":  # the checker turns this into a violation: the run is visible
-            old.notes.append(f"the clear of this finished run ended {state}: {self.failed_tasks(old_run_id)}")
-            old.status = "clear-failed"
+        if state != "success":
+            why = f"cleared after it had succeeded, it ended {state}: {self.failed_tasks(old_run_id)}"
+            self.soak.broken.append(Violation(old.run, why))

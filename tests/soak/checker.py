@@ -7,6 +7,7 @@ TransactionsCommand (``list`` and ``find-hanging``).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +48,22 @@ def committed_keys(bootstrap: str, topic: str) -> Counter[str]:
         return keys
     finally:
         c.close()
+
+
+def open_transactions(bootstrap: str, prefix: str) -> list[str]:
+    """The prefix's transactions Kafka lists as Ongoing or ending (ListTransactions on every broker,
+    through kafka-python's public admin client: not kafka2pc's code)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="soak-judge")
+    try:
+        listed = admin.list_transactions(
+            state_filters=["Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"],
+            transactional_id_pattern=f"{re.escape(prefix)}-.*",
+        )
+    finally:
+        admin.close()
+    return sorted(f"{t.transactional_id} {t.state}" for per_broker in listed.values() for t in per_broker)
 
 
 def judge(

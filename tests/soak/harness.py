@@ -34,7 +34,7 @@ from typing import Any
 
 from tests.helpers.kafka import REPO, kafka_local
 from tests.soak.airflow_soak import AIRFLOW_SHORT_PLANS, AirflowPlan, AirflowRuns
-from tests.soak.checker import Violation, judge
+from tests.soak.checker import Violation, judge, open_transactions
 from tests.soak.spark_actor import kill_all, python_workers
 
 PREFIX = "soak"
@@ -144,6 +144,9 @@ class Soak:
         self._spark: subprocess.Popen[str] | None = None
         self.judge_each_run = False
         self.first_violations: list[Violation] = []
+        # Broken promises seen as they happen: a successful run that left something open, a clear
+        # that did not end as its run had.
+        self.broken: list[Violation] = []
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -442,9 +445,17 @@ class Soak:
             p = self.call(self.cmd("commit", "--run", old.run, "--committables", str(again), *COMMIT_TIMEOUTS))
             fine = p.returncode == EXIT_CONFLICT and "second export of the run" in p.stderr
         self.inject(r, "clear", what)
-        if not fine:  # the checker turns this into a violation if the run is visible
-            r.notes.append(f"clear of {old.run}: exit {p.returncode} {p.stdout.strip()} {p.stderr[-500:]}")
-            r.status = "clear-failed"
+        if not fine:
+            self.broken.append(
+                Violation(old.run, f"its {what} clear: exit {p.returncode} {p.stdout.strip()} {p.stderr[-500:]}")
+            )
+
+    def judge_success(self, r: Run) -> None:
+        """The user's obvious next step after a success is nothing: nothing of the prefix may be open."""
+        if r.status == "success":
+            left = open_transactions(self.bootstrap, self.prefix)
+            if left:
+                self.broken.append(Violation(r.run, f"reported success with transactions open: {left}"))
 
     def settle(self) -> None:
         self.recover(Run("soak/final", "final"))
@@ -495,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unexpected.append(Violation("-", f"recovery reports a loss that no tool reported when its run ended: {e}"))
         # Open transactions are judged only after a settled end (an unexpected loss stops recovery).
         violations, outcomes = soak.check(open_checks=not unexpected)
-        violations = unexpected + violations
+        violations = unexpected + soak.broken + violations
     finally:
         if not args.keep_kafka:
             soak.close()
@@ -521,7 +532,9 @@ def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool]) -> 
             print(f"stopping after {i} runs (SIGTERM)", flush=True)
             return
         plan = SHORT_PLANS[i % len(SHORT_PLANS)] if short else Plan.draw(soak.rng)
-        print(progress(f"run {i:4d}", soak.one_run(i, plan)), flush=True)
+        r = soak.one_run(i, plan)
+        soak.judge_success(r)
+        print(progress(f"run {i:4d}", r), flush=True)
         if soak.first_violations:
             print(f"first violation found at run {i}: {soak.first_violations}", flush=True)
             return
@@ -534,7 +547,9 @@ def run_airflow(soak: Soak, runs: int, short: bool, home: Path, stop: dict[str, 
             if stop["asked"]:
                 break
             plan = AIRFLOW_SHORT_PLANS[j % len(AIRFLOW_SHORT_PLANS)] if short else AirflowPlan.draw(airflow.rng)
-            print(progress(f"airflow {j:3d}", airflow.one_run(j, plan)), flush=True)
+            r = airflow.one_run(j, plan)
+            soak.judge_success(r)
+            print(progress(f"airflow {j:3d}", r), flush=True)
     finally:
         airflow.close()
 

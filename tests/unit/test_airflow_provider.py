@@ -87,6 +87,63 @@ def test_unusable_connection_is_a_clear_error(
         client_config(conn_type, host, None, None, None, extra)
 
 
+def test_test_connection_reports_a_configuration_mistake_by_field_without_contacting_kafka(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_network(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Kafka contacted for a connection that cannot work")
+
+    monkeypatch.setattr(Kafka2PCHook, "wire_client", no_network)
+    extra = {"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}
+    use_connection(monkeypatch, "kafka2pc_default", {"conn_type": "kafka2pc", "host": "b1:9093", "extra": extra})
+    ok, message = Kafka2PCHook().test_connection()
+    assert not ok
+    assert message.startswith("configuration mistake, Kafka was not contacted: connection field 'SASL mechanism'")
+    assert "cannot reach" not in message
+
+
+@pytest.mark.parametrize(
+    ("host", "extra", "field"),
+    [
+        ("b:9092", {"security_protocol": "SASL_SSLL"}, "Security protocol"),
+        ("b:9092", {"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}, "SASL mechanism"),
+        (None, {}, "Bootstrap servers"),
+        ("b:9092", {"linger.ms": 5}, "Extra"),
+        ("b:9092", {"config": {"ssl.keystore.location": "/ks.p12"}}, "librdkafka settings"),
+    ],
+)
+def test_a_configuration_mistake_names_the_form_field_to_fix(
+    host: str | None, extra: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(Kafka2PCConfigError) as e:
+        client_config("kafka2pc", host, None, "user1", "password1", extra)
+    assert e.value.field == field and str(e.value).startswith(f"connection field {field!r}: ")
+
+
+OIDC = {
+    "sasl.oauthbearer.method": "oidc",
+    "sasl.oauthbearer.client.id": "exporter",
+    "sasl.oauthbearer.client.secret": "client-secret",
+    "sasl.oauthbearer.token.endpoint.url": "https://idp.example.invalid/token",
+}
+
+
+def test_every_choice_of_the_form_makes_a_working_config() -> None:
+    from airflow_provider_kafka2pc.connection_form import CONN_FIELDS
+
+    protocols = [c for c in CONN_FIELDS["security_protocol"]["schema"]["enum"] if c]
+    mechanisms = [c for c in CONN_FIELDS["sasl_mechanism"]["schema"]["enum"] if c]
+    assert protocols == ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+    assert mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+    for protocol in protocols:
+        for mechanism in mechanisms if protocol.startswith("SASL") else [None]:
+            extra: dict[str, Any] = {"security_protocol": protocol, "sasl_mechanism": mechanism}
+            if mechanism == "OAUTHBEARER":  # its settings go under config (docs/connection.md)
+                extra["config"] = OIDC
+            config = client_config("kafka2pc", "b:9092", None, "user1", "password1", extra)
+            assert (config["security.protocol"], config.get("sasl.mechanism")) == (protocol, mechanism)
+
+
 def test_test_connection_reports_a_broker_that_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
     use_connection(monkeypatch, "kafka2pc_default", {"conn_type": "kafka2pc", "host": "127.0.0.1:1"})
     started = time.monotonic()
@@ -273,3 +330,9 @@ def test_provider_info_matches_airflows_schema_and_points_at_real_classes() -> N
     assert (conn["connection-type"], hook.default_conn_name) == ("kafka2pc", "kafka2pc_default")
     assert set(conn["conn-fields"]) == {"security_protocol", "sasl_mechanism", "decision_topic", "config"}
     assert set(hook.get_ui_field_behaviour()["relabeling"]) == set(conn["ui-field-behaviour"]["relabeling"])
+    # Choices, not free text; Port and Schema hidden in both forms.
+    fields = conn["conn-fields"]
+    assert "SASL_SSL" in fields["security_protocol"]["schema"]["enum"]
+    assert "SCRAM-SHA-512" in fields["sasl_mechanism"]["schema"]["enum"]
+    assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"schema", "port"}
+    assert hook.get_ui_field_behaviour()["hidden_fields"] == conn["ui-field-behaviour"]["hidden-fields"]

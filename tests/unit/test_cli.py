@@ -42,6 +42,7 @@ class FakeConnection(cli.Connection):
         super().__init__({"bootstrap.servers": "fake:9092"}, "decisions", 1.0)
         self.broker, self.log, self.topic_exists = broker, log, topic_exists
         self.configs: list[Mapping[str, Any]] = []
+        self.topics: list[str] = []
         self.closed = False
 
     def wire(self) -> WireClient:
@@ -58,6 +59,7 @@ class FakeConnection(cli.Connection):
 
     def __call__(self, config: Mapping[str, Any], topic: str, timeout_s: float) -> FakeConnection:
         self.configs.append(dict(config))
+        self.topics.append(topic)
         return self
 
 
@@ -647,12 +649,80 @@ def test_config_settings_and_files_reach_the_clients(
     ]
 
 
+AIRFLOW_CONN = {
+    "conn_type": "kafka2pc",
+    "host": "b1:9093,b2:9093",
+    "login": "exporter",
+    "password": "pw-from-airflow",
+    "extra": {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "decision_topic": "team_decisions",
+        "config": {"ssl.ca.location": "/etc/kafka/ca.pem"},
+    },
+}
+
+
+def test_conn_id_takes_settings_and_decision_topic_from_the_airflow_connection_as_the_tasks_do(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps(AIRFLOW_CONN))
+    monkeypatch.setenv(cli.ENV_BOOTSTRAP, "env-host:9093")  # the connection wins over the environment
+    conn = FakeConnection(broker, MemoryDecisionLog())
+    code, _, _ = run(conn, capsys, "describe", "--prefix", "o", "--conn-id", "kafka2pc_default", "--json")
+    assert code == cli.EXIT_OK
+    expected = {
+        "bootstrap.servers": "b1:9093,b2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "exporter",
+        "sasl.password": "pw-from-airflow",
+        "ssl.ca.location": "/etc/kafka/ca.pem",
+    }
+    assert conn.configs == [expected] and conn.topics == ["team_decisions"]
+    assert Kafka2PCHook("kafka2pc_default").get_config() == expected  # one mapping for tasks and CLI
+
+    # --config and --decision-topic still apply on top of the connection.
+    argv = ["--conn-id", "kafka2pc_default", "--config", "ssl.ca.location=/tmp/ca.pem", "--decision-topic", "d2"]
+    code, out, _ = run(conn, capsys, "describe", "--prefix", "o", "--json", *argv)
+    assert code == cli.EXIT_OK
+    assert conn.configs[-1] == expected | {"ssl.ca.location": "/tmp/ca.pem"} and conn.topics[-1] == "d2"
+    assert json.loads(out)["decision_topic"] == "d2"
+
+
+@pytest.mark.parametrize(
+    ("conn", "message"),
+    [
+        (None, "no Airflow connection 'kafka2pc_default'"),
+        (AIRFLOW_CONN | {"extra": {"security.protocol": "SSL"}}, "unknown extra field(s) ['security.protocol']"),
+        (AIRFLOW_CONN | {"extra": {"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}}, "sasl.mechanism"),
+    ],
+)
+def test_a_missing_or_mistaken_airflow_connection_is_a_usage_error_naming_it(
+    conn: dict[str, Any] | None,
+    message: str,
+    broker: FakeBroker,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", raising=False)
+    if conn is not None:
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps(conn))
+    fake = FakeConnection(broker, MemoryDecisionLog())
+    code, out, err = run(fake, capsys, "list", "--prefix", "o", "--conn-id", "kafka2pc_default")
+    assert code == cli.EXIT_USAGE and out == "" and fake.configs == []
+    assert message in err and "pw-from-airflow" not in err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--config", "hunter2"], "--config #1: expected KEY=VALUE"),
         (["--config", "=hunter2"], "--config #1: expected KEY=VALUE"),
         (["--config", "bootstrap.servers=h:1"], "with --bootstrap-servers"),
+        (["--conn-id", "kafka2pc_default", "--bootstrap-servers", "h:1"], "either --conn-id or --bootstrap-servers"),
         (["--config-file", "/nonexistent/kafka2pc.properties"], "cannot read --config-file"),
     ],
 )
@@ -710,6 +780,7 @@ def test_the_cli_never_imports_airflow() -> None:
         assert "kafka" in sys.modules  # the Kafka client was really reached
         loaded = [m for m in sys.modules if m == "airflow" or m.startswith("airflow.")]
         assert loaded == [], loaded
+        assert cli.main(["list", "--prefix", "p", "--conn-id", "kafka2pc_default"]) == cli.EXIT_USAGE
         print("ok")
         """
     )
@@ -717,3 +788,4 @@ def test_the_cli_never_imports_airflow() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "cannot reach Kafka at 127.0.0.1:9" in proc.stderr
+    assert "--conn-id needs Apache Airflow installed" in proc.stderr

@@ -75,15 +75,17 @@ def prepared(broker: FakeBroker, *tids: str, records: int = 10) -> list[Committa
     return out
 
 
-def kill_after_deciding(log: MemoryDecisionLog, broker: FakeBroker, cs: Sequence[Committable], run: str) -> str:
-    """A commit task that appended its COMMIT and died before any EndTxn."""
+def kill_after_deciding(
+    log: MemoryDecisionLog, broker: FakeBroker, cs: Sequence[Committable], run: str, kind: Kind = Kind.COMMIT
+) -> str:
+    """A commit task that appended its decision and died before any EndTxn."""
     states = broker.describe_transactions([c.transactional_id for c in cs])
     d = new_decision(
-        Kind.COMMIT,
+        kind,
         [covered(c, states[c.transactional_id]) for c in cs],
         run,
         "commit",
-        ["orders"],
+        ["orders"] if kind is Kind.COMMIT else [],
         now_ms(),
     )
     assert log.decide(d).in_force(d.decision_id)
@@ -324,6 +326,21 @@ def test_a_second_export_of_a_finished_run_is_aborted_not_left_open(broker: Fake
     assert len(log.entries) > written  # the ABORT decision came before the EndTxns
     report = commit_prepared(first, broker, log, "dag/run-1", prefixes=["orders"])  # the run stays committed
     assert "already committed" in report.note
+
+
+def test_a_second_export_ruled_by_an_abort_nobody_obeyed_is_aborted_on_retry(
+    broker: FakeBroker, log: HookedLog
+) -> None:
+    """The commit that found the second export appended its ABORT and died before any EndTxn; its
+    retry must finish that ABORT, not answer "already committed" with the transactions open."""
+    first = prepared(broker, "orders-0", "orders-1")
+    commit_prepared(first, broker, log, "dag/run-1", prefixes=["orders"])
+    second = prepared(broker, "orders-0", "orders-1")
+    kill_after_deciding(log, broker, second, "dag/run-1", kind=Kind.ABORT)
+    with pytest.raises(DecisionConflictError, match="second export of the run"):
+        commit_prepared(second, broker, log, "dag/run-1", prefixes=["orders"])
+    assert {broker.state_of(t) for t in ("orders-0", "orders-1")} != {"Ongoing"}
+    assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
 
 
 def test_incrementing_recovery_leaves_another_live_runs_undecided_transactions_alone(

@@ -325,6 +325,42 @@ def test_incrementing_export_never_takes_turns(
         op.execute(context(dag))
 
 
+def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepared(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog]
+) -> None:
+    """Cleared while the run's commit went on: the commit finished during the Spark job."""
+    from airflow_provider_kafka2pc.spark import job
+    from airflow_provider_kafka2pc.spark.job import ExportResult
+    from airflow_provider_kafka2pc.txn.protocol import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.resume import ref_of
+
+    broker, log = kafka
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
+    Turns(None).install(monkeypatch)
+
+    class Session:
+        def stop(self) -> None: ...
+
+    def spark_job(df: Any, settings: Any, **kw: Any) -> ExportResult:
+        cs = tuple(committable(t) for t in ("orders-0", "orders-1"))
+        for c in cs:
+            broker.prepared(c)
+        done = RunRecord("orders", f"{DAG_ID}/{RUN_ID}", RunStatus.COMMITTED, 2, 20, 1, "d-first")
+        log.append([(done.key, done.to_json())])  # the first export's commit ended meanwhile
+        return ExportResult(committables=cs, records=20, bytes=200, partitions=2)
+
+    monkeypatch.setattr(export_module, "spark_session", lambda *a, **k: Session())
+    monkeypatch.setattr(Kafka2PCExportOperator, "_dataframe", lambda self, spark, ctx: None)
+    monkeypatch.setattr(job, "export_dataframe", spark_job)
+    dag, op = export_task()
+    ti = FakeTI()
+    with pytest.raises(AirflowSkipException, match="already reached its COMMIT decision"):
+        op.execute(context(dag, ti))
+    assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
+    assert ti.pushed.get(SKIPPED_KEY) == "COMMITTED"
+    assert all(log.read().ruled_by(ref_of(committable(t))) is not None for t in ("orders-0", "orders-1"))
+
+
 # --- abort: all_done, skips unless an export failed, leaves another run's transactions alone ------
 
 
