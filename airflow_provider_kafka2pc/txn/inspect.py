@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
@@ -76,20 +75,19 @@ class TransactionInspector:
         tids = sorted(set(transactional_ids))
 
         def go() -> dict[str, TxnState | None]:
-            by_node: dict[int, list[str]] = defaultdict(list)
-            for tid, node in self.coordinators(tids).items():
-                by_node[node].append(tid)
+            # Looked up afresh on every attempt: the describe is routed to what this finds, so a
+            # NOT_COORDINATOR after a move is cured by the retry.
+            self.coordinators(tids)
             out: dict[str, TxnState | None] = {}
-            for node, group in by_node.items():
-                for tid, s in self.wire.describe_transactions(node, group).items():
-                    if s.error_code == TRANSACTIONAL_ID_NOT_FOUND:
-                        out[tid] = None
-                    elif s.error_code in RETRIABLE:
-                        raise RetriableCoordinatorError(s.error_code, f"DescribeTransactions({tid!r})")
-                    elif s.error_code:
-                        raise CoordinatorError(f"DescribeTransactions({tid!r}): {error_name(s.error_code)}")
-                    else:
-                        out[tid] = s
+            for tid, s in self.wire.describe_transactions(tids).items():
+                if s.error_code == TRANSACTIONAL_ID_NOT_FOUND:
+                    out[tid] = None
+                elif s.error_code in RETRIABLE:
+                    raise RetriableCoordinatorError(s.error_code, f"DescribeTransactions({tid!r})")
+                elif s.error_code:
+                    raise CoordinatorError(f"DescribeTransactions({tid!r}): {error_name(s.error_code)}")
+                else:
+                    out[tid] = s
             return out
 
         return retry("DescribeTransactions", go, self.timeout_s) if tids else {}

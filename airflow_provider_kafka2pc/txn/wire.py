@@ -2,13 +2,13 @@
 
 kafka2pc needs four Kafka APIs that librdkafka does not expose to another process:
 FindCoordinator(TRANSACTION), EndTxn, DescribeTransactions and ListTransactions.
-ListTransactions goes through kafka-python's public ``KafkaAdminClient.list_transactions``.
-The others use kafka-python's generated protocol classes over its private connection manager:
-FindCoordinator because kafka-python has no public call for it (its internal one caches the
-answer, and we must see a moved coordinator), EndTxn because no public API ends another
-process's transaction, and DescribeTransactions because the public ``describe_transactions``
-routes through that coordinator cache (no node to ask) and raises on the first per-id error,
-dropping the other ids' rows and the error code we act on. The private
+ListTransactions and DescribeTransactions go through kafka-python's public
+``KafkaAdminClient.list_transactions`` and ``describe_transactions``. The other two use
+kafka-python's generated protocol classes over its private connection manager: FindCoordinator
+because kafka-python has no public call for it (its internal one answers from a cache that is never
+invalidated, and we must see a moved coordinator), EndTxn because no public API ends another
+process's transaction. Each fresh FindCoordinator answer is also recorded in kafka-python's
+coordinator cache, which is what its public ``describe_transactions`` routes by. The private
 names change between releases, so kafka-python's version is bounded and every private name we
 touch is used here and only here (``tests/unit/test_wire_surface.py`` fails loudly when an
 upgrade moves one).
@@ -158,14 +158,19 @@ class WireClient:
         return {str(t) for t in self._admin.list_topics()}
 
     def find_transaction_coordinators(self, transactional_ids: Sequence[str]) -> dict[str, Coordinator]:
-        """FindCoordinator(TRANSACTION), batched (v4+); never cached, so a moved coordinator is seen."""
-        from kafka.protocol.metadata import FindCoordinatorRequest
+        """FindCoordinator(TRANSACTION), batched (v4+); always asked, never answered from a cache, so a
+        moved coordinator is seen. The answers replace kafka-python's cached ones for the next describe."""
+        from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest
 
         async def go() -> dict[str, Coordinator]:
             request = FindCoordinatorRequest(
                 key_type=_TRANSACTION_COORDINATOR, coordinator_keys=list(transactional_ids), min_version=4
             )
             response = await self._send(request)
+            cache = self._manager.cluster  # the public describe_transactions routes by its coordinators
+            for c in response.coordinators:
+                if not c.error_code:
+                    cache.add_coordinator(c, CoordinatorType.TRANSACTION, c.key, synthesize_node_id=False)
             return {c.key: Coordinator(int(c.node_id), int(c.error_code)) for c in response.coordinators}
 
         return self._run(go) if transactional_ids else {}
@@ -187,35 +192,32 @@ class WireClient:
 
         return int(self._run(go))
 
-    def describe_transactions(self, node_id: int, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
-        """DescribeTransactions on one coordinator, keeping per-id error codes.
+    def describe_transactions(self, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
+        """DescribeTransactions (kafka-python's public API), one row per id, per-id error codes kept.
 
-        Not kafka-python's public ``describe_transactions``: it picks the coordinator from its own
-        cache rather than the node we just found, and raises on the first per-id error
-        (TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR, ...) instead of returning it with the rest.
+        kafka-python routes each id to the coordinator in its cache, which
+        ``find_transaction_coordinators`` refreshes: callers look the coordinators up first. The public
+        call raises on the first per-id error (TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR, ...) and
+        drops the other rows, so after such an error every id is asked alone and its error code kept.
         """
-        from kafka.protocol.admin.transactions import DescribeTransactionsRequest
+        import kafka.errors as Errors
 
-        async def go() -> dict[str, TxnState]:
-            request = DescribeTransactionsRequest(transactional_ids=list(transactional_ids))
-            response = await self._send(request, node_id)
-            out: dict[str, TxnState] = {}
-            for s in response.transaction_states:
-                tps = tuple(sorted((t.topic, int(p)) for t in s.topics for p in t.partitions))
-                out[s.transactional_id] = TxnState(
-                    transactional_id=s.transactional_id,
-                    error_code=int(s.error_code),
-                    state=str(s.transaction_state),
-                    producer_id=int(s.producer_id),
-                    producer_epoch=int(s.producer_epoch),
-                    timeout_ms=int(s.transaction_timeout_ms),
-                    start_time_ms=int(s.transaction_start_time_ms),
-                    topic_partitions=tps,
-                    coordinator_id=node_id,
-                )
-            return out
+        ids = list(transactional_ids)
+        if len(ids) > 1:
+            try:
+                return {tid: _txn_state(tid, d) for tid, d in self._admin.describe_transactions(ids).items()}
+            except Errors.BrokerResponseError:
+                pass  # one id's error hid the others' rows: ask one by one below
+        return dict(self._describe_one(tid) for tid in ids)
 
-        return self._run(go) if transactional_ids else {}
+    def _describe_one(self, transactional_id: str) -> tuple[str, TxnState]:
+        import kafka.errors as Errors
+
+        try:
+            [d] = self._admin.describe_transactions([transactional_id]).values()
+        except Errors.BrokerResponseError as e:
+            return transactional_id, TxnState(transactional_id, int(e.errno), "", -1, -1, -1, -1, (), -1)
+        return transactional_id, _txn_state(transactional_id, d)
 
     def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
         """ListTransactions on every broker (kafka-python's public API), sorted by broker id.
@@ -247,6 +249,21 @@ class WireClient:
     def supports_kip939(self) -> bool:
         """True when the broker advertises 2PC participation (KIP-939); we do not depend on it."""
         return self._api_max_version(_INIT_PRODUCER_ID_KEY) >= _KIP939_INIT_PRODUCER_ID_VERSION
+
+
+def _txn_state(transactional_id: str, d: Any) -> TxnState:
+    """Our row for kafka-python's public ``TransactionDescription``."""
+    return TxnState(
+        transactional_id=transactional_id,
+        error_code=0,
+        state=_state_name(d.state),
+        producer_id=int(d.producer_id),
+        producer_epoch=int(d.producer_epoch),
+        timeout_ms=int(d.transaction_timeout_ms),
+        start_time_ms=int(d.transaction_start_time_ms),
+        topic_partitions=tuple(sorted((str(tp.topic), int(tp.partition)) for tp in d.topic_partitions)),
+        coordinator_id=int(d.coordinator_id),
+    )
 
 
 def _state_name(state: Any) -> str:

@@ -172,7 +172,9 @@ def test_list_resolve_acknowledge_describe_end_to_end(kafka: KafkaEnv) -> None:
     settled = kafka2pc("resolve", *common)
     assert settled.returncode == 0, settled.stderr
     assert settled.stdout == f"prefix {prefix}: 0 committed, 0 aborted, 0 lost; 0 still open\n"
+    # Clean: list and the dry run both say so by their exit status, as the README documents.
     assert kafka2pc("list", *common).returncode == 0
+    assert kafka2pc("resolve", *common, "--dry-run").returncode == 0
 
     # describe: the decisions touching the prefix and its run records, and who owns the prefix
     described = kafka2pc("describe", *common, "--json")

@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import Verdict
 from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared, decide_commit
@@ -67,3 +68,9 @@ def test_g_recovery_on_the_cluster_after_a_coordinator_restart(kafka_cluster: Ka
     keys = [r.key for r in env.read_committed(topic)]
     assert len(keys) == 300 and len(set(keys)) == 300
     assert env.open_transactions(prefix) == []
+    # env.wire's kafka-python cache still names the coordinators from before the restart; its
+    # describe (kafka-python's public call, routed by that cache) must follow the fresh lookup.
+    described = TransactionInspector(env.wire).describe([c.transactional_id for c in cs])
+    assert {tid: s.state if s else None for tid, s in described.items()} == {
+        c.transactional_id: "CompleteCommit" if i < 3 else "CompleteAbort" for i, c in enumerate(cs)
+    }

@@ -136,6 +136,9 @@ class FakeBroker(WireClient):
         self._lock = threading.RLock()
         self.states: dict[str, TxnState] = {}
         self.coordinators: dict[str, int] = {}  # transactional id -> node id; node 1 by default
+        # kafka-python's coordinator cache, which routes describe_transactions: the node each id was
+        # last found on (an id never found is looked up by kafka-python itself: its real coordinator).
+        self.routes: dict[str, int] = {}
         self.end_txn_script: dict[str, list[EndTxnStep]] = defaultdict(list)
         self.find_errors: dict[str, list[int]] = defaultdict(list)
         self.describe_errors: dict[str, list[int]] = defaultdict(list)
@@ -209,27 +212,40 @@ class FakeBroker(WireClient):
             out = {}
             for tid in transactional_ids:
                 errors = self.find_errors[tid]
-                out[tid] = Coordinator(-1, errors.pop(0)) if errors else Coordinator(self.coordinator_of(tid), NONE)
+                if errors:
+                    out[tid] = Coordinator(-1, errors.pop(0))
+                else:
+                    out[tid] = Coordinator(self.coordinator_of(tid), NONE)
+                    self.routes[tid] = out[tid].node_id
             return out
 
-    def describe_transactions(self, node_id: int, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
+    def describe_transactions(self, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
         with self._lock:
-            self.describe_calls.append((node_id, tuple(transactional_ids)))
             self.events.append(f"describe {','.join(transactional_ids)}")
-            out = {}
+            by_node: dict[int, list[str]] = defaultdict(list)
             for tid in transactional_ids:
-                if self.upcoming_states[tid]:
-                    self.states[tid] = self.upcoming_states[tid].pop(0)
-                errors = self.describe_errors[tid]
-                if errors:
-                    out[tid] = _error_row(tid, errors.pop(0), node_id)
-                elif node_id != self.coordinator_of(tid):
-                    out[tid] = _error_row(tid, NOT_COORDINATOR, node_id)
-                elif tid not in self.states:
-                    out[tid] = _error_row(tid, TRANSACTIONAL_ID_NOT_FOUND, node_id)
-                else:
-                    out[tid] = dataclasses.replace(self.states[tid], coordinator_id=node_id)
+                by_node[self.routes.get(tid, self.coordinator_of(tid))].append(tid)
+            out = {}
+            for node_id, group in by_node.items():
+                self.describe_calls.append((node_id, tuple(group)))
+                out.update(self._describe_on(node_id, group))
             return out
+
+    def _describe_on(self, node_id: int, transactional_ids: list[str]) -> dict[str, TxnState]:
+        out = {}
+        for tid in transactional_ids:
+            if self.upcoming_states[tid]:
+                self.states[tid] = self.upcoming_states[tid].pop(0)
+            errors = self.describe_errors[tid]
+            if errors:
+                out[tid] = _error_row(tid, errors.pop(0), node_id)
+            elif node_id != self.coordinator_of(tid):
+                out[tid] = _error_row(tid, NOT_COORDINATOR, node_id)
+            elif tid not in self.states:
+                out[tid] = _error_row(tid, TRANSACTIONAL_ID_NOT_FOUND, node_id)
+            else:
+                out[tid] = dataclasses.replace(self.states[tid], coordinator_id=node_id)
+        return out
 
     def end_txn(self, node_id: int, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
         if self.end_txn_barrier is not None:

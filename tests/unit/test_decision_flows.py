@@ -79,7 +79,7 @@ def kill_after_deciding(
     log: MemoryDecisionLog, broker: FakeBroker, cs: Sequence[Committable], run: str, kind: Kind = Kind.COMMIT
 ) -> str:
     """A commit task that appended its decision and died before any EndTxn."""
-    states = broker.describe_transactions(1, [c.transactional_id for c in cs])
+    states = broker.describe_transactions([c.transactional_id for c in cs])
     d = new_decision(
         kind,
         [covered(c, states[c.transactional_id]) for c in cs],

@@ -21,7 +21,12 @@ import kafka
 import kafka.cluster
 import kafka.errors
 import pytest
-from kafka.admin._transactions import TransactionListing, TransactionsAdminMixin, TransactionState
+from kafka.admin._transactions import (
+    TransactionDescription,
+    TransactionListing,
+    TransactionsAdminMixin,
+    TransactionState,
+)
 from kafka.net.manager import KafkaConnectionManager
 from kafka.protocol.admin.transactions import (
     DescribeTransactionsRequest,
@@ -68,14 +73,26 @@ def test_public_list_transactions_takes_filters_and_answers_per_broker() -> None
     assert wire._state_name(TransactionState.ONGOING) == "Ongoing"
 
 
-def test_public_describe_transactions_still_cannot_replace_ours() -> None:
-    """Why DescribeTransactions stays on the private path: no node to ask (kafka-python picks the
-    coordinator from its cache) and the first per-id error is raised, losing the other rows and the
-    error code ``inspect.describe`` acts on. If either changes, reconsider moving to it."""
+def test_public_describe_transactions_gives_every_field_and_routes_by_the_coordinator_cache() -> None:
+    """wire.py's describe is the public call; it routes by kafka-python's coordinator cache, which the
+    adapter's own FindCoordinator refreshes (``ClusterMetadata.add_coordinator``), and it raises on the
+    first per-id error, which is why the adapter then asks one id at a time."""
     params = inspect.signature(kafka.KafkaAdminClient.describe_transactions).parameters
     assert list(params) == ["self", "transactional_ids"]
-    source = inspect.getsource(TransactionsAdminMixin._describe_transactions_process_response)
-    assert "raise error_type(" in source
+    assert TransactionDescription._fields == (
+        "coordinator_id",
+        "state",
+        "producer_id",
+        "producer_epoch",
+        "transaction_timeout_ms",
+        "transaction_start_time_ms",
+        "topic_partitions",
+    )
+    assert "cluster.get_coordinator(" in inspect.getsource(kafka.KafkaAdminClient._find_coordinator_ids)
+    add = inspect.signature(kafka.cluster.ClusterMetadata.add_coordinator).parameters
+    assert list(add) == ["self", "response", "key_type", "key", "synthesize_node_id"]
+    assert "raise error_type(" in inspect.getsource(TransactionsAdminMixin._describe_transactions_process_response)
+    assert issubclass(kafka.errors.TransactionalIdNotFoundError, kafka.errors.BrokerResponseError)
 
 
 def test_admin_client_exposes_its_connection_manager() -> None:
@@ -200,8 +217,11 @@ class FakeNode:
     node_id: int
 
 
-class FakeCluster:
+class FakeCluster(kafka.cluster.ClusterMetadata):  # type: ignore[misc]
+    """kafka-python's real metadata (its coordinator cache included), with a fixed set of brokers."""
+
     def __init__(self, node_ids: list[int]) -> None:
+        super().__init__()
         self.node_ids = node_ids
 
     def brokers(self) -> list[FakeNode]:
@@ -242,6 +262,8 @@ class FakeAdmin(TransactionsAdminMixin):
     def close(self) -> None:
         self.closed = True
 
+    # kafka-python's own coordinator lookup, which the public describe_transactions calls
+    _find_coordinator_ids = kafka.KafkaAdminClient._find_coordinator_ids
     next_manager: ProtocolManager
 
 
@@ -313,45 +335,90 @@ def test_find_coordinators_refuses_a_broker_without_batched_lookup(monkeypatch: 
         c.find_transaction_coordinators(["orders-0"])
 
 
-def test_describe_transactions_parses_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    c, m = client(monkeypatch)
-    row = DescribeTransactionsResponse.TransactionState
+def coordinators_on(nodes: dict[str, int]) -> Handler:
+    entry = FindCoordinatorResponse.Coordinator
 
     def answer(req: Any, _node: int | None) -> Any:
-        assert req.transactional_ids == ["orders-0", "orders-1"]
+        return FindCoordinatorResponse(
+            throttle_time_ms=0,
+            coordinators=[
+                entry(key=k, node_id=nodes[k], host=f"b{nodes[k]}", port=9092, error_code=0, error_message=None)
+                for k in req.coordinator_keys
+            ],
+        )
+
+    return answer
+
+
+def describe_rows(errors: dict[str, int]) -> Handler:
+    """A coordinator answering every id: Ongoing for pid 4711 epoch 5, or the id's error."""
+    row = DescribeTransactionsResponse.TransactionState
+
+    def answer(req: Any, node: int | None) -> Any:
         return DescribeTransactionsResponse(
             throttle_time_ms=0,
             transaction_states=[
                 row(
-                    error_code=0,
-                    transactional_id="orders-0",
-                    transaction_state="Ongoing",
-                    transaction_timeout_ms=900_000,
-                    transaction_start_time_ms=1_700_000_000_000,
-                    producer_id=4711,
-                    producer_epoch=5,
-                    topics=[row.TopicData(topic="b", partitions=[2, 0]), row.TopicData(topic="a", partitions=[1])],
-                ),
-                row(
-                    error_code=105,
-                    transactional_id="orders-1",
+                    error_code=errors[t],
+                    transactional_id=t,
                     transaction_state="",
                     transaction_timeout_ms=0,
                     transaction_start_time_ms=-1,
                     producer_id=-1,
                     producer_epoch=-1,
                     topics=[],
-                ),
+                )
+                if t in errors
+                else row(
+                    error_code=0,
+                    transactional_id=t,
+                    transaction_state="Ongoing",
+                    transaction_timeout_ms=900_000,
+                    transaction_start_time_ms=1_700_000_000_000 + (node or 0),
+                    producer_id=4711,
+                    producer_epoch=5,
+                    topics=[row.TopicData(topic="b", partitions=[2, 0]), row.TopicData(topic="a", partitions=[1])],
+                )
+                for t in req.transactional_ids
             ],
         )
 
-    m.handlers[DescribeTransactionsRequest] = answer
-    states = c.describe_transactions(4, ["orders-0", "orders-1"])
-    assert states["orders-0"] == TxnState(
-        "orders-0", 0, "Ongoing", 4711, 5, 900_000, 1_700_000_000_000, (("a", 1), ("b", 0), ("b", 2)), 4
-    )
-    assert states["orders-1"].error_code == 105
-    assert m.sent[0].node_id == 4
+    return answer
+
+
+def ongoing(tid: str, node: int) -> TxnState:
+    return TxnState(tid, 0, "Ongoing", 4711, 5, 900_000, 1_700_000_000_000 + node, (("a", 1), ("b", 0), ("b", 2)), node)
+
+
+def test_describe_transactions_goes_where_find_coordinators_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = client(monkeypatch, node_ids=[1, 2, 4])
+    nodes = {"orders-0": 4, "orders-1": 2, "orders-2": 4}
+    m.handlers[FindCoordinatorRequest] = coordinators_on(nodes)
+    m.handlers[DescribeTransactionsRequest] = describe_rows({})
+    c.find_transaction_coordinators(list(nodes))
+    assert c.describe_transactions(list(nodes)) == {t: ongoing(t, n) for t, n in nodes.items()}
+    described = [(s.node_id, s.request.transactional_ids) for s in m.sent if s.request.API_KEY == DESCRIBE_TRANSACTIONS]
+    assert sorted(described) == [(2, ["orders-1"]), (4, ["orders-0", "orders-2"])]
+    # The coordinator moved: the next lookup is sent, not answered from a cache, and the describe follows it.
+    nodes["orders-0"] = 1
+    c.find_transaction_coordinators(["orders-0"])
+    assert c.describe_transactions(["orders-0"]) == {"orders-0": ongoing("orders-0", 1)}
+    assert [s.request.API_KEY for s in m.sent].count(FIND_COORDINATOR) == 2
+    assert m.sent[-1].node_id == 1
+
+
+def test_describe_transactions_keeps_every_row_when_one_id_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = client(monkeypatch)
+    tids = ["orders-0", "orders-1", "orders-2"]
+    m.handlers[FindCoordinatorRequest] = coordinators_on(dict.fromkeys(tids, 1))
+    m.handlers[DescribeTransactionsRequest] = describe_rows({"orders-1": 105, "orders-2": 16})
+    c.find_transaction_coordinators(tids)
+    states = c.describe_transactions(tids)
+    assert states["orders-0"] == ongoing("orders-0", 1)
+    assert {t: s.error_code for t, s in states.items()} == {"orders-0": 0, "orders-1": 105, "orders-2": 16}
+    described = [s.request.transactional_ids for s in m.sent if s.request.API_KEY == DESCRIBE_TRANSACTIONS]
+    assert described == [tids, ["orders-0"], ["orders-1"], ["orders-2"]]
+    assert c.describe_transactions([]) == {}
 
 
 @pytest.mark.parametrize(("list_max", "pattern_sent"), [(2, True), (1, False)])
