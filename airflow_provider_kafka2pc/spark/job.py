@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
@@ -126,7 +127,12 @@ class _ProgressReporter:
             self.written: Any = sc.accumulator(0)
             self._tracker: Any = sc.statusTracker()
         except Exception:  # Spark Connect: no SparkContext on the client
-            self.written, self._tracker = None, None
+            sc, self.written, self._tracker = None, None, None
+        self._sc = sc
+        # The job runs in a job group of its own, so that the last report finds its stages even when
+        # the job ended before the first poll saw it active (the report then said "0 of 0").
+        self._group = f"kafka2pc-prepare-{uuid.uuid4().hex[:12]}"
+        self._previous_group: str | None = None
         self._on_progress = on_progress
         self._interval_s = interval_s
         self._started = time.monotonic()
@@ -136,12 +142,15 @@ class _ProgressReporter:
 
     def __enter__(self) -> _ProgressReporter:
         if self._tracker is not None:
+            self._previous_group = self._sc.getLocalProperty("spark.jobGroup.id")
+            self._sc.setLocalProperty("spark.jobGroup.id", self._group)
             self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._tracker is not None:
+            self._sc.setLocalProperty("spark.jobGroup.id", self._previous_group)
             self._thread.join()
             if exc[0] is None:
                 self._report()
@@ -152,9 +161,11 @@ class _ProgressReporter:
 
     def _report(self) -> None:
         try:
-            for stage_id in self._tracker.getActiveStageIds():
-                if (info := self._tracker.getStageInfo(stage_id)) is not None:
-                    self._stages[stage_id] = info
+            for job_id in self._tracker.getJobIdsForGroup(self._group):
+                job = self._tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job is not None else ():
+                    if (info := self._tracker.getStageInfo(stage_id)) is not None:
+                        self._stages[stage_id] = info
             # Stages seen active, as last seen or as they ended (the status store keeps them).
             infos = [self._tracker.getStageInfo(i) or info for i, info in self._stages.items()]
             self._on_progress(

@@ -45,6 +45,18 @@ def _log(env: KafkaEnv) -> DecisionLog:
     return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
 
 
+def test_a_job_faster_than_the_first_progress_poll_still_reports_every_partition(spark: Any, kafka: KafkaEnv) -> None:
+    """The last report must find the job's stages though no poll ever saw them active."""
+    topic = kafka.topic(3)
+    df = spark.range(300, numPartitions=3).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+    seen: list[Any] = []
+    settings = _settings(kafka, topic, delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    export_dataframe(df, settings, on_progress=seen.append, progress_interval_s=3600)
+    assert len(seen) == 1  # only the last report: the job was over long before the first poll
+    assert (seen[0].partitions_done, seen[0].partitions, seen[0].records) == (3, 3, 300)
+    assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None  # the caller's group is back
+
+
 def test_one_million_rows_exactly_once(spark: Any, kafka: KafkaEnv) -> None:
     topic = kafka.topic(4)
     df = spark.range(1_000_000, numPartitions=4).selectExpr(
