@@ -4,10 +4,13 @@ Tests kill these processes (SIGKILL of the process group) at chosen moments; wha
 stderr (INFO logs) tells the test where the process is. Exit status: 0 done, 10 the decision log
 ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostError).
 
-    prepare --prefix P --count N --records R --topic T      committables as JSON lines on stdout
+    prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
     commit  --run R --committables FILE [--stall-after-ends K]
     recover --prefix P --run R
-    abort   --prefix P --run R --committables FILE
+    abort   --prefix P --run R --committables FILE [--hold-ms H]
+
+--hold-ms keeps the process inside its work a while, so that a kill lands there: a prepare holds
+half-way through its records (transactions open), an abort right after its decision is appended.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
@@ -42,6 +46,8 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
     def one(slot: int) -> Committable:
         w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
         for i in range(args.records):
+            if i == args.records // 2 and args.hold_ms:
+                time.sleep(args.hold_ms / 1000)
             w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.tag or args.prefix}/{slot}/{i}".encode())
         c = w.prepare()
         assert c is not None
@@ -51,6 +57,19 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
         for c in pool.map(one, range(args.count)):
             print(c.to_json(), flush=True)
     return 0
+
+
+def hold_after_decision(log: DecisionLog, hold_ms: int) -> None:
+    """Make this process's decision log hold ``hold_ms`` after each decision it appends."""
+    decide = log.decide
+
+    def decide_then_hold(*args: Any, **kwargs: Any) -> Any:
+        state = decide(*args, **kwargs)
+        print("decided", file=sys.stderr, flush=True)
+        time.sleep(hold_ms / 1000)
+        return state
+
+    log.decide = decide_then_hold  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -65,6 +84,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=10)
     ap.add_argument("--topic")
     ap.add_argument("--timeout-ms", type=int, default=None)
+    ap.add_argument("--hold-ms", type=int, default=0)
     ap.add_argument("--committables")
     ap.add_argument("--max-workers", type=int, default=16)
     ap.add_argument("--stall-after-ends", type=int, default=None)
@@ -85,6 +105,8 @@ def main() -> int:
         with open(args.committables) as f:
             committables = [Committable.from_json(line) for line in f if line.strip()]
         if args.action == "abort":  # the abort task: XCom committables plus what is open of the prefix
+            if args.hold_ms:
+                hold_after_decision(log, args.hold_ms)
             refs = {c.transactional_id: ref_of(c) for c in committables}
             refs.update(
                 (s.transactional_id, ref_of(s)) for s in TransactionInspector(wire).describe_prefix(args.prefix)

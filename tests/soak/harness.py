@@ -7,8 +7,8 @@ own (``tests/helpers/phase_two.py``, the exporter's Spark job in ``spark_actor.p
 acknowledging a reported loss). An independent checker (``checker.py``) judges everything from
 Kafka alone.
 
-    python -m tests.soak.harness --runs 360 --seed 1           # long mode: >= 100 of every kind
-    python -m tests.soak.harness --runs 8 --seed 7 --short     # what CI runs: every kind and variant
+    python -m tests.soak.harness --runs 450 --enough 300:100 --airflow 8 --seed 1   # long: >= 100 of every kind
+    python -m tests.soak.harness --runs 8 --seed 7 --short   # what CI runs: every kind and variant
 
 A violation prints the seed; the same seed replays the same plans.
 """
@@ -81,17 +81,17 @@ class Plan:
     @classmethod
     def draw(cls, rng: random.Random) -> Plan:
         r = rng.random
-        # Odds chosen so that 360 runs strike every kind over 100 times (checked: --runs 360 --seed 1).
-        kill_prepare = "abort" if (x := r()) < 0.36 else "retry" if x < 0.54 else ""
+        # Odds chosen so that 300 runs strike every kind about 100 times; --enough stops once they have.
+        kill_prepare = "abort" if (x := r()) < 0.45 else "retry" if x < 0.57 else ""
         return cls(
             kill_recover=r() < 0.4,
-            spark=not kill_prepare and r() < 0.85,
+            spark=not kill_prepare and r() < 0.97,
             kill_prepare=kill_prepare,
             kill_abort=kill_prepare == "abort" and r() < 0.97,
             broker_in_prepare=r() < 0.25,
-            resolve_in=rng.choice(["prepare", "commit"]) if r() < 0.45 else "",
-            kill_commit_before=r() < 0.35,
-            commit_end=rng.choices(["", "kill_after_decision", "timeout", "timeout_after_decision"], [3, 5, 6, 6])[0],
+            resolve_in=rng.choice(["prepare", "commit"]) if r() < 0.5 else "",
+            kill_commit_before=r() < 0.5,
+            commit_end=rng.choices(["", "kill_after_decision", "timeout", "timeout_after_decision"], [2, 5, 7, 6])[0],
             broker_in_commit=r() < 0.4,
             clear=rng.choice(["commit", "run"]) if r() < 0.35 else "",
         )
@@ -302,11 +302,11 @@ class Soak:
             return file
         r.status = "failed"  # the export failed: the abort task runs (and may be killed too)
         abort = self.cmd("abort", "--run", r.run, "--committables", str(file))
-        if plan.kill_abort:
-            proc, _ = self.spawn(abort)
-            time.sleep(self.rng.uniform(0.2, 1.5))
+        if plan.kill_abort:  # it holds after its decision a while: the kill lands before or after it
+            proc, err = self.spawn([*abort, "--hold-ms", str(self.rng.randint(500, 2000))])
+            time.sleep(self.rng.uniform(0.3, 2.0))
             if proc.poll() is None:
-                self.inject(r, "kill_abort")
+                self.inject(r, "kill_abort", "after-decision" if "decided" in err.read_text() else "before-decision")
             self.kill(proc)
         else:
             self.call(abort)
@@ -332,6 +332,8 @@ class Soak:
             args = ["--count", str(r.count), "--records", str(r.records), "--topic", self.topic, "--tag", r.tag]
             if timeout_ms is not None:
                 args += ["--timeout-ms", str(timeout_ms)]
+            if faults and plan.kill_prepare:  # transactions held open half-way, so the kill lands in them
+                args += ["--hold-ms", str(self.rng.randint(1000, 2500))]
             proc, _ = self.spawn(self.cmd("prepare", *args))
         # Faults at random moments, each on a thread of its own, so that they overlap as they would.
         during = []
@@ -353,7 +355,7 @@ class Soak:
             return list(answer.get("committables", [])), "error" not in answer
         assert proc is not None
         if faults and plan.kill_prepare:
-            time.sleep(self.rng.uniform(0.3, 1.5))
+            time.sleep(self.rng.uniform(0.3, 2.5))
             if proc.poll() is None:
                 self.inject(r, "kill_prepare", plan.kill_prepare)
             self.kill(proc)
@@ -476,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--enough", default="", metavar="N:K",
+                    help="stop the protocol runs early once N have run and every kind has struck K times")  # fmt: skip
     ap.add_argument("--short", action="store_true", help="the fixed plans that strike every kind once (CI)")
     ap.add_argument("--airflow", type=int, default=0, help="then this many runs of a DAG on a standalone Airflow")
     ap.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
@@ -497,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unexpected: list[Violation] = []
     try:
         try:
-            protocol_runs(soak, args.runs, args.short, stop)
+            protocol_runs(soak, args.runs, args.short, stop, enough(args.enough))
             if args.airflow and not stop["asked"] and not soak.first_violations:
                 soak.settle()  # a loss the protocol runs reported is acknowledged before Airflow's runs
                 run_airflow(soak, args.airflow, args.short, directory / "airflow", stop)
@@ -526,10 +530,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if violations else 0
 
 
-def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool]) -> None:
+def enough(spec: str) -> tuple[int, int] | None:
+    if not spec:
+        return None
+    runs, per_kind = spec.split(":")
+    return int(runs), int(per_kind)
+
+
+def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool], until: tuple[int, int] | None) -> None:
     for i in range(runs):
         if stop["asked"]:
             print(f"stopping after {i} runs (SIGTERM)", flush=True)
+            return
+        if until and i >= until[0] and all(soak.faults[k] >= until[1] for k in KINDS):
+            print(f"stopping after {i} runs: every kind struck {until[1]} times or more", flush=True)
             return
         plan = SHORT_PLANS[i % len(SHORT_PLANS)] if short else Plan.draw(soak.rng)
         r = soak.one_run(i, plan)

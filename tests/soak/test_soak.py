@@ -1,6 +1,6 @@
 """The fault soak's short mode: fixed plans that strike every fault kind and variant, on a real
 3-broker Kafka with real Spark, then four runs of a DAG on a standalone Airflow, all judged by the
-independent checker. The long mode is ``python -m tests.soak.harness --runs 360`` (docs/design.md)."""
+independent checker. The long mode is in docs/design.md."""
 
 from __future__ import annotations
 
