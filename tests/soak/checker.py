@@ -79,6 +79,14 @@ def judge(
     keys = committed_keys(bootstrap, topic)
     violations = [Violation(k.split("/")[0], f"key {k} visible {n} times") for k, n in keys.items() if n > 1]
     per_run = Counter(k.split("/")[0] for k in keys)
+    # Keys tag/slot/i: one slot is one transaction, so it is visible whole or not at all.
+    per_slot = Counter(tuple(k.split("/")[:2]) for k in keys if k.count("/") == 2)
+    records = {r["tag"]: r["records"] for r in runs}
+    violations += [
+        Violation(tag, f"transaction {slot} of {tag}: {n} of {records[tag]} records visible")
+        for (tag, slot), n in per_slot.items()
+        if tag in records and n != records[tag]
+    ]
     outcomes: Counter[str] = Counter()
     for r in runs:
         seen, want, status = per_run.get(r["tag"], 0), r["expected"], r["status"]
