@@ -17,6 +17,7 @@ from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicErro
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol import RunRecord
 
@@ -150,12 +151,26 @@ class Kafka2PCExportOperator(BaseOperator):
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
+        self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage outputs: the topics this export wrote its (prepared, not yet visible) records to."""
         from airflow_provider_kafka2pc.operators.lineage import topics_lineage
 
-        return topics_lineage(*self._written)
+        return topics_lineage(*self._written, self._read)
+
+    def _source_tables(self, spark: Any) -> tuple[SourceTable, ...]:
+        """The tables this export reads, looked up while Spark runs; lineage never fails an export."""
+        from airflow_provider_kafka2pc.operators.lineage import lineage_enabled, source_table_names
+        from airflow_provider_kafka2pc.spark.sources import source_tables
+
+        if not lineage_enabled():
+            return ()
+        try:
+            return tuple(source_tables(spark, source_table_names(self.table, self.sql)))
+        except Exception as e:
+            self.log.info("lineage: the source tables are unknown (%s: %s)", type(e).__name__, e)
+            return ()
 
     def _dataframe(self, spark: Any, context: Context) -> Any:
         if self.source is not None:
@@ -269,6 +284,7 @@ class Kafka2PCExportOperator(BaseOperator):
         try:
             df = self._dataframe(spark, context)
             result = export_dataframe(df, settings, on_progress=lambda p: self.log.info("%s", p.describe()))
+            self._read = self._source_tables(spark)
         finally:
             spark.stop()
         self._stand_down_if_decided_meanwhile(hook, context, prefix, run, result.committables)

@@ -91,3 +91,14 @@ def set_acls(env: KafkaEnv, principal: str, wanted: set[Acl]) -> None:
     while acls_of(env, principal) != wanted:
         assert time.monotonic() < deadline, "the authorizer did not apply the ACLs"
         time.sleep(0.1)
+
+
+def example_acls(topic: str, prefix: str, decisions: str = "kafka2pc_decisions") -> set[Acl]:
+    """Exactly docs/acls.md's ACLs for an exporter of ``prefix`` writing ``topic``, with the default
+    decision topic and no ``transaction_timeout_ms`` (so the Cluster DescribeConfigs row too)."""
+    return {
+        Acl("Topic", topic, "LITERAL", "Write"),
+        Acl("TransactionalId", prefix, "PREFIXED", "Write"),
+        *(Acl("Topic", decisions, "LITERAL", op) for op in ("Read", "Write", "DescribeConfigs", "Create")),
+        Acl("Cluster", "kafka-cluster", "LITERAL", "DescribeConfigs"),
+    }
