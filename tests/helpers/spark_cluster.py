@@ -78,7 +78,9 @@ class _Group:
     directory: Path
     processes: list[_Process] = field(default_factory=list)
 
-    def spawn(self, name: str, cmd: list[str], daemon_memory: str = "256m") -> _Process:
+    def spawn(
+        self, name: str, cmd: list[str], daemon_memory: str = "256m", env: dict[str, str] | None = None
+    ) -> _Process:
         log = self.directory / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
@@ -87,7 +89,7 @@ class _Group:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.directory,
-                env=_env(self.directory, daemon_memory),
+                env={**_env(self.directory, daemon_memory), **(env or {})},
                 start_new_session=True,  # own process group: executors and Python workers die with it
             )
         p = _Process(name, popen, log)
@@ -142,6 +144,11 @@ class StandaloneCluster:
     def state(self) -> Any:
         return _get_json(f"{self.master_ui}/json/")
 
+    def is_answering(self) -> bool:
+        """This master, alive, answers on its UI port (not some other Spark app holding the port)."""
+        state = self.state()
+        return bool(state["url"] == self.master_url and state["status"] == "ALIVE")
+
 
 @contextmanager
 def standalone_cluster(
@@ -150,18 +157,9 @@ def standalone_cluster(
     """A master and ``workers`` workers on 127.0.0.1; yields once every worker is ALIVE at the master."""
     home = spark_home()
     group = _Group(directory)
-    port, ui_port = free_port(), free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    cluster = StandaloneCluster(
-        master_url,
-        f"http://127.0.0.1:{ui_port}",
-        tuple(directory / f"worker{i}" for i in range(workers)),
-        directory,
-    )
     try:
-        master = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
-        group.spawn("master", [*master, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)])
-        group.wait_until("the master", lambda: cluster.state()["status"] == "ALIVE")
+        cluster = _start_master(group, home, directory, workers)
+        master_url = cluster.master_url
         for i, work_dir in enumerate(cluster.worker_dirs):
             work_dir.mkdir()
             # Port 0: the worker's RPC endpoint and web UI pick free ports themselves.
@@ -176,6 +174,33 @@ def standalone_cluster(
         yield cluster
     finally:
         group.stop()
+
+
+def _start_master(group: _Group, home: Path, directory: Path, workers: int, attempts: int = 3) -> StandaloneCluster:
+    """A master on two free ports. Another process may take a port between our choice and the
+    master's bind: the master then must not move to the next port (spark.port.maxRetries=0, or
+    its UI's address would be another app's), it exits and we start it again on new ports."""
+    master = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
+    for attempt in range(attempts):
+        port, ui_port = free_port(), free_port()
+        cluster = StandaloneCluster(
+            f"spark://127.0.0.1:{port}",
+            f"http://127.0.0.1:{ui_port}",
+            tuple(directory / f"worker{i}" for i in range(workers)),
+            directory,
+        )
+        args = ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)]
+        p = group.spawn(
+            f"master{attempt or ''}", [*master, *args], env={"SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0"}
+        )
+        try:
+            group.wait_until("the master", cluster.is_answering)
+            return cluster
+        except AssertionError:
+            if p.popen.poll() is None or attempt == attempts - 1:
+                raise
+            group.processes.remove(p)  # it exited (a port was taken): try new ports
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
