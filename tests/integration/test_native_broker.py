@@ -7,6 +7,7 @@ subject here), once per path, and the records are compared per partition, in ord
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -157,3 +158,36 @@ def test_forcing_native_where_it_cannot_write_fails_loudly(kafka: KafkaEnv) -> N
     settings = _settings(kafka, kafka.topic(1), "native", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
     with pytest.raises(NativeUnsupportedError, match="headers"):
         list(write_partition(settings, 0, 0, iter([batch])))
+
+
+def test_a_record_over_the_topic_limit_is_named_and_the_failed_prepare_aborts_its_own_transaction(
+    kafka: KafkaEnv,
+) -> None:
+    """The broker refuses the batch (MSG_SIZE_TOO_LARGE in the delivery-report events): the error
+    names topic, partition, the largest record and both limits, as the Python writer's does, and
+    the writer aborts its own transaction (its purged records' reports served meanwhile)."""
+    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+
+    topic = kafka.topic(1, config={"max.message.bytes": "20000"})
+    big = os.urandom(50_000)  # incompressible: the limit applies to the compressed batch
+    values = pa.array([b"small"] * 1000 + [big] + [b"small"] * 1000, pa.binary())
+    settings = _settings(kafka, topic, "native")
+    with pytest.raises(DeliveryError) as failed:
+        _prepare(settings, [pa.record_batch([values], names=["value"])])
+    message = str(failed.value)
+    assert f"{topic} partition 0" in message and "max.message.bytes is 20000" in message, message
+    assert "a record of 50000 bytes" in message and "message.max.bytes 1000000" in message, message
+    assert kafka.open_transactions(settings.transactional_id_prefix) == []
+    assert kafka.read_committed(topic) == []
+
+
+def test_a_record_over_the_producer_limit_is_refused_locally_and_named(kafka: KafkaEnv) -> None:
+    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+
+    topic = kafka.topic(2)
+    settings = _settings(kafka, topic, "native", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    values = pa.array([b"a", b"x" * 2_000_000, b"b"], pa.binary())
+    with pytest.raises(
+        DeliveryError, match=r"MSG_SIZE_TOO_LARGE: a record of 2000000 bytes .* message.max.bytes 1000000"
+    ):
+        list(write_partition(settings, 0, 0, iter([pa.record_batch([values], names=["value"])])))
