@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     samples: list[Sample] = []
     txn: dict[str, dict[str, Any]] = {}
-    jars = bench_spark.sink_jars() if {"b", "b'", "c", "d", "s"} & set(modes) else []
+    jars = bench_spark.sink_jars() if {"b", "b'", "c", "n", "d", "s"} & set(modes) else []
     with broker(args.bootstrap) as bootstrap:
         env["bootstrap"] = bootstrap
         kafka = Kafka(bootstrap)
