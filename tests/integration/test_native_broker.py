@@ -191,3 +191,36 @@ def test_a_record_over_the_producer_limit_is_refused_locally_and_named(kafka: Ka
         DeliveryError, match=r"MSG_SIZE_TOO_LARGE: a record of 2000000 bytes .* message.max.bytes 1000000"
     ):
         list(write_partition(settings, 0, 0, iter([pa.record_batch([values], names=["value"])])))
+
+
+def test_native_writer_over_sasl_ssl_names_a_missing_acl_and_then_commits(kafka_secure: KafkaEnv) -> None:
+    """SCRAM-SHA-512 over TLS through the wheel's librdkafka, as the exporter user: without the
+    TransactionalId ACL the writer's own error names it (the Python writer's helper, reused); with
+    it, the native prepare commits and reads back once. The password shows in no error."""
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+    from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
+    from tests.helpers.acls import Acl, set_acls
+
+    env = kafka_secure
+    principal = f"User:{SECURE_EXPORTER}"
+    topic, prefix = env.topic(2), f"nsec{uuid.uuid4().hex[:8]}"
+    config = {**env.config, "sasl.username": SECURE_EXPORTER, "sasl.password": SECURE_EXPORTER_PASSWORD}
+    try:
+        set_acls(env, principal, {Acl("Topic", topic, "LITERAL", "Write")})
+        with pytest.raises(KafkaAuthorizationError, match=f"TransactionalId.*{prefix}") as denied:
+            NativeTransactionalWriter(config, f"{prefix}-0", 300_000, id_prefix=prefix).open()
+        assert SECURE_EXPORTER_PASSWORD not in str(denied.value)
+
+        set_acls(
+            env,
+            principal,
+            {Acl("Topic", topic, "LITERAL", "Write"), Acl("TransactionalId", prefix, "PREFIXED", "Write")},
+        )
+        w = NativeTransactionalWriter(config, f"{prefix}-0", 300_000, id_prefix=prefix).open()
+        w.produce_arrow(topic, pa.array([f"v{i}" for i in range(1000)]), pa.array([f"k{i}" for i in range(1000)]))
+        c = w.prepare()
+        assert c is not None and c.records == 1000
+    finally:
+        set_acls(env, principal, set())
+    commit_prepared([c], env.wire, DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}"), run="nsec")
+    assert sorted(r.value for r in env.read_committed(topic)) == sorted(f"v{i}".encode() for i in range(1000))
