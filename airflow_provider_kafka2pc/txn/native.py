@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from airflow_provider_kafka2pc.txn import librdkafka as rd
@@ -71,6 +72,7 @@ def unsupported_setting(config: Mapping[str, Any]) -> str | None:
 # -- Arrow -> rd_kafka_message_t ---------------------------------------------------------------
 
 
+@lru_cache(maxsize=1)
 def message_dtype() -> Any:
     """``rd_kafka_message_t`` as a numpy structured dtype, laid out as ctypes lays out the struct."""
     import numpy as np

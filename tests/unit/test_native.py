@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 from typing import Any
 
@@ -52,7 +53,9 @@ def test_rd_kafka_message_t_layout_is_the_64_bit_abi() -> None:
     assert {name: dtype.fields[name][1] for name in dtype.names} == rd.field_offsets()
 
 
-def test_messages_round_trip_through_librdkafka() -> None:
+def test_messages_round_trip_through_librdkafka(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
     """librdkafka reads our array (payload, len, key, key_len, partition, flags) and writes err back into
     it; its delivery reports come back through the same struct: every offset is used both ways."""
     failed: list[tuple[str, str, int, bytes | None, bytes | None]] = []
@@ -62,8 +65,9 @@ def test_messages_round_trip_through_librdkafka() -> None:
         "message.max.bytes": 1000,
         "delivery.report.only.error": True,
         "on_delivery": lambda err, m: failed.append((err.name(), m.topic(), m.partition(), m.key(), m.value())),
-        "logger": __import__("logging").getLogger("test-native"),
+        "logger": logging.getLogger("test-native"),
     }
+    caplog.set_level(logging.DEBUG, logger="test-native")
     p = native.NativeProducer(config)
     try:
         values = pa.array(["v0", None, "", "v3"])
@@ -88,6 +92,9 @@ def test_messages_round_trip_through_librdkafka() -> None:
         assert int(big["err"][1]) == 10 and int(big["err"][0]) == 0  # written back at offset 0
     finally:
         p.destroy()
+    # librdkafka's lines (connection refused) went through the logger, none to stderr raw.
+    assert any("127.0.0.1:1" in r.getMessage() and r.levelno >= logging.WARNING for r in caplog.records)
+    assert "127.0.0.1:1" not in capfd.readouterr().err
 
 
 def test_a_bad_setting_is_named_and_a_secret_is_not_shown() -> None:
