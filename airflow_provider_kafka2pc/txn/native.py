@@ -296,7 +296,7 @@ class NativeProducer:
                 return
             # librdkafka refuses every message after the first one that found the queue full.
             start += int(bad[0])
-            self.poll(0.05)
+            self.poll(0.005)  # no event comes for a success: a short wait, then retry
 
     def destroy(self) -> None:
         """Destroy the handle; like confluent-kafka's on dropping its Producer, this leaves an open

@@ -224,3 +224,27 @@ def test_native_writer_over_sasl_ssl_names_a_missing_acl_and_then_commits(kafka_
         set_acls(env, principal, set())
     commit_prepared([c], env.wire, DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}"), run="nsec")
     assert sorted(r.value for r in env.read_committed(topic)) == sorted(f"v{i}".encode() for i in range(1000))
+
+
+def test_a_full_local_queue_is_waited_out_and_the_order_kept(kafka: KafkaEnv) -> None:
+    """queue.buffering.max.messages=500 against 30,000-record batches: rd_kafka_produce_batch refuses
+    everything after the first record that found the queue full, the writer retries from there."""
+    topic = kafka.topic(2)
+    config = {**kafka.config, "queue.buffering.max.messages": 500}
+    n = 30_000
+    batch = pa.record_batch(
+        [pa.array([f"v{i}".encode() for i in range(n)], pa.binary()), pa.array([i % 2 for i in range(n)], pa.int32())],
+        names=["value", "partition"],
+    )
+    settings = ExportSettings(
+        f"nq{uuid.uuid4().hex[:8]}", config, topic, transaction_timeout_ms=300_000, writer="native"
+    )
+    c = _prepare(settings, [batch, batch.slice(10)])
+    assert c.records == 2 * n - 10
+    commit_prepared([c], kafka.wire, _log(kafka), run="queue-full")
+    got = _by_partition(kafka.read_committed(topic))
+    for p in (0, 1):
+        want = [f"v{i}".encode() for i in range(n) if i % 2 == p] + [
+            f"v{i}".encode() for i in range(10, n) if i % 2 == p
+        ]
+        assert [v for _k, v, _h in got[p]] == want
