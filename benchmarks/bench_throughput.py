@@ -3,8 +3,9 @@
 (a)  raw librdkafka: one confluent-kafka Producer, pre-built bytes, flush
 (b)  Spark's built-in Kafka sink, as shipped (kafka-clients defaults)
 (b') Spark's Kafka sink with kafka2pc's producer tuning (an extra row, for a like-for-like view)
-(c)  kafka2pc EXACTLY_ONCE: export_dataframe (prepare) + commit_prepared
-(d)  kafka2pc AT_LEAST_ONCE: export_dataframe
+(c)  kafka2pc EXACTLY_ONCE: export_dataframe (prepare) + commit_prepared, the Python produce loop
+(n)  the same on the native writer (Arrow batches into rd_kafka_produce_batch, txn/native.py)
+(d)  kafka2pc AT_LEAST_ONCE: export_dataframe (the writer the job chooses: native where it can)
 (s)  Spark → Arrow → Python workers and back, no Kafka: the floor of any mapInArrow writer (extra)
 
 Only the write is timed; the read_committed count that verifies each run is not.
@@ -27,10 +28,11 @@ LABELS: dict[str, str] = {
     "b": "(b)  Spark Kafka sink",
     "b'": "(b') Spark Kafka sink, kafka2pc tuning",
     "c": "(c)  kafka2pc EXACTLY_ONCE",
+    "n": "(n)  kafka2pc EXACTLY_ONCE, native writer",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ class Runner:
             "a": self._raw,
             "b": lambda t: self._spark_sink(t, tuned=False),
             "b'": lambda t: self._spark_sink(t, tuned=True),
-            "c": self._exactly_once,
+            "c": lambda t: self._exactly_once(t, "python"),
+            "n": lambda t: self._exactly_once(t, "native"),
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
@@ -142,14 +145,14 @@ class Runner:
         return {"total": time.perf_counter() - started}
 
     # (c) ---------------------------------------------------------------------------------
-    def _exactly_once(self, topic: str) -> dict[str, float]:
+    def _exactly_once(self, topic: str, writer: str) -> dict[str, float]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
         from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
         from airflow_provider_kafka2pc.txn.outcome import Verdict
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
         from airflow_provider_kafka2pc.txn.wire import WireClient
 
-        settings = ExportSettings(_prefix(), self.kafka.config, topic)
+        settings = ExportSettings(_prefix(), self.kafka.config, topic, writer=writer)
         decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
         decision_log.ensure_topic()
         phases = Phases()
@@ -163,7 +166,7 @@ class Runner:
             done = time.perf_counter()
         decision_log.close()
         if report.count(Verdict.COMMITTED) != len(result.committables) or result.records != self.rows:
-            raise RuntimeError(f"(c): {result.summary()} but {report.count(Verdict.COMMITTED)} committed")
+            raise RuntimeError(f"{writer}: {result.summary()} but {report.count(Verdict.COMMITTED)} committed")
         return {
             "total": done - started,
             "prepare": prepared - started,

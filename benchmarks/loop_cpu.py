@@ -1,7 +1,7 @@
 """CPU cost per record of ``write_partition``: a measure that survives a busy machine.
 
     .venv/bin/python benchmarks/loop_cpu.py --bootstrap HOST:PORT [--rows 400000] [--runs 5] [--shape plain|full]
-        [--set linger.ms=50 ...]
+        [--writers python,native] [--set linger.ms=50 ...]
 
 Feeds the Arrow batches Spark would hand one ``mapInArrow`` task (``--shape plain``: non-null
 string key and value, as in the benchmark; ``full``: also topic, partition and headers columns)
@@ -9,7 +9,8 @@ to ``write_partition`` (EXACTLY_ONCE, one transaction per run), and reports, per
 time of the Python thread (``thread_time``: the produce loop, conversions, delivery callbacks)
 and of the whole process (``process_time``: plus librdkafka's threads). Wall clock is printed too,
 but on a shared machine only the CPU columns compare variants. The prepared transactions are
-aborted afterwards (``recover`` without a decision).
+aborted afterwards (``recover`` without a decision). ``--writers`` names the paths to compare
+(``ExportSettings.writer``); their runs are interleaved, so a busy spell hits each alike.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _full_shape(partition: list[Any], topic: str) -> list[Any]:
 
 
 def one_run(
-    kafka: Kafka, batches: list[Any], shape: str, timeout_ms: int, overrides: dict[str, Any]
+    kafka: Kafka, batches: list[Any], shape: str, timeout_ms: int, overrides: dict[str, Any], writer: str = "auto"
 ) -> tuple[float, float, float, str]:
     from airflow_provider_kafka2pc.spark.job import ExportSettings, write_partition
 
@@ -59,7 +60,9 @@ def one_run(
     if shape == "full":
         batches = _full_shape(batches, topic)
     config = {**kafka.config, **overrides}
-    settings = ExportSettings(f"loopcpu{uuid.uuid4().hex[:8]}", config, topic, transaction_timeout_ms=timeout_ms)
+    settings = ExportSettings(
+        f"loopcpu{uuid.uuid4().hex[:8]}", config, topic, transaction_timeout_ms=timeout_ms, writer=writer
+    )
     wall, thread, proc = time.perf_counter(), time.thread_time(), time.process_time()
     out = list(write_partition(settings, 0, 0, iter(batches)))
     wall, thread, proc = time.perf_counter() - wall, time.thread_time() - thread, time.process_time() - proc
@@ -74,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--shape", choices=("plain", "full"), default="plain")
     ap.add_argument("--payload", choices=sorted(bench_data.PAYLOADS), default="lpad")
+    ap.add_argument("--writers", default="auto", help="comma-separated: auto, native, python (interleaved runs)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a producer setting to try")
     args = ap.parse_args(argv)
     use_repo()
@@ -85,19 +89,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = bench_data.arrow_partitions(args.rows, args.payload, partitions=1)[0]
     decisions = f"kafka2pc_loopcpu_decisions_{uuid.uuid4().hex[:8]}"
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    one_run(kafka, batches[:4], args.shape, timeout_ms, overrides)  # warm-up: imports, first connection
-    samples = [one_run(kafka, batches, args.shape, timeout_ms, overrides) for _ in range(args.runs)]
-    for _, _, _, prefix in samples:
-        abort_prefix(kafka, prefix, decisions)
+    writers = [w.strip() for w in args.writers.split(",") if w.strip()]
+    for writer in writers:  # warm-up: imports, first connection
+        abort_prefix(kafka, one_run(kafka, batches[:4], args.shape, timeout_ms, overrides, writer)[3], decisions)
+    samples: dict[str, list[tuple[float, float, float, str]]] = {w: [] for w in writers}
+    for _ in range(args.runs):
+        for writer in writers:
+            samples[writer].append(one_run(kafka, batches, args.shape, timeout_ms, overrides, writer))
+    for runs in samples.values():
+        for _, _, _, prefix in runs:
+            abort_prefix(kafka, prefix, decisions)
     kafka.close()
-    ns = [tuple(1e9 * x / args.rows for x in s[:3]) for s in samples]
     print(f"{job.__file__}: {args.rows:,} records ({args.shape}) {overrides or ''}, {args.runs} runs, median [min]")
-    for i, name in enumerate(("wall", "cpu thread", "cpu process")):
-        col = [s[i] for s in ns]
-        print(
-            f"  {name:<12} {statistics.median(col):6.0f} ns/rec [{min(col):.0f}]"
-            f"  = {1e9 / statistics.median(col):>10,.0f} rows/s"
-        )
+    for writer, runs in samples.items():
+        print(f" writer={writer}")
+        ns = [tuple(1e9 * x / args.rows for x in s[:3]) for s in runs]
+        for i, name in enumerate(("wall", "cpu thread", "cpu process")):
+            col = [s[i] for s in ns]
+            print(
+                f"  {name:<12} {statistics.median(col):6.0f} ns/rec [{min(col):.0f}]"
+                f"  = {1e9 / statistics.median(col):>10,.0f} rows/s"
+            )
     return 0
 
 

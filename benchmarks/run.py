@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,d,s,commit,recovery,log (default: all)",
+        help="comma-separated subset of: a,b,b',c,n,d,s,commit,recovery,log (default: all)",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     samples: list[Sample] = []
     txn: dict[str, dict[str, Any]] = {}
-    jars = bench_spark.sink_jars() if {"b", "b'", "c", "d", "s"} & set(modes) else []
+    jars = bench_spark.sink_jars() if {"b", "b'", "c", "n", "d", "s"} & set(modes) else []
     with broker(args.bootstrap) as bootstrap:
         env["bootstrap"] = bootstrap
         kafka = Kafka(bootstrap)

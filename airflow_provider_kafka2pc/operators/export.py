@@ -98,6 +98,8 @@ class Kafka2PCExportOperator(BaseOperator):
     :param delivery_guarantee: ``EXACTLY_ONCE`` (default), ``AT_LEAST_ONCE`` or ``NONE``.
     :param producer_config: librdkafka producer settings on top of the connection's.
     :param transaction_timeout_ms: defaults to the broker's ``transaction.max.timeout.ms``.
+    :param writer: ``auto`` (default: the native writer where it can write the frame, else the Python
+        loop), ``native`` (fail where it cannot) or ``python``.
     """
 
     template_fields: Sequence[str] = (
@@ -131,6 +133,7 @@ class Kafka2PCExportOperator(BaseOperator):
         delivery_guarantee: str = "EXACTLY_ONCE",
         producer_config: Mapping[str, Any] | None = None,
         transaction_timeout_ms: int | None = None,
+        writer: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -150,6 +153,11 @@ class Kafka2PCExportOperator(BaseOperator):
         self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
+        from airflow_provider_kafka2pc.spark.job import WRITERS
+
+        if writer not in WRITERS:
+            raise ValueError(f"writer={writer!r}: choose one of {list(WRITERS)}")
+        self.writer = writer
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -272,6 +280,7 @@ class Kafka2PCExportOperator(BaseOperator):
             else None,
             delivery_guarantee=self.delivery_guarantee,
             transaction_timeout_ms=self.transaction_timeout_ms,
+            writer=self.writer,
         )
         self.log.info(
             "prepare %s: %s, %s ids, producer config %s",

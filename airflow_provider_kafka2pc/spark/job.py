@@ -55,6 +55,10 @@ class ExportSettings:
     transaction_timeout_ms: int | None = None
     # Testing aid: the first attempt of this partition raises after writing N records.
     fail_first_attempt: tuple[int, int] | None = None
+    # "auto": the native path (Arrow buffers into librdkafka's batch API, txn/native.py) where it
+    # can write the frame, the Python loop otherwise; "native" or "python" force one (native fails
+    # loudly where it cannot).
+    writer: str = "auto"
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -232,9 +236,45 @@ def _headers_column(col: Any) -> list[list[tuple[str, bytes | None]] | None]:
     return out
 
 
-def _open_writer(settings: ExportSettings, slot: int) -> DeliveryWriter:
+WRITERS = ("auto", "native", "python")
+_told: set[str] = set()
+
+
+def choose_writer(settings: ExportSettings, columns: list[str]) -> tuple[bool, str]:
+    """(use the native path?, why), for a frame with these columns; raises when ``writer="native"``
+    cannot be honoured."""
+    if settings.writer not in WRITERS:
+        raise Kafka2PCError(f"writer={settings.writer!r}: choose one of {list(WRITERS)}")
+    if settings.writer == "python":
+        return False, "writer='python'"
+    from airflow_provider_kafka2pc.txn import native
+
+    why_not = (
+        "the frame has a headers column, which rd_kafka_produce_batch cannot carry"
+        if "headers" in columns
+        else native.unavailable_reason() or native.unsupported_setting(settings.producer_config)
+    )
+    if why_not is None:
+        return True, "Arrow batches into librdkafka's batch API (confluent-kafka's librdkafka through ctypes)"
+    if settings.writer == "native":
+        raise native.NativeUnsupportedError(f"writer='native' cannot be used: {why_not}")
+    return False, f"the Python loop, because {why_not}"
+
+
+def _tell_once(native_path: bool, why: str) -> None:
+    """One INFO line per process for each choice made, the first time it is made."""
+    if why not in _told:
+        _told.add(why)
+        log.info("kafka2pc writer: %s: %s", "native" if native_path else "python", why)
+
+
+def _open_writer(settings: ExportSettings, slot: int, native_path: bool = False) -> DeliveryWriter:
     from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
 
+    if native_path:
+        from airflow_provider_kafka2pc.txn.native import NativeDeliveryWriter, NativeTransactionalWriter
+
+        DeliveryWriter, TransactionalWriter = NativeDeliveryWriter, NativeTransactionalWriter  # type: ignore[misc]
     if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
         return TransactionalWriter(
             settings.producer_config,
@@ -248,6 +288,37 @@ def _open_writer(settings: ExportSettings, slot: int) -> DeliveryWriter:
         else {"enable.idempotence": False, "acks": 1}
     )
     return DeliveryWriter({**settings.producer_config, **extra}, f"partition {slot}").open()
+
+
+def _write_batch_native(writer: Any, batch: Any, default_topic: str | None, slot: int) -> None:
+    """One Arrow batch into librdkafka's batch API: per topic (a topic column is grouped, order
+    within each topic kept), explicit partitions per record, no headers (``choose_writer``)."""
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+
+    def column(name: str) -> Any:
+        return batch.column(names.index(name)) if name in names else None
+
+    if "topic" not in names:
+        if default_topic is None:
+            raise Kafka2PCError(f"partition {slot} has no topic column and there is no default topic")
+        values, keys = column("value"), column("key")
+        writer.produce_arrow(default_topic, values, keys, column("partition"), _byte_count(values, keys))
+        return
+    topics = column("topic")
+    unset = pc.fill_null(pc.equal(topics, ""), True)  # as the Python loop: null or "" is the default topic
+    if default_topic is not None:
+        topics = pc.if_else(unset, default_topic, topics)
+    elif pc.any(unset).as_py():
+        row = pc.index(unset, True).as_py()
+        raise Kafka2PCError(f"row {row} of partition {slot} has no topic and there is no default topic")
+    for topic in pc.unique(topics).to_pylist():
+        part = batch.filter(pc.equal(topics, topic))
+        values = part.column(names.index("value"))
+        keys = part.column(names.index("key")) if "key" in names else None
+        partitions = part.column(names.index("partition")) if "partition" in names else None
+        writer.produce_arrow(topic, values, keys, partitions, _byte_count(values, keys))
 
 
 def _write_batch(writer: DeliveryWriter, batch: Any, default_topic: str | None, slot: int) -> None:
@@ -292,6 +363,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
 
     writer: DeliveryWriter | None = None
+    write = _write_batch
     fail_after = (
         settings.fail_first_attempt[1]
         if settings.fail_first_attempt and settings.fail_first_attempt[0] == slot and attempt == 0
@@ -301,12 +373,15 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
         if batch.num_rows == 0:
             continue
         if writer is None:
-            writer = _open_writer(settings, slot)
+            native_path, why = choose_writer(settings, batch.schema.names)
+            _tell_once(native_path, why)
+            write = _write_batch_native if native_path else _write_batch
+            writer = _open_writer(settings, slot, native_path)
         if fail_after is not None and writer.records + batch.num_rows >= fail_after:
-            _write_batch(writer, batch.slice(0, fail_after - writer.records), settings.topic, slot)
+            write(writer, batch.slice(0, fail_after - writer.records), settings.topic, slot)
             writer.flush_and_verify()  # the records reach the broker inside the open transaction
             raise RuntimeError(f"injected failure in partition {slot}, attempt {attempt}")
-        _write_batch(writer, batch, settings.topic, slot)
+        write(writer, batch, settings.topic, slot)
     if writer is None:
         return
     committable_json: str | None = None
@@ -348,6 +423,10 @@ def export_dataframe(
     naming.validate_prefix(settings.transactional_id_prefix)
     validate_schema(df.schema, settings.topic)
     check_session(df.sparkSession)
+    # Said once in the task's log; each executor decides again for itself (and falls back, with a
+    # line in its own log, when its Python lacks what the driver's has).
+    native_path, why = choose_writer(settings, list(df.schema.names))
+    log.info("kafka2pc writer: %s: %s", "native" if native_path else "python", why)
     if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE and settings.transaction_timeout_ms is None:
         from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 

@@ -109,10 +109,14 @@ class DeliveryWriter:
             if named is not None:
                 self._client_error = str(named)
 
-    def open(self) -> DeliveryWriter:
+    def _new_producer(self) -> Any:
+        """The librdkafka producer: confluent-kafka's here, the native one in ``txn/native.py``."""
         from confluent_kafka import Producer
 
-        self._producer = Producer(self._config)
+        return Producer(self._config)
+
+    def open(self) -> DeliveryWriter:
+        self._producer = self._new_producer()
         # Connect first: otherwise the first request (InitProducerId, or an idempotent
         # producer's first batch) waits on librdkafka's ~0.5 s retry (benchmarks/README.md).
         self._producer.list_topics(timeout=self._init_timeout_s)
@@ -226,9 +230,12 @@ class DeliveryWriter:
         """Flush; raise ``DeliveryError`` unless every record was acknowledged."""
         remaining = self._producer.flush(self._init_timeout_s)
         if remaining or self.failed:
-            cause = self._too_large_message() or self._first_error or self._client_error or self._purged
-            cause = cause or f"{remaining} record(s) still queued after flush"
+            cause = self.failure_cause() or f"{remaining} record(s) still queued after flush"
             raise DeliveryError(self.name, self.failed + remaining, cause)
+
+    def failure_cause(self) -> str | None:
+        """What made records fail, the most telling first; None while nothing did."""
+        return self._too_large_message() or self._first_error or self._client_error or self._purged
 
     def _too_large_message(self) -> str | None:
         """Which partition refused which record, and the limits, read when it happens (rare)."""

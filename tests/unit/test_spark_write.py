@@ -121,6 +121,8 @@ def fake_producer(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeProducer
 
 
 def _settings(topic: str | None = TOPIC, **kw: Any) -> ExportSettings:
+    # The Python loop against the fake Producer (the native path is tested in test_native.py and on a broker).
+    kw.setdefault("writer", "python")
     return ExportSettings(
         "t", {"bootstrap.servers": "unused:9092"}, topic, delivery_guarantee=DeliveryGuarantee.NONE, **kw
     )

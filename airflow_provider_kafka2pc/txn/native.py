@@ -1,0 +1,510 @@
+"""The native path: Arrow columns straight into librdkafka's batch API, no Python object per record.
+
+``message_array`` turns an Arrow string/binary value column (and key and partition columns) into an
+array of ``rd_kafka_message_t`` with numpy, from the Arrow buffers: payload = data buffer address +
+offsets[i], length = offsets[i+1] - offsets[i], NULL/0 for a null. ``NativeProducer`` hands such
+arrays to ``rd_kafka_produce_batch`` on a librdkafka handle of its own and otherwise offers the few
+``confluent_kafka.Producer`` methods the writers call, so ``NativeTransactionalWriter`` is the
+Python ``TransactionalWriter`` (same life cycle, same proof, same errors) with another producer.
+
+Records are copied by librdkafka (``RD_KAFKA_MSG_F_COPY``, as confluent-kafka's ``produce()``
+does): the copy lands in the one allocation librdkafka makes per message anyway, the Arrow batch
+may be freed as soon as the call returns, and memory stays bounded by
+``queue.buffering.max.kbytes`` instead of by the Spark partition.
+
+Delivery reports, statistics, errors and librdkafka's log lines come as events on the main queue
+(``rd_kafka_conf_set_events``, ``log.queue``), served by ``poll()``/``flush()`` on the writer's own
+thread. With ``delivery.report.only.error`` (set by ``DeliveryWriter``) a success produces no event
+at all: a flush that ends with nothing outstanding and no error event proves every record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from airflow_provider_kafka2pc.txn import librdkafka as rd
+from airflow_provider_kafka2pc.txn.config import is_secret_key
+from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
+
+log = logging.getLogger(__name__)
+
+# confluent-kafka's Python-level settings: served here from events, never given to librdkafka.
+_CALLBACKS = frozenset({"on_delivery", "error_cb", "stats_cb", "logger"})
+_ERR_INVALID_ARG = -186
+_EVENTS = rd.RD_KAFKA_EVENT_DR | rd.RD_KAFKA_EVENT_LOG | rd.RD_KAFKA_EVENT_ERROR | rd.RD_KAFKA_EVENT_STATS
+_SYSLOG_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING}
+
+
+class NativeUnsupportedError(Kafka2PCError):
+    """The native path cannot write this (a setting, a column); the Python writer can."""
+
+
+def unavailable_reason() -> str | None:
+    """Why the native path cannot run in this process, or None when it can."""
+    try:
+        import numpy  # noqa: F401
+
+        rd.load()
+    except ImportError as e:
+        return f"numpy is not installed ({e})"
+    except rd.LibraryUnavailableError as e:
+        return str(e)
+    return None
+
+
+def unsupported_setting(config: Mapping[str, Any]) -> str | None:
+    """A producer setting only confluent-kafka's Python layer understands (e.g. ``oauth_cb``), or None."""
+    for key, value in config.items():
+        if key not in _CALLBACKS and callable(value):
+            return f"producer setting {key!r} is a Python callable, which librdkafka's C API cannot take"
+    return None
+
+
+# -- Arrow -> rd_kafka_message_t ---------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def message_dtype() -> Any:
+    """``rd_kafka_message_t`` as a numpy structured dtype, laid out as ctypes lays out the struct."""
+    import numpy as np
+
+    formats = {"err": "<i4", "partition": "<i4", "offset": "<i8"}
+    offsets = rd.field_offsets()
+    return np.dtype(
+        {
+            "names": list(offsets),
+            "formats": [formats.get(name, "<u8") for name in offsets],
+            "offsets": list(offsets.values()),
+            "itemsize": ctypes.sizeof(rd.RdKafkaMessage),
+        }
+    )
+
+
+# A valid address for an empty but non-null key or value whose column has no data buffer: librdkafka
+# sends NULL as a null key/value, and any other pointer with length 0 as an empty one.
+_EMPTY = ctypes.create_string_buffer(1)
+
+
+def _fill(out: Any, pointer_field: str, length_field: str, column: Any) -> None:
+    """Pointers into ``column``'s data buffer and the lengths, NULL/0 for nulls; slices honoured."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())  # relabels the buffers, copies nothing
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise NativeUnsupportedError(f"a {column.type} column (string or binary only)")
+    n = len(column)
+    _validity, offsets_buffer, data_buffer = column.buffers()
+    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    if offsets_buffer is None:  # only an empty array has none
+        return
+    offsets = np.frombuffer(offsets_buffer, dtype=width, count=column.offset + n + 1)[column.offset :]
+    lengths = np.diff(offsets).astype(np.uint64)
+    base = data_buffer.address if data_buffer is not None and data_buffer.address else ctypes.addressof(_EMPTY)
+    pointers = offsets[:-1].astype(np.uint64) + np.uint64(base)
+    if column.null_count:
+        nulls = column.is_null().to_numpy(zero_copy_only=False)
+        pointers[nulls] = 0
+        lengths[nulls] = 0
+    out[pointer_field] = pointers
+    out[length_field] = lengths
+
+
+def message_array(values: Any, keys: Any = None, partitions: Any = None) -> Any:
+    """A numpy array of ``rd_kafka_message_t`` for pyarrow arrays of values, keys and partitions.
+
+    Keys and values must be string or binary (large too); a null key or value is NULL (a null
+    value is a tombstone). A null or negative partition is ``RD_KAFKA_PARTITION_UA``: librdkafka's
+    partitioner chooses, as it does for every record without a partition column. The pointers
+    reference the arrays' buffers: keep them alive until the array has been produced."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    out = np.zeros(len(values), dtype=message_dtype())
+    _fill(out, "payload", "len", values)
+    if keys is not None:
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        _fill(out, "key", "key_len", keys)
+    if partitions is None:
+        out["partition"] = rd.RD_KAFKA_PARTITION_UA
+    else:
+        chosen = pc.fill_null(pc.max_element_wise(partitions, -1), -1)
+        out["partition"] = chosen.to_numpy(zero_copy_only=False).astype(np.int32)
+    return out
+
+
+# -- the producer -------------------------------------------------------------------------------
+
+
+class _Delivered:
+    """A failed message as confluent-kafka's ``Message`` shows it to ``on_delivery`` (rare path)."""
+
+    def __init__(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> None:
+        self._topic, self._partition, self._key, self._value = topic, partition, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+def _bytes_at(pointer: int | None, length: int) -> bytes | None:
+    return None if not pointer else ctypes.string_at(pointer, length)
+
+
+class NativeProducer:
+    """The ``confluent_kafka.Producer`` methods the writers call, on a librdkafka handle of its own,
+    plus ``produce_messages`` for a whole ``rd_kafka_message_t`` array."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self._lib = rd.load()
+        self._on_delivery: Callable[[Any, Any], None] | None = config.get("on_delivery")
+        self._on_error: Callable[[Any], None] | None = config.get("error_cb")
+        self._on_stats: Callable[[str], None] | None = config.get("stats_cb")
+        self._logger: logging.Logger | None = config.get("logger")
+        self._secrets = sorted(
+            (str(v) for k, v in config.items() if is_secret_key(str(k)) and v), key=len, reverse=True
+        )
+        self._topics: dict[str, int] = {}
+        self._known: set[str] = set()  # topics whose metadata was fetched before producing
+        self._rk: int | None = None
+        self._queue: int | None = None
+        lib = self._lib
+        conf = lib.rd_kafka_conf_new()
+        errstr = ctypes.create_string_buffer(512)
+        try:
+            for key, value in {**config, "log.queue": True}.items():
+                if key in _CALLBACKS:
+                    continue
+                if callable(value):
+                    raise NativeUnsupportedError(unsupported_setting({key: value}) or key)
+                text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+                if lib.rd_kafka_conf_set(conf, key.encode(), text.encode(), errstr, len(errstr)) != rd.RD_KAFKA_CONF_OK:
+                    reason = self._scrub(errstr.value.decode(errors="replace"))
+                    raise KafkaException(KafkaError(_ERR_INVALID_ARG, f"producer setting {key!r}: {reason}"))
+            lib.rd_kafka_conf_set_events(conf, _EVENTS)
+            rk = lib.rd_kafka_new(rd.RD_KAFKA_PRODUCER, conf, errstr, len(errstr))
+        except BaseException:
+            lib.rd_kafka_conf_destroy(conf)
+            raise
+        if not rk:  # rd_kafka_new keeps the conf on failure
+            lib.rd_kafka_conf_destroy(conf)
+            reason = self._scrub(errstr.value.decode(errors="replace"))
+            raise KafkaException(KafkaError(_ERR_INVALID_ARG, f"cannot create the producer: {reason}"))
+        self._rk = rk
+        self._queue = lib.rd_kafka_queue_get_main(rk)
+        lib.rd_kafka_set_log_queue(rk, None)  # the log queue forwards to the main queue
+
+    # -- confluent_kafka.Producer's surface, as the writers use it ------------------------------
+
+    def list_topics(self, timeout: float = -1) -> None:
+        """Connect (metadata of the cluster, no topics); raises like confluent-kafka on failure."""
+        md = ctypes.c_void_p()
+        err = self._lib.rd_kafka_metadata(self._handle(), 0, None, ctypes.byref(md), _ms(timeout))
+        self._raise_for_code(err)
+        self._lib.rd_kafka_metadata_destroy(md)
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self._raise_for_error(self._serving(lambda: self._lib.rd_kafka_init_transactions(self._handle(), _ms(timeout))))
+
+    def begin_transaction(self) -> None:
+        self._raise_for_error(self._lib.rd_kafka_begin_transaction(self._handle()))
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        # The abort purges the queued records and waits until their reports are served: another
+        # thread serves them while this one waits inside librdkafka.
+        self._raise_for_error(self._serving(lambda: self._lib.rd_kafka_abort_transaction(self._handle(), _ms(timeout))))
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve the events ready (waiting up to ``timeout`` s for the first); how many were served."""
+        lib, queue = self._lib, self._queue
+        served = 0
+        ev = lib.rd_kafka_queue_poll(queue, _ms(timeout))
+        while ev:
+            try:
+                self._serve(ev)
+            finally:
+                lib.rd_kafka_event_destroy(ev)
+            served += 1
+            ev = lib.rd_kafka_queue_poll(queue, 0)
+        return served
+
+    def flush(self, timeout: float = -1) -> int:
+        """Serve events until nothing is outstanding; returns what still is after ``timeout`` s.
+
+        (``rd_kafka_flush`` would wait for reports nobody serves: with delivery reports as events
+        it only waits, so this loop is the flush.)"""
+        deadline = time.monotonic() + (timeout if timeout >= 0 else 1e9)
+        while True:
+            self.poll(0)
+            outstanding = int(self._lib.rd_kafka_outq_len(self._handle()))
+            left = deadline - time.monotonic()
+            if outstanding == 0 or left <= 0:
+                return outstanding
+            self.poll(min(left, 0.05))
+
+    # -- the batch -------------------------------------------------------------------------------
+
+    def produce_messages(
+        self, topic: str, messages: Any, refused: Callable[[int, Any], None], explicit_partitions: bool = False
+    ) -> None:
+        """Enqueue every message of the array (``message_array``) to ``topic``, in order.
+
+        A full local queue is waited out (serving events) and the rest retried from the first
+        message refused, so the order within a partition is kept. Any other refusal (too large, a
+        fenced or failed transaction) is handed to ``refused(index, error)`` and stops the call."""
+        import numpy as np
+        from confluent_kafka import KafkaError
+
+        lib, rkt = self._lib, self._topic(topic, explicit_partitions)
+        flags = rd.RD_KAFKA_MSG_F_COPY | rd.RD_KAFKA_MSG_F_PARTITION
+        size = messages.dtype.itemsize
+        base = messages.ctypes.data
+        start, n = 0, len(messages)
+        while start < n:
+            good = lib.rd_kafka_produce_batch(rkt, rd.RD_KAFKA_PARTITION_UA, flags, base + start * size, n - start)
+            if good == n - start:
+                return
+            errors = messages["err"][start:]
+            bad = np.flatnonzero(errors)
+            hard = bad[errors[bad] != rd.RD_KAFKA_RESP_ERR__QUEUE_FULL]
+            if len(hard):
+                for i in hard:
+                    refused(start + int(i), KafkaError(int(errors[i])))
+                return
+            # librdkafka refuses every message after the first one that found the queue full.
+            start += int(bad[0])
+            self.poll(0.005)  # no event comes for a success: a short wait, then retry
+
+    def destroy(self) -> None:
+        """Destroy the handle; like confluent-kafka's on dropping its Producer, this leaves an open
+        transaction open (close() would abort it; the native path has no close)."""
+        rk, self._rk = self._rk, None
+        if rk is None:
+            return
+        for rkt in self._topics.values():
+            self._lib.rd_kafka_topic_destroy(rkt)
+        self._topics.clear()
+        if self._queue:
+            self._lib.rd_kafka_queue_destroy(self._queue)
+            self._queue = None
+        self._lib.rd_kafka_destroy(rk)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.destroy()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _handle(self) -> int:
+        if self._rk is None:
+            raise Kafka2PCError("the native producer has been destroyed")
+        return self._rk
+
+    def _topic(self, topic: str, explicit_partitions: bool) -> int:
+        rkt = self._topics.get(topic)
+        if rkt is None:
+            rkt = self._lib.rd_kafka_topic_new(self._handle(), topic.encode(), None)
+            if not rkt:
+                raise Kafka2PCError(f"librdkafka refused the topic name {topic!r}")
+            self._topics[topic] = rkt
+        if explicit_partitions and topic not in self._known:
+            # Know the topic's partitions before its first record: a record with an explicit
+            # partition then goes straight to that partition's queue, never through the
+            # unassigned one and the partitioner (see NativeTransactionalWriter._on_stats).
+            md = ctypes.c_void_p()
+            self._raise_for_code(self._lib.rd_kafka_metadata(self._handle(), 0, rkt, ctypes.byref(md), 30_000))
+            self._lib.rd_kafka_metadata_destroy(md)
+            self._known.add(topic)
+        return rkt
+
+    def _serving(self, call: Callable[[], Any]) -> Any:
+        """Run a blocking librdkafka call while another thread serves the event queue."""
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                self.poll(0.05)
+
+        server = threading.Thread(target=serve, name="kafka2pc-native-events", daemon=True)
+        server.start()
+        try:
+            return call()
+        finally:
+            stop.set()
+            server.join()
+
+    def _serve(self, ev: int) -> None:
+        lib = self._lib
+        kind = lib.rd_kafka_event_type(ev)
+        if kind == rd.RD_KAFKA_EVENT_DR:
+            self._serve_failed_deliveries(ev)
+        elif kind == rd.RD_KAFKA_EVENT_STATS:
+            if self._on_stats is not None:
+                self._on_stats(lib.rd_kafka_event_stats(ev).decode())
+        elif kind == rd.RD_KAFKA_EVENT_ERROR:
+            if self._on_error is not None:
+                from confluent_kafka import KafkaError
+
+                reason = self._scrub((lib.rd_kafka_event_error_string(ev) or b"").decode(errors="replace"))
+                fatal = bool(lib.rd_kafka_event_error_is_fatal(ev))
+                self._on_error(KafkaError(lib.rd_kafka_event_error(ev), reason, fatal))
+        elif kind == rd.RD_KAFKA_EVENT_LOG:
+            fac, text, level = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_int()
+            if lib.rd_kafka_event_log(ev, ctypes.byref(fac), ctypes.byref(text), ctypes.byref(level)) == 0:
+                facility = (fac.value or b"").decode(errors="replace")
+                self._log(level.value, facility, (text.value or b"").decode(errors="replace"))
+
+    def _serve_failed_deliveries(self, ev: int) -> None:
+        """Delivery reports: failures only (``delivery.report.only.error``), one Python call each."""
+        from confluent_kafka import KafkaError
+
+        lib = self._lib
+        count = int(lib.rd_kafka_event_message_count(ev))
+        if count == 0:
+            return
+        array = (ctypes.POINTER(rd.RdKafkaMessage) * count)()
+        got = int(lib.rd_kafka_event_message_array(ev, array, count))
+        for i in range(got):
+            m = array[i].contents
+            if m.err == 0 or self._on_delivery is None:
+                continue
+            topic = (lib.rd_kafka_topic_name(m.rkt) or b"").decode()
+            message = _Delivered(topic, m.partition, _bytes_at(m.key, m.key_len), _bytes_at(m.payload, m.len))
+            self._on_delivery(KafkaError(m.err), message)
+
+    def _log(self, level: int, facility: str, text: str) -> None:
+        """librdkafka's line to the client's ``logger`` (``with_log``) or, like the Python writer
+        without one, to stderr in librdkafka's own format (which ``spark/jvm_logs.py`` levels)."""
+        text = self._scrub(text)
+        if self._logger is not None:
+            python_level = _SYSLOG_LEVELS.get(level, logging.INFO if level <= 6 else logging.DEBUG)
+            self._logger.log(python_level, "%s [%s] %s", facility, "native", text)
+            return
+        now = time.time()
+        sys.stderr.write(f"%{level}|{int(now)}.{int(now * 1000) % 1000:03d}|{facility}|kafka2pc-native| {text}\n")
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _raise_for_code(self, err: int) -> None:
+        if err:
+            from confluent_kafka import KafkaError, KafkaException
+
+            raise KafkaException(KafkaError(err))
+
+    def _raise_for_error(self, error: int | None) -> None:
+        """A ``rd_kafka_error_t*`` of the transactional API as confluent-kafka raises it."""
+        if not error:
+            return
+        from confluent_kafka import KafkaError, KafkaException
+
+        lib = self._lib
+        try:
+            code = lib.rd_kafka_error_code(error)
+            reason = self._scrub((lib.rd_kafka_error_string(error) or b"").decode(errors="replace"))
+            fatal = bool(lib.rd_kafka_error_is_fatal(error))
+        finally:
+            lib.rd_kafka_error_destroy(error)
+        raise KafkaException(KafkaError(code, reason, fatal))
+
+
+def _ms(timeout_s: float) -> int:
+    return -1 if timeout_s < 0 else int(timeout_s * 1000)
+
+
+# -- the writers --------------------------------------------------------------------------------
+
+
+class _NativeWriting(DeliveryWriter):
+    """What the native writers add to the Python ones: another producer and Arrow columns in."""
+
+    # (topic, partition) -> records given that partition explicitly (a partition column).
+    _explicit: dict[tuple[str, int], int]
+
+    def _new_producer(self) -> Any:
+        self._explicit = {}
+        return NativeProducer(self._config)
+
+    def produce_arrow(
+        self, topic: str, values: Any, keys: Any = None, partitions: Any = None, nbytes: int | None = None
+    ) -> None:
+        """One Arrow batch's records to ``topic``: values, optional keys and partitions (pyarrow arrays)."""
+        messages = message_array(values, keys, partitions)
+        self._before_write()
+        refusals: list[tuple[int, Any]] = []
+        try:
+            self._producer.produce_messages(
+                topic, messages, lambda i, err: refusals.append((i, err)), partitions is not None
+            )
+        except BaseException as e:
+            self._broken(e)
+            raise
+        for i, err in refusals:  # rare: one Python call per refused record, as for a failed delivery
+            m = messages[i]
+            key, value = _bytes_at(int(m["key"]), int(m["key_len"])), _bytes_at(int(m["payload"]), int(m["len"]))
+            self._on_delivery(err, _Delivered(topic, int(m["partition"]), key, value))
+        if refusals:
+            raise DeliveryError(self.name, self.failed, self.failure_cause() or "librdkafka refused a record")
+        self._after_write(len(messages), nbytes, (), None)
+        self._counts[topic] = self._counts.get(topic, 0) + len(messages)
+        if partitions is not None:
+            import numpy as np
+
+            chosen = messages["partition"]
+            for partition, n in zip(*np.unique(chosen[chosen >= 0], return_counts=True), strict=True):
+                tp = (topic, int(partition))
+                self._explicit[tp] = self._explicit.get(tp, 0) + int(n)
+
+    def produce_batch(self, *args: Any, **kwargs: Any) -> None:
+        raise NativeUnsupportedError("the native writer takes Arrow columns: produce_arrow()")
+
+    def produce_rows(self, *args: Any, **kwargs: Any) -> None:
+        raise NativeUnsupportedError("the native writer takes Arrow columns: produce_arrow()")
+
+    def _release(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.destroy()
+
+
+class NativeDeliveryWriter(_NativeWriting):
+    """``DeliveryWriter`` (AT_LEAST_ONCE, NONE) on the native path."""
+
+
+class NativeTransactionalWriter(_NativeWriting, TransactionalWriter):
+    """``TransactionalWriter`` on the native path: init (fences), begin, ``produce_arrow``…, ``prepare()``."""
+
+    def _on_stats(self, raw: str) -> None:
+        """The statistics' per-partition counts ("msgs") plus the records with an explicit partition.
+
+        librdkafka counts a record there when its partitioner assigns it; ``rd_kafka_produce_batch``
+        puts a record with an explicit partition on that partition's queue without the partitioner,
+        uncounted (the topic's partitions are known before: ``NativeProducer._topic``)."""
+        super()._on_stats(raw)
+        for tp, n in self._explicit.items():
+            self._enqueued[tp] = self._enqueued.get(tp, 0) + n

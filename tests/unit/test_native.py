@@ -1,0 +1,156 @@
+"""The native path without a broker: the ctypes surface it relies on, and Arrow -> rd_kafka_message_t."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_kafka2pc.txn import librdkafka as rd
+from airflow_provider_kafka2pc.txn import native
+
+
+def _read(pointer: int, length: int) -> bytes | None:
+    return None if pointer == 0 else ctypes.string_at(pointer, length)
+
+
+def _rows(messages: Any) -> list[tuple[bytes | None, bytes | None, int]]:
+    return [
+        (_read(int(m["key"]), int(m["key_len"])), _read(int(m["payload"]), int(m["len"])), int(m["partition"]))
+        for m in messages
+    ]
+
+
+# -- the surface -------------------------------------------------------------------------------
+
+
+def test_every_declared_symbol_is_in_the_wheels_librdkafka() -> None:
+    assert native.unavailable_reason() is None
+    lib = rd.load()
+    assert lib.rd_kafka_version() >= 0x02000000
+    assert "confluent_kafka.libs" in rd.library_path()
+
+
+def test_rd_kafka_message_t_layout_is_the_64_bit_abi() -> None:
+    assert ctypes.sizeof(rd.RdKafkaMessage) == rd.MESSAGE_SIZE == 72
+    assert rd.field_offsets() == {
+        "err": 0,
+        "rkt": 8,
+        "partition": 16,
+        "payload": 24,
+        "len": 32,
+        "key": 40,
+        "key_len": 48,
+        "offset": 56,
+        "_private": 64,
+    }
+    dtype = native.message_dtype()
+    assert dtype.itemsize == 72
+    assert {name: dtype.fields[name][1] for name in dtype.names} == rd.field_offsets()
+
+
+def test_messages_round_trip_through_librdkafka(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """librdkafka reads our array (payload, len, key, key_len, partition, flags) and writes err back into
+    it; its delivery reports come back through the same struct: every offset is used both ways."""
+    failed: list[tuple[str, str, int, bytes | None, bytes | None]] = []
+    config = {
+        "bootstrap.servers": "127.0.0.1:1",  # nothing listens: every record times out
+        "message.timeout.ms": 200,
+        "message.max.bytes": 1000,
+        "delivery.report.only.error": True,
+        "on_delivery": lambda err, m: failed.append((err.name(), m.topic(), m.partition(), m.key(), m.value())),
+        "logger": logging.getLogger("test-native"),
+    }
+    caplog.set_level(logging.DEBUG, logger="test-native")
+    p = native.NativeProducer(config)
+    try:
+        values = pa.array(["v0", None, "", "v3"])
+        keys = pa.array([b"k0", b"k1", None, b""], pa.binary())
+        refused: list[tuple[int, str]] = []
+        messages = native.message_array(values, keys)
+        p.produce_messages("t_roundtrip", messages, lambda i, e: refused.append((i, e.name())))
+        assert refused == []
+        assert p.flush(10) == 0
+        assert sorted(failed, key=lambda f: f[3] or b"") == sorted(
+            [
+                ("_MSG_TIMED_OUT", "t_roundtrip", -1, b"k0", b"v0"),
+                ("_MSG_TIMED_OUT", "t_roundtrip", -1, b"k1", None),
+                ("_MSG_TIMED_OUT", "t_roundtrip", -1, None, b""),
+                ("_MSG_TIMED_OUT", "t_roundtrip", -1, b"", b"v3"),
+            ],
+            key=lambda f: f[3] or b"",
+        )
+        big = native.message_array(pa.array([b"x", b"y" * 5000, b"z"]))
+        p.produce_messages("t_roundtrip", big, lambda i, e: refused.append((i, e.name())))
+        assert refused == [(1, "MSG_SIZE_TOO_LARGE")]
+        assert int(big["err"][1]) == 10 and int(big["err"][0]) == 0  # written back at offset 0
+    finally:
+        p.destroy()
+    # librdkafka's lines (connection refused) went through the logger, none to stderr raw.
+    assert any("127.0.0.1:1" in r.getMessage() and r.levelno >= logging.WARNING for r in caplog.records)
+    assert "127.0.0.1:1" not in capfd.readouterr().err
+
+
+def test_a_bad_setting_is_named_and_a_secret_is_not_shown() -> None:
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException, match=r"producer setting 'no\.such\.setting'"):
+        native.NativeProducer({"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"})
+    with pytest.raises(KafkaException) as e:  # librdkafka quotes the refused value: it is a secret's here
+        native.NativeProducer(
+            {"bootstrap.servers": "127.0.0.1:1", "sasl.password": "hunter2secret", "compression.type": "hunter2secret"}
+        )
+    assert "compression.type" in str(e.value) and "hunter2secret" not in str(e.value)
+    assert native.unsupported_setting({"oauth_cb": lambda _c: ("t", time.time() + 60)}) is not None
+    assert native.unsupported_setting({"stats_cb": print, "acks": "all"}) is None
+
+
+# -- Arrow -> messages -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary(), pa.large_string(), pa.large_binary()])
+def test_keys_values_and_nulls_of_every_string_and_binary_type(kind: pa.DataType) -> None:
+    raw = ["alpha", None, "", "δέλτα", "e" * 300]
+    values = pa.array(raw, kind)
+    keys = pa.array(list(reversed(raw)), kind)
+    got = _rows(native.message_array(values, keys))
+    enc = [None if s is None else s.encode() for s in raw]
+    assert got == [(k, v, -1) for k, v in zip(reversed(enc), enc, strict=True)]
+
+
+def test_slices_with_a_non_zero_offset_point_into_the_parents_buffers() -> None:
+    values = pa.array([f"value-{i}" if i % 7 else None for i in range(100)])
+    keys = pa.array([f"key-{i}".encode() if i % 5 else None for i in range(100)], pa.binary())
+    batch = pa.record_batch([keys, values], names=["key", "value"])
+    for start, length in ((0, 100), (13, 40), (99, 1), (50, 0)):
+        part = batch.slice(start, length)
+        assert part.column(1).offset == start
+        got = _rows(native.message_array(part.column(1), part.column(0)))
+        want = [
+            (None if i % 5 == 0 else f"key-{i}".encode(), None if i % 7 == 0 else f"value-{i}".encode(), -1)
+            for i in range(start, start + length)
+        ]
+        assert got == want
+
+
+def test_explicit_partitions_and_unassigned_ones() -> None:
+    values = pa.array([b"a", b"b", b"c", b"d"])
+    got = native.message_array(values, None, pa.array([3, None, -5, 0], pa.int64()))
+    assert [int(p) for p in got["partition"]] == [3, -1, -1, 0]
+    assert [int(k) for k in got["key"]] == [0, 0, 0, 0]  # no key column: NULL keys
+
+
+def test_an_all_empty_column_still_gives_non_null_pointers() -> None:
+    got = _rows(native.message_array(pa.array(["", "", None]), pa.array([b"", None, b""])))
+    assert got == [(b"", b"", -1), (None, b"", -1), (b"", None, -1)]
+
+
+def test_other_column_types_are_refused() -> None:
+    with pytest.raises(native.NativeUnsupportedError, match="int64"):
+        native.message_array(pa.array([1, 2]))
