@@ -60,6 +60,19 @@ def test_a_commit_from_another_process_makes_every_record_visible_once(kafka: Ka
     assert kafka.open_transactions(tid.split("-")[0]) == []
 
 
+def test_a_transactions_end_under_transaction_version_1_keeping_their_epoch(kafka: KafkaEnv) -> None:
+    """The outcome table reads "commit again after CompleteCommit" as NONE because, under
+    transaction version 1, ending a transaction keeps its epoch. librdkafka opens transactions
+    under version 1 and EndTxn is pinned to <= 4 (test_wire_surface); should either change
+    (version 2 bumps the epoch at every end), this fails before any outcome is misread."""
+    topic, tid = kafka.topic(), f"{_prefix()}-0"
+    c = prepare_in_subprocess(kafka, tid, generate(topic, 10))
+    commit_prepared([c], kafka.wire, _log(kafka), run="run-tv1")
+    state = kafka.describe(tid)[tid]
+    assert state is not None and state.state == "CompleteCommit"
+    assert (state.producer_id, state.producer_epoch) == (c.producer_id, c.producer_epoch)
+
+
 def test_a_abort_from_another_process_leaves_nothing(kafka: KafkaEnv) -> None:
     prefix = _prefix()
     topic = kafka.topic()
