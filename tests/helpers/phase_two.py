@@ -10,7 +10,8 @@ ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostErro
     abort   --prefix P --run R --committables FILE [--hold-ms H]
 
 --hold-ms keeps the process inside its work a while, so that a kill lands there: a prepare holds
-half-way through its records (transactions open), an abort right after its decision is appended.
+half-way through its records, flushed, its transactions open ("holding" on stderr), an abort right
+after its decision is appended ("decided").
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
     def one(slot: int) -> Committable:
         w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
         for i in range(args.records):
-            if i == args.records // 2 and args.hold_ms:
-                time.sleep(args.hold_ms / 1000)
             w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.tag or args.prefix}/{slot}/{i}".encode())
+            if args.hold_ms and i == (args.records - 1) // 2:  # half written, on the broker, the transaction open
+                w.flush_and_verify()
+                print(f"holding {slot}", file=sys.stderr, flush=True)
+                time.sleep(args.hold_ms / 1000)
         c = w.prepare()
         assert c is not None
         return c

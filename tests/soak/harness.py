@@ -303,8 +303,13 @@ class Soak:
         r.status = "failed"  # the export failed: the abort task runs (and may be killed too)
         abort = self.cmd("abort", "--run", r.run, "--committables", str(file))
         if plan.kill_abort:  # it holds after its decision a while: the kill lands before or after it
-            proc, err = self.spawn([*abort, "--hold-ms", str(self.rng.randint(500, 2000))])
-            time.sleep(self.rng.uniform(0.3, 2.0))
+            hold_s = self.rng.uniform(0.5, 2.0)
+            proc, err = self.spawn([*abort, "--hold-ms", str(int(hold_s * 1000))])
+            if self.rng.random() < 0.5:  # after its decision, while it holds
+                self.wait_for(proc, err, "decided", 60)
+                time.sleep(self.rng.uniform(0.0, hold_s * 0.8))
+            else:  # early: before its decision, or wherever it has got to
+                time.sleep(self.rng.uniform(0.2, 1.0))
             if proc.poll() is None:
                 self.inject(r, "kill_abort", "after-decision" if "decided" in err.read_text() else "before-decision")
             self.kill(proc)
@@ -315,6 +320,7 @@ class Soak:
     def prepare_once(self, r: Run, plan: Plan, timeout_ms: int | None, faults: bool) -> tuple[list[str], bool]:
         """One prepare attempt, with the plan's faults during it; its committables and whether it ended well."""
         proc: subprocess.Popen[str] | None = None
+        err = self.dir / "unused.log"  # the raw prepare's stderr, once spawned
         workers: list[int] = []
         spark = self.spark_actor() if plan.spark else None
         if spark is not None:
@@ -334,7 +340,7 @@ class Soak:
                 args += ["--timeout-ms", str(timeout_ms)]
             if faults and plan.kill_prepare:  # transactions held open half-way, so the kill lands in them
                 args += ["--hold-ms", str(self.rng.randint(1000, 2500))]
-            proc, _ = self.spawn(self.cmd("prepare", *args))
+            proc, err = self.spawn(self.cmd("prepare", *args))
         # Faults at random moments, each on a thread of its own, so that they overlap as they would.
         during = []
         if faults and plan.broker_in_prepare:
@@ -355,7 +361,13 @@ class Soak:
             return list(answer.get("committables", [])), "error" not in answer
         assert proc is not None
         if faults and plan.kill_prepare:
-            time.sleep(self.rng.uniform(0.3, 2.5))
+            # Inside its open transactions (always when its abort is to be struck too: a prepare killed
+            # before it opened anything leaves its abort nothing to do), else at any moment.
+            if plan.kill_abort or self.rng.random() < 0.75:
+                self.wait_for(proc, err, "holding", 60)
+                time.sleep(self.rng.uniform(0.0, 1.0))
+            else:  # at any moment, its start included
+                time.sleep(self.rng.uniform(0.3, 2.5))
             if proc.poll() is None:
                 self.inject(r, "kill_prepare", plan.kill_prepare)
             self.kill(proc)
