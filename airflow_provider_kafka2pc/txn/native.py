@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # confluent-kafka's Python-level settings: served here from events, never given to librdkafka.
 _CALLBACKS = frozenset({"on_delivery", "error_cb", "stats_cb", "logger"})
 _ERR_INVALID_ARG = -186
+_MAX_PARTITION = 2**31 - 1  # partitions are int32 in Kafka's protocol and in rd_kafka_message_t
 _EVENTS = rd.RD_KAFKA_EVENT_DR | rd.RD_KAFKA_EVENT_LOG | rd.RD_KAFKA_EVENT_ERROR | rd.RD_KAFKA_EVENT_STATS
 _SYSLOG_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING}
 
@@ -142,6 +143,13 @@ def message_array(values: Any, keys: Any = None, partitions: Any = None) -> Any:
         out["partition"] = rd.RD_KAFKA_PARTITION_UA
     else:
         chosen = pc.fill_null(pc.max_element_wise(partitions, -1), -1)
+        too_big = pc.greater(chosen, _MAX_PARTITION)
+        if pc.any(too_big).as_py():  # the int32 cast below would wrap it onto another partition
+            row = pc.index(too_big, True).as_py()
+            raise Kafka2PCError(
+                f"the partition column's row {row} is {chosen[row].as_py()}, above the largest partition number "
+                f"Kafka has ({_MAX_PARTITION}); leave it null to let the partitioner choose"
+            )
         out["partition"] = chosen.to_numpy(zero_copy_only=False).astype(np.int32)
     return out
 

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn import librdkafka as rd
 from airflow_provider_kafka2pc.txn import native
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
 
 def _read(pointer: int, length: int) -> bytes | None:
@@ -144,6 +145,12 @@ def test_explicit_partitions_and_unassigned_ones() -> None:
     got = native.message_array(values, None, pa.array([3, None, -5, 0], pa.int64()))
     assert [int(p) for p in got["partition"]] == [3, -1, -1, 0]
     assert [int(k) for k in got["key"]] == [0, 0, 0, 0]  # no key column: NULL keys
+
+
+def test_a_partition_above_int32_is_refused_not_wrapped_onto_another() -> None:
+    values = pa.array([b"a", b"b"])
+    with pytest.raises(Kafka2PCError, match=r"row 1 is 4294967297, above the largest partition number"):
+        native.message_array(values, None, pa.array([0, 2**32 + 1], pa.int64()))
 
 
 def test_an_all_empty_column_still_gives_non_null_pointers() -> None:
