@@ -2,9 +2,9 @@
 
 The native writer (``txn/native.py``) calls the same librdkafka the Python writer uses through
 confluent-kafka, so its SASL/SSL support is the same and no compiler is needed. What it relies on
-is the public C API of ``rdkafka.h``: the functions declared below and the layout of
-``rd_kafka_message_t`` (72 bytes on 64-bit). ``tests/unit/test_native.py`` checks both against the
-loaded library. Nothing here imports numpy or pyarrow.
+is the public C API of ``rdkafka.h``: the functions declared below and the layouts of
+``rd_kafka_message_t`` (72 bytes on 64-bit) and of the two metadata structs read.
+``tests/unit/test_native.py`` checks them against the loaded library. Nothing here imports numpy or pyarrow.
 """
 
 from __future__ import annotations
@@ -36,6 +36,31 @@ class RdKafkaMessage(ctypes.Structure):
 
 MESSAGE_SIZE = 72  # sizeof(rd_kafka_message_t) on the 64-bit platforms the wheels are built for
 
+
+class RdKafkaMetadataTopic(ctypes.Structure):
+    """``rd_kafka_metadata_topic_t``: a topic's name, partition count and error, as ``rd_kafka_metadata`` gives them."""
+
+    _fields_ = [
+        ("topic", c_char_p),
+        ("partition_cnt", c_int),
+        ("partitions", c_void_p),  # rd_kafka_metadata_partition_t*, not read
+        ("err", c_int),  # rd_kafka_resp_err_t
+    ]
+
+
+class RdKafkaMetadata(ctypes.Structure):
+    """``rd_kafka_metadata_t``: only the topics are read."""
+
+    _fields_ = [
+        ("broker_cnt", c_int),
+        ("brokers", c_void_p),  # rd_kafka_metadata_broker_t*, not read
+        ("topic_cnt", c_int),
+        ("topics", POINTER(RdKafkaMetadataTopic)),
+        ("orig_broker_id", c_int32),
+        ("orig_broker_name", c_char_p),
+    ]
+
+
 RD_KAFKA_PRODUCER = 0
 RD_KAFKA_CONF_OK = 0
 RD_KAFKA_PARTITION_UA = -1
@@ -58,8 +83,8 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_new": (c_void_p, [c_int, c_void_p, c_char_p, c_size_t]),
     "rd_kafka_destroy": (None, [c_void_p]),
     "rd_kafka_outq_len": (c_int, [c_void_p]),
-    "rd_kafka_metadata": (c_int, [c_void_p, c_int, c_void_p, POINTER(c_void_p), c_int]),
-    "rd_kafka_metadata_destroy": (None, [c_void_p]),
+    "rd_kafka_metadata": (c_int, [c_void_p, c_int, c_void_p, POINTER(POINTER(RdKafkaMetadata)), c_int]),
+    "rd_kafka_metadata_destroy": (None, [POINTER(RdKafkaMetadata)]),
     "rd_kafka_queue_get_main": (c_void_p, [c_void_p]),
     "rd_kafka_queue_destroy": (None, [c_void_p]),
     "rd_kafka_set_log_queue": (c_int, [c_void_p, c_void_p]),

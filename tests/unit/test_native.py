@@ -54,6 +54,22 @@ def test_rd_kafka_message_t_layout_is_the_64_bit_abi() -> None:
     assert {name: dtype.fields[name][1] for name in dtype.names} == rd.field_offsets()
 
 
+def test_metadata_structs_layout_is_the_64_bit_abi() -> None:
+    """``rd_kafka_metadata_t`` and ``rd_kafka_metadata_topic_t`` as rdkafka.h lays them out on 64-bit."""
+    topic = {f[0]: getattr(rd.RdKafkaMetadataTopic, f[0]).offset for f in rd.RdKafkaMetadataTopic._fields_}
+    assert topic == {"topic": 0, "partition_cnt": 8, "partitions": 16, "err": 24}
+    assert ctypes.sizeof(rd.RdKafkaMetadataTopic) == 32
+    metadata = {f[0]: getattr(rd.RdKafkaMetadata, f[0]).offset for f in rd.RdKafkaMetadata._fields_}
+    assert metadata == {
+        "broker_cnt": 0,
+        "brokers": 8,
+        "topic_cnt": 16,
+        "topics": 24,
+        "orig_broker_id": 32,
+        "orig_broker_name": 40,
+    }
+
+
 def test_messages_round_trip_through_librdkafka(
     caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -161,3 +177,58 @@ def test_an_all_empty_column_still_gives_non_null_pointers() -> None:
 def test_other_column_types_are_refused() -> None:
     with pytest.raises(native.NativeUnsupportedError, match="int64"):
         native.message_array(pa.array([1, 2]))
+
+
+# -- Java's partitioner -------------------------------------------------------------------------
+
+# Kafka's own reference values (clients' UtilsTest.testMurmur2), as Java's signed int.
+_KAFKA_MURMUR2 = {
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+
+@pytest.mark.parametrize("kind", [pa.binary(), pa.string(), pa.large_binary(), pa.large_string()])
+def test_murmur2_gives_kafkas_reference_values(kind: pa.DataType) -> None:
+    keys = list(_KAFKA_MURMUR2)
+    column = pa.array([k if kind in (pa.binary(), pa.large_binary()) else k.decode() for k in keys], kind)
+    got = native.java_murmur2(column)
+    assert [int(h) - (1 << 32) if h >= 1 << 31 else int(h) for h in got] == list(_KAFKA_MURMUR2.values())
+
+
+def test_murmur2_partitions_agree_with_librdkafkas_own_partitioner() -> None:
+    """librdkafka's ``rd_kafka_msg_partitioner_murmur2`` (Java-compatible, C) is the oracle, over keys
+    of every length from 0 to 40 bytes, in a slice of a bigger array."""
+    import random
+
+    rng = random.Random(7)
+    keys = [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    column = pa.array([b"skipped", *keys], pa.binary()).slice(1)
+    partitioner = rd.load().rd_kafka_msg_partitioner_murmur2
+    partitioner.restype = ctypes.c_int32
+    partitioner.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    want = [partitioner(None, k, len(k), 7919, None, None) for k in keys]
+    got = (native.java_murmur2(column) & 0x7FFFFFFF) % 7919
+    assert [int(p) for p in got] == want
+
+
+def test_assigned_partitions_keep_explicit_ones_and_group_the_keyless() -> None:
+    keys = pa.array([b"foobar", None, b"abc", None, b"21"])
+    messages = native.message_array(pa.array([b"v"] * 5), keys, pa.array([None, None, 2, 1, -1], pa.int32()))
+    native.assign_partitions(messages, keys, 50, keyless_partition=9)
+    # foobar: (-790332482 & 0x7fffffff) % 50 = 16; 21: (-973932308 & 0x7fffffff) % 50 = 40
+    assert [int(p) for p in messages["partition"]] == [16, 9, 2, 1, 40]
+    no_keys = native.message_array(pa.array([b"v"] * 3))
+    native.assign_partitions(no_keys, None, 4, keyless_partition=3)
+    assert [int(p) for p in no_keys["partition"]] == [3, 3, 3]
