@@ -96,8 +96,9 @@ def message_dtype() -> Any:
 _EMPTY = ctypes.create_string_buffer(1)
 
 
-def _fill(out: Any, pointer_field: str, length_field: str, column: Any) -> None:
-    """Pointers into ``column``'s data buffer and the lengths, NULL/0 for nulls; slices honoured."""
+def _binary_buffers(column: Any) -> tuple[Any, Any, Any]:
+    """A string/binary column as (the binary column, its n + 1 offsets as numpy, its data buffer);
+    a slice's offsets start at its first row."""
     import numpy as np
     import pyarrow as pa
 
@@ -111,8 +112,18 @@ def _fill(out: Any, pointer_field: str, length_field: str, column: Any) -> None:
     _validity, offsets_buffer, data_buffer = column.buffers()
     width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
     if offsets_buffer is None:  # only an empty array has none
-        return
+        return column, np.zeros(n + 1, dtype=width), None
     offsets = np.frombuffer(offsets_buffer, dtype=width, count=column.offset + n + 1)[column.offset :]
+    return column, offsets, data_buffer
+
+
+def _fill(out: Any, pointer_field: str, length_field: str, column: Any, order: Any) -> None:
+    """Pointers into ``column``'s data buffer and the lengths, NULL/0 for nulls, rows in ``order``."""
+    import numpy as np
+
+    column, offsets, data_buffer = _binary_buffers(column)
+    if len(column) == 0:
+        return
     lengths = np.diff(offsets).astype(np.uint64)
     base = data_buffer.address if data_buffer is not None and data_buffer.address else ctypes.addressof(_EMPTY)
     pointers = offsets[:-1].astype(np.uint64) + np.uint64(base)
@@ -120,89 +131,97 @@ def _fill(out: Any, pointer_field: str, length_field: str, column: Any) -> None:
         nulls = column.is_null().to_numpy(zero_copy_only=False)
         pointers[nulls] = 0
         lengths[nulls] = 0
+    if order is not None:
+        pointers, lengths = pointers[order], lengths[order]
     out[pointer_field] = pointers
     out[length_field] = lengths
 
 
-def message_array(values: Any, keys: Any = None, partitions: Any = None) -> Any:
-    """A numpy array of ``rd_kafka_message_t`` for pyarrow arrays of values, keys and partitions.
-
-    Keys and values must be string or binary (large too); a null key or value is NULL (a null
-    value is a tombstone). A null or negative partition is ``RD_KAFKA_PARTITION_UA``: librdkafka's
-    partitioner chooses, as it does for every record without a partition column. The pointers
-    reference the arrays' buffers: keep them alive until the array has been produced."""
+def explicit_partitions(partitions: Any, n: int) -> Any:
+    """A partition column (pyarrow integers, or None) as numpy int32, -1 where the partitioner chooses
+    (null or negative, as for every record without a partition column)."""
     import numpy as np
     import pyarrow.compute as pc
 
+    if partitions is None:
+        return np.full(n, rd.RD_KAFKA_PARTITION_UA, dtype=np.int32)
+    chosen = pc.fill_null(pc.max_element_wise(partitions, -1), -1)
+    too_big = pc.greater(chosen, _MAX_PARTITION)
+    if pc.any(too_big).as_py():  # the int32 cast below would wrap it onto another partition
+        row = pc.index(too_big, True).as_py()
+        raise Kafka2PCError(
+            f"the partition column's row {row} is {chosen[row].as_py()}, above the largest partition number "
+            f"Kafka has ({_MAX_PARTITION}); leave it null to let the partitioner choose"
+        )
+    return chosen.to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def message_array(values: Any, keys: Any = None, partitions: Any = None, order: Any = None) -> Any:
+    """A numpy array of ``rd_kafka_message_t`` for pyarrow arrays of values and keys.
+
+    Keys and values must be string or binary (large too); a null key or value is NULL (a null
+    value is a tombstone). ``partitions`` (numpy int32, ``explicit_partitions``/``java_partitions``)
+    gives each record's partition, -1 (``RD_KAFKA_PARTITION_UA``) for librdkafka's partitioner,
+    which is every record's without it. ``order`` (row indices) lays the records out in that order.
+    The pointers reference the arrays' buffers: keep them alive until the array has been produced."""
+    import numpy as np
+
     out = np.zeros(len(values), dtype=message_dtype())
-    _fill(out, "payload", "len", values)
+    _fill(out, "payload", "len", values, order)
     if keys is not None:
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys for {len(values)} values")
-        _fill(out, "key", "key_len", keys)
+        _fill(out, "key", "key_len", keys, order)
     if partitions is None:
         out["partition"] = rd.RD_KAFKA_PARTITION_UA
     else:
-        chosen = pc.fill_null(pc.max_element_wise(partitions, -1), -1)
-        too_big = pc.greater(chosen, _MAX_PARTITION)
-        if pc.any(too_big).as_py():  # the int32 cast below would wrap it onto another partition
-            row = pc.index(too_big, True).as_py()
-            raise Kafka2PCError(
-                f"the partition column's row {row} is {chosen[row].as_py()}, above the largest partition number "
-                f"Kafka has ({_MAX_PARTITION}); leave it null to let the partitioner choose"
-            )
-        out["partition"] = chosen.to_numpy(zero_copy_only=False).astype(np.int32)
+        out["partition"] = partitions if order is None else partitions[order]
     return out
 
 
 _M = 0x5BD1E995  # murmur2's multiplier (Kafka's Utils.murmur2)
+_TAIL_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)  # the bytes of a key's last, partial word, by their count
 
 
 def java_murmur2(keys: Any) -> Any:
-    """Kafka's ``Utils.murmur2`` of every key of a pyarrow string/binary array, as a numpy uint32 array.
+    """Kafka's ``Utils.murmur2`` of every key of a pyarrow string/binary array, as numpy uint32.
 
-    The Java producer's partitioner (and Spark's Kafka sink, and librdkafka's ``murmur2_random``)
-    puts a keyed record on ``(murmur2(key) & 0x7fffffff) % partitions``. Vectorized over the
-    keys' 4-byte words (numpy's uint32 arithmetic wraps like Java's int); a null key hashes as an
-    empty one, which callers overrule."""
+    Vectorized over the keys' 4-byte words; numpy's uint32 arithmetic wraps like Java's int. A
+    null key hashes as an empty one, which callers overrule."""
     import numpy as np
-    import pyarrow as pa
 
-    if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
-        keys = keys.cast(pa.large_binary() if pa.types.is_large_string(keys.type) else pa.binary())
-    m = np.uint32(_M)
-    n = len(keys)
-    _validity, offsets_buffer, data_buffer = keys.buffers()
-    width = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
-    offsets = (
-        np.frombuffer(offsets_buffer, dtype=width, count=keys.offset + n + 1)[keys.offset :].astype(np.int64)
-        if offsets_buffer is not None
-        else np.zeros(n + 1, np.int64)
-    )
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    data = np.concatenate([data[: int(offsets[-1])], np.zeros(4, np.uint8)])  # every read below stays inside
-    last = len(data) - 4
+    column, offsets, data_buffer = _binary_buffers(keys)
+    n = len(column)
+    first = int(offsets[0]) if n else 0  # a slice's keys start inside its parent's data
+    offsets = offsets.astype(np.int64) - first
     starts, lengths = offsets[:-1], np.diff(offsets)
-
-    def word(at: Any) -> Any:  # the little-endian uint32 at each byte offset
-        at = np.minimum(at, last)
-        return (
-            data[at].astype(np.uint32)
-            | data[at + 1].astype(np.uint32) << np.uint32(8)
-            | data[at + 2].astype(np.uint32) << np.uint32(16)
-            | data[at + 3].astype(np.uint32) << np.uint32(24)
-        )
-
-    h = np.uint32(0x9747B28C) ^ lengths.astype(np.uint32)
+    end = int(offsets[-1]) if n else 0
     words = lengths >> 2
-    for j in range(int(words.max()) if n else 0):
-        k = word(starts + 4 * j)
+    most = int(words.max()) if n else 0
+    # The little-endian uint32 at byte offset o is word o >> 2 of the data shifted by o & 3: with
+    # the four shifted copies side by side, each word of every key is one gather.
+    stride = end // 4 + 2
+    padded = np.zeros(4 * stride + 4, dtype=np.uint8)
+    if end:
+        padded[:end] = np.frombuffer(data_buffer, dtype=np.uint8, count=end, offset=first)
+    shifted = [padded[a : a + 4 * stride].view("<u4") for a in range(4)]
+    table = np.concatenate([*shifted, np.zeros(most + 1, dtype=np.uint32)])  # + room for short keys' reads
+    at = (starts & 3) * stride + (starts >> 2)
+    m = np.uint32(_M)
+    h = np.uint32(0x9747B28C) ^ lengths.astype(np.uint32)
+    same_length = n == 0 or int(words.min()) == most
+    for j in range(most):
+        k = table[at + j]
         k *= m
         k ^= k >> np.uint32(24)
         k *= m
-        h = np.where(words > j, (h * m) ^ k, h)
-    tail_length = (lengths & 3).astype(np.uint32)
-    tail = word(starts + (lengths & ~3)) & ((np.uint32(1) << (tail_length * np.uint32(8))) - np.uint32(1))
+        if same_length:
+            h *= m
+            h ^= k
+        else:
+            h = np.where(words > j, (h * m) ^ k, h)
+    tail_length = lengths & 3
+    tail = table[at + words] & np.array(_TAIL_MASKS, dtype=np.uint32)[tail_length]
     h = np.where(tail_length > 0, (h ^ tail) * m, h)
     h ^= h >> np.uint32(13)
     h *= m
@@ -210,23 +229,34 @@ def java_murmur2(keys: Any) -> Any:
     return h
 
 
-def assign_partitions(messages: Any, keys: Any, partition_count: int, keyless_partition: int) -> None:
-    """Give every message of ``message_array`` still unassigned the partition Java's producer would.
+def java_partitions(keys: Any, explicit: Any, partition_count: int, keyless_partition: int) -> Any:
+    """Every record's partition as Java's producer picks it, numpy int32.
 
-    A keyed record goes to ``(murmur2(key) & 0x7fffffff) % partition_count``; the keyless ones all
-    to ``keyless_partition`` (Java's sticky partitioner also fills one partition at a time with
-    them). Explicit partitions (a partition column) are kept."""
+    A partition column's value where it gives one (``explicit``, -1 where not); else a keyed
+    record's ``(murmur2(key) & 0x7fffffff) % partition_count``; else ``keyless_partition`` for all
+    keyless records (Java's sticky partitioner also fills one partition at a time with them)."""
     import numpy as np
 
-    unassigned = messages["partition"] < 0
+    unassigned = explicit < 0
     if not unassigned.any():
-        return
-    chosen = np.full(len(messages), keyless_partition, dtype=np.int32)
-    if keys is not None:
-        keyed = messages["key"] != 0
-        hashed = (java_murmur2(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(partition_count)
-        chosen[keyed] = hashed[keyed].astype(np.int32)
-    messages["partition"] = np.where(unassigned, chosen, messages["partition"])
+        return explicit
+    if keys is None:
+        chosen = np.full(len(explicit), keyless_partition, dtype=np.int32)
+    else:
+        chosen = ((java_murmur2(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(partition_count)).astype(np.int32)
+        if keys.null_count:
+            chosen[keys.is_null().to_numpy(zero_copy_only=False)] = keyless_partition
+    return np.where(unassigned, chosen, explicit)
+
+
+def partition_order(partitions: Any) -> Any:
+    """Row indices grouping the records by partition, each partition in the frame's order (a stable
+    sort); None when they already are."""
+    import numpy as np
+
+    if len(partitions) < 2 or bool((partitions[1:] >= partitions[:-1]).all()):
+        return None
+    return np.argsort(partitions, kind="stable")
 
 
 # -- the producer -------------------------------------------------------------------------------
@@ -366,27 +396,26 @@ class NativeProducer:
     # -- the batch -------------------------------------------------------------------------------
 
     def produce_messages(self, topic: str, messages: Any, refused: Callable[[int, Any], None]) -> None:
-        """Enqueue every message of the array (``message_array``) to ``topic``, in order per partition.
+        """Enqueue every message of the array (``message_array``) to ``topic``, in order.
 
-        When every message has its partition (``assign_partitions``), each partition's messages go
-        in one call to that partition: librdkafka then neither runs its partitioner nor adds the
-        partition to the transaction per message, which halves its CPU per record. Otherwise the
-        messages go in one call with their own partitions, ``RD_KAFKA_PARTITION_UA`` ones through
-        librdkafka's partitioner. Any refusal but a full queue is handed to ``refused(index, error)``
-        and stops the call."""
+        When every message has its partition, each run of messages to one partition (all of a
+        partition's, after ``partition_order``) goes in one call to that partition: librdkafka then
+        neither runs its partitioner nor adds the partition to the transaction per message, which
+        halves its CPU per record. Otherwise the messages go in one call with their own partitions,
+        ``RD_KAFKA_PARTITION_UA`` ones through librdkafka's partitioner. A refusal other than a full
+        queue is handed to ``refused(index, error)`` and stops the call."""
         import numpy as np
 
         chosen = messages["partition"]
         if len(messages) and int(chosen.min()) >= 0:
-            order = np.argsort(chosen, kind="stable")  # stable: each partition keeps the frame's order
-            ordered = messages[order]
-            ends = np.flatnonzero(np.diff(ordered["partition"])) + 1
-            for first, end in zip([0, *ends.tolist()], [*ends.tolist(), len(ordered)], strict=True):
-                partition = int(ordered["partition"][first])
-                bad = self._produce_batch(topic, partition, ordered, first, end)
+            ends = [*(np.flatnonzero(np.diff(chosen)) + 1).tolist(), len(messages)]
+            first = 0
+            for end in ends:
+                bad = self._produce_batch(topic, int(chosen[first]), messages, first, end)
                 if bad is not None:
-                    refused(int(order[bad[0]]), bad[1])
+                    refused(*bad)
                     return
+                first = end
             return
         bad = self._produce_batch(topic, rd.RD_KAFKA_PARTITION_UA, messages, 0, len(messages))
         if bad is not None:
@@ -572,15 +601,17 @@ class _NativeWriting(DeliveryWriter):
         """One Arrow batch's records to ``topic``: values, optional keys and partitions (pyarrow arrays)."""
         import numpy as np
 
-        messages = message_array(values, keys, partitions)
         self._before_write()
         refusals: list[tuple[int, Any]] = []
         try:
+            chosen = explicit_partitions(partitions, len(values))
             # The topic's partitions are known before its first record, so a record with its
             # partition goes straight to that partition's queue, never through the unassigned one.
             count = self._producer.partition_count(topic)
             if count is not None and self._java_partitioner:
-                assign_partitions(messages, keys, count, random.randrange(count))
+                chosen = java_partitions(keys, chosen, count, random.randrange(count))
+            order = partition_order(chosen) if int(chosen.min(initial=0)) >= 0 else None
+            messages = message_array(values, keys, chosen, order)
             self._producer.produce_messages(topic, messages, lambda i, err: refusals.append((i, err)))
         except BaseException as e:
             self._broken(e)
@@ -593,7 +624,6 @@ class _NativeWriting(DeliveryWriter):
             raise DeliveryError(self.name, self.failed, self.failure_cause() or "librdkafka refused a record")
         self._after_write(len(messages), nbytes, (), None)
         self._counts[topic] = self._counts.get(topic, 0) + len(messages)
-        chosen = messages["partition"]
         for partition, n in zip(*np.unique(chosen[chosen >= 0], return_counts=True), strict=True):
             tp = (topic, int(partition))
             self._assigned[tp] = self._assigned.get(tp, 0) + int(n)

@@ -158,15 +158,15 @@ def test_slices_with_a_non_zero_offset_point_into_the_parents_buffers() -> None:
 
 def test_explicit_partitions_and_unassigned_ones() -> None:
     values = pa.array([b"a", b"b", b"c", b"d"])
-    got = native.message_array(values, None, pa.array([3, None, -5, 0], pa.int64()))
+    got = native.message_array(values, None, native.explicit_partitions(pa.array([3, None, -5, 0], pa.int64()), 4))
     assert [int(p) for p in got["partition"]] == [3, -1, -1, 0]
+    assert [int(p) for p in native.message_array(values)["partition"]] == [-1, -1, -1, -1]
     assert [int(k) for k in got["key"]] == [0, 0, 0, 0]  # no key column: NULL keys
 
 
 def test_a_partition_above_int32_is_refused_not_wrapped_onto_another() -> None:
-    values = pa.array([b"a", b"b"])
     with pytest.raises(Kafka2PCError, match=r"row 1 is 4294967297, above the largest partition number"):
-        native.message_array(values, None, pa.array([0, 2**32 + 1], pa.int64()))
+        native.explicit_partitions(pa.array([0, 2**32 + 1], pa.int64()), 2)
 
 
 def test_an_all_empty_column_still_gives_non_null_pointers() -> None:
@@ -207,7 +207,7 @@ def test_murmur2_partitions_agree_with_librdkafkas_own_partitioner() -> None:
 
     rng = random.Random(7)
     keys = [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
-    column = pa.array([b"skipped", *keys], pa.binary()).slice(1)
+    column = pa.array([b"skipped", *keys, b"after"], pa.binary()).slice(1, len(keys))
     partitioner = rd.load().rd_kafka_msg_partitioner_murmur2
     partitioner.restype = ctypes.c_int32
     partitioner.argtypes = [
@@ -223,12 +223,28 @@ def test_murmur2_partitions_agree_with_librdkafkas_own_partitioner() -> None:
     assert [int(p) for p in got] == want
 
 
-def test_assigned_partitions_keep_explicit_ones_and_group_the_keyless() -> None:
+def test_java_partitions_keep_explicit_ones_and_group_the_keyless() -> None:
     keys = pa.array([b"foobar", None, b"abc", None, b"21"])
-    messages = native.message_array(pa.array([b"v"] * 5), keys, pa.array([None, None, 2, 1, -1], pa.int32()))
-    native.assign_partitions(messages, keys, 50, keyless_partition=9)
+    explicit = native.explicit_partitions(pa.array([None, None, 2, 1, -1], pa.int32()), 5)
     # foobar: (-790332482 & 0x7fffffff) % 50 = 16; 21: (-973932308 & 0x7fffffff) % 50 = 40
-    assert [int(p) for p in messages["partition"]] == [16, 9, 2, 1, 40]
-    no_keys = native.message_array(pa.array([b"v"] * 3))
-    native.assign_partitions(no_keys, None, 4, keyless_partition=3)
-    assert [int(p) for p in no_keys["partition"]] == [3, 3, 3]
+    assert native.java_partitions(keys, explicit, 50, keyless_partition=9).tolist() == [16, 9, 2, 1, 40]
+    no_keys = native.explicit_partitions(None, 3)
+    assert native.java_partitions(None, no_keys, 4, keyless_partition=3).tolist() == [3, 3, 3]
+
+
+def test_records_are_laid_out_by_partition_each_in_the_frames_order() -> None:
+    partitions = native.explicit_partitions(pa.array([2, 0, 2, 1, 0, 2], pa.int32()), 6)
+    order = native.partition_order(partitions)
+    assert order is not None and order.tolist() == [1, 4, 3, 0, 2, 5]
+    values = pa.array([b"a", b"b", b"c", b"d", b"e", b"f"])
+    keys = pa.array(["k0", None, "k2", "k3", "k4", "k5"]).slice(0)
+    got = _rows(native.message_array(values, keys, partitions, order))
+    assert got == [
+        (None, b"b", 0),
+        (b"k4", b"e", 0),
+        (b"k3", b"d", 1),
+        (b"k0", b"a", 2),
+        (b"k2", b"c", 2),
+        (b"k5", b"f", 2),
+    ]
+    assert native.partition_order(native.explicit_partitions(pa.array([0, 0, 1, 3], pa.int32()), 4)) is None
