@@ -153,11 +153,9 @@ class Kafka2PCExportOperator(BaseOperator):
         self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
-        from airflow_provider_kafka2pc.spark.job import WRITERS
+        from airflow_provider_kafka2pc.spark.job import validate_writer
 
-        if writer not in WRITERS:
-            raise ValueError(f"writer={writer!r}: choose one of {list(WRITERS)}")
-        self.writer = writer
+        self.writer = validate_writer(writer)
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 

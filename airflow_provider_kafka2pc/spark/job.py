@@ -240,12 +240,17 @@ WRITERS = ("auto", "native", "python")
 _told: set[str] = set()
 
 
+def validate_writer(writer: str) -> str:
+    """``writer`` when it names a path of ``WRITERS``; else a ValueError naming the choices."""
+    if writer not in WRITERS:
+        raise ValueError(f"writer={writer!r}: choose one of {list(WRITERS)}")
+    return writer
+
+
 def choose_writer(settings: ExportSettings, columns: list[str]) -> tuple[bool, str]:
     """(use the native path?, why), for a frame with these columns; raises when ``writer="native"``
     cannot be honoured."""
-    if settings.writer not in WRITERS:
-        raise Kafka2PCError(f"writer={settings.writer!r}: choose one of {list(WRITERS)}")
-    if settings.writer == "python":
+    if validate_writer(settings.writer) == "python":
         return False, "writer='python'"
     from airflow_provider_kafka2pc.txn import native
 

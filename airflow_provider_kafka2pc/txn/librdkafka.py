@@ -86,6 +86,7 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_metadata": (c_int, [c_void_p, c_int, c_void_p, POINTER(POINTER(RdKafkaMetadata)), c_int]),
     "rd_kafka_metadata_destroy": (None, [POINTER(RdKafkaMetadata)]),
     "rd_kafka_queue_get_main": (c_void_p, [c_void_p]),
+    "rd_kafka_queue_new": (c_void_p, [c_void_p]),
     "rd_kafka_queue_destroy": (None, [c_void_p]),
     "rd_kafka_set_log_queue": (c_int, [c_void_p, c_void_p]),
     "rd_kafka_queue_poll": (c_void_p, [c_void_p, c_int]),
@@ -118,17 +119,32 @@ class LibraryUnavailableError(Exception):
 
 
 def library_path() -> str:
-    """The librdkafka inside the installed confluent-kafka wheel (``confluent_kafka.libs/``)."""
+    """The librdkafka confluent-kafka's extension has loaded into this process: the very library,
+    not one beside it (``/proc/self/maps``); else the one in the wheel's ``confluent_kafka.libs/``."""
     import confluent_kafka
 
+    mapped = _mapped_librdkafka()
+    if mapped is not None:
+        return mapped
     site = os.path.dirname(os.path.dirname(os.path.abspath(confluent_kafka.__file__)))
     found = sorted(glob.glob(os.path.join(site, "confluent_kafka.libs", "librdkafka*.so*")))
-    if not found:
+    if len(found) != 1:
         raise LibraryUnavailableError(
-            f"no librdkafka*.so in {os.path.join(site, 'confluent_kafka.libs')} (confluent-kafka not installed from a "
-            "manylinux wheel)"
+            f"{len(found)} librdkafka*.so in {os.path.join(site, 'confluent_kafka.libs')}, not one "
+            "(confluent-kafka not installed from a manylinux wheel?)"
         )
     return found[0]
+
+
+def _mapped_librdkafka() -> str | None:
+    """The path of the librdkafka mapped into this process, if exactly one is (Linux only)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if "librdkafka" in line and line.count(" ") >= 5}
+    except OSError:
+        return None
+    paths = {p for p in paths if os.path.basename(p).startswith("librdkafka") and os.path.exists(p)}
+    return paths.pop() if len(paths) == 1 else None
 
 
 @lru_cache(maxsize=1)

@@ -66,8 +66,12 @@ def unavailable_reason() -> str | None:
 def unsupported_setting(config: Mapping[str, Any]) -> str | None:
     """A producer setting only confluent-kafka's Python layer understands (e.g. ``oauth_cb``), or None."""
     for key, value in config.items():
-        if key not in _CALLBACKS and callable(value):
+        if key in _CALLBACKS:
+            continue
+        if callable(value):
             return f"producer setting {key!r} is a Python callable, which librdkafka's C API cannot take"
+        if not isinstance(value, str | int | float | bool):
+            return f"producer setting {key!r} is a {type(value).__name__}; librdkafka's C API takes text and numbers"
     return None
 
 
@@ -96,6 +100,19 @@ def message_dtype() -> Any:
 _EMPTY = ctypes.create_string_buffer(1)
 
 
+def binary_column(column: Any) -> Any:
+    """A key or value column as memory ``message_array`` can point into: a dictionary-encoded column
+    decoded, a string/binary view copied into one data buffer, anything else as it is. The
+    result owns the buffers the messages point to: keep it alive until they are produced."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if pa.types.is_string_view(column.type) or pa.types.is_binary_view(column.type):
+        column = column.cast(pa.binary())
+    return column
+
+
 def _binary_buffers(column: Any) -> tuple[Any, Any, Any]:
     """A string/binary column as (the binary column, its n + 1 offsets as numpy, its data buffer);
     a slice's offsets start at its first row."""
@@ -103,11 +120,11 @@ def _binary_buffers(column: Any) -> tuple[Any, Any, Any]:
     import pyarrow as pa
 
     if pa.types.is_string(column.type):
-        column = column.cast(pa.binary())  # relabels the buffers, copies nothing
+        column = column.cast(pa.binary())  # relabels the same buffers, copies nothing
     elif pa.types.is_large_string(column.type):
         column = column.cast(pa.large_binary())
     if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        raise NativeUnsupportedError(f"a {column.type} column (string or binary only)")
+        raise NativeUnsupportedError(f"a {column.type} column (string or binary only; see binary_column)")
     n = len(column)
     _validity, offsets_buffer, data_buffer = column.buffers()
     width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
@@ -304,6 +321,7 @@ class NativeProducer:
         self._partition_counts: dict[str, int | None] = {}  # topic -> partitions, from metadata
         self._rk: int | None = None
         self._queue: int | None = None
+        self._log_queue: int | None = None
         lib = self._lib
         conf = lib.rd_kafka_conf_new()
         errstr = ctypes.create_string_buffer(512)
@@ -311,8 +329,9 @@ class NativeProducer:
             for key, value in {**config, "log.queue": True}.items():
                 if key in _CALLBACKS:
                     continue
-                if callable(value):
-                    raise NativeUnsupportedError(unsupported_setting({key: value}) or key)
+                why_not = unsupported_setting({key: value})
+                if why_not is not None:
+                    raise NativeUnsupportedError(why_not)
                 text = ("true" if value else "false") if isinstance(value, bool) else str(value)
                 if lib.rd_kafka_conf_set(conf, key.encode(), text.encode(), errstr, len(errstr)) != rd.RD_KAFKA_CONF_OK:
                     reason = self._scrub(errstr.value.decode(errors="replace"))
@@ -328,7 +347,10 @@ class NativeProducer:
             raise KafkaException(KafkaError(_ERR_INVALID_ARG, f"cannot create the producer: {reason}"))
         self._rk = rk
         self._queue = lib.rd_kafka_queue_get_main(rk)
-        lib.rd_kafka_set_log_queue(rk, None)  # the log queue forwards to the main queue
+        # Log lines on a queue of their own: rd_kafka_outq_len counts the main queue's events, and
+        # with debug= set a steady stream of them there would keep flush() from ever seeing 0.
+        self._log_queue = lib.rd_kafka_queue_new(rk)
+        lib.rd_kafka_set_log_queue(rk, self._log_queue)
 
     # -- confluent_kafka.Producer's surface, as the writers use it ------------------------------
 
@@ -367,7 +389,11 @@ class NativeProducer:
 
     def poll(self, timeout: float = 0) -> int:
         """Serve the events ready (waiting up to ``timeout`` s for the first); how many were served."""
-        lib, queue = self._lib, self._queue
+        served = self._serve_queue(self._queue, timeout)
+        return served + self._serve_queue(self._log_queue, 0)
+
+    def _serve_queue(self, queue: int | None, timeout: float) -> int:
+        lib = self._lib
         served = 0
         ev = lib.rd_kafka_queue_poll(queue, _ms(timeout))
         while ev:
@@ -457,9 +483,10 @@ class NativeProducer:
         for rkt in self._topics.values():
             self._lib.rd_kafka_topic_destroy(rkt)
         self._topics.clear()
-        if self._queue:
-            self._lib.rd_kafka_queue_destroy(self._queue)
-            self._queue = None
+        for queue in (self._queue, self._log_queue):
+            if queue:
+                self._lib.rd_kafka_queue_destroy(queue)
+        self._queue = self._log_queue = None
         self._lib.rd_kafka_destroy(rk)
 
     def __del__(self) -> None:
@@ -485,18 +512,30 @@ class NativeProducer:
     def _serving(self, call: Callable[[], Any]) -> Any:
         """Run a blocking librdkafka call while another thread serves the event queue."""
         stop = threading.Event()
+        failures: list[BaseException] = []
 
         def serve() -> None:
             while not stop.is_set():
-                self.poll(0.05)
+                try:
+                    self.poll(0.05)
+                except BaseException as e:  # keep serving (the call waits for it); raised below
+                    failures.append(e)
 
         server = threading.Thread(target=serve, name="kafka2pc-native-events", daemon=True)
         server.start()
         try:
-            return call()
-        finally:
+            result = call()
+        except BaseException as e:
             stop.set()
             server.join()
+            for failure in failures:
+                e.add_note(f"while serving librdkafka's events meanwhile: {failure!r}")
+            raise
+        stop.set()
+        server.join()
+        if failures:
+            raise failures[0]
+        return result
 
     def _serve(self, ev: int) -> None:
         lib = self._lib
@@ -601,6 +640,7 @@ class _NativeWriting(DeliveryWriter):
         """One Arrow batch's records to ``topic``: values, optional keys and partitions (pyarrow arrays)."""
         import numpy as np
 
+        values, keys = binary_column(values), None if keys is None else binary_column(keys)  # alive to the end
         self._before_write()
         refusals: list[tuple[int, Any]] = []
         try:

@@ -308,6 +308,20 @@ def test_export_needs_exactly_one_source() -> None:
         Kafka2PCExportOperator(task_id="x", transactional_id_prefix="p", sql="select 1", table="t")
 
 
+def test_an_unknown_writer_is_refused_at_parse_time_and_by_the_job() -> None:
+    from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
+    from airflow_provider_kafka2pc.spark.job import ExportSettings, choose_writer
+
+    with pytest.raises(ValueError, match=r"writer='rust': choose one of \['auto', 'native', 'python'\]"):
+        Kafka2PCExportOperator(task_id="x", transactional_id_prefix="p", sql="select 1", writer="rust")
+    with pytest.raises(ValueError, match=r"writer='rust'"):
+        choose_writer(ExportSettings("t", {}, "topic", writer="rust"), ["key", "value"])
+    assert choose_writer(ExportSettings("t", {}, "topic", writer="python"), ["key", "value"]) == (
+        False,
+        "writer='python'",
+    )
+
+
 # --- provider info -------------------------------------------------------------------------------
 
 

@@ -248,3 +248,104 @@ def test_records_are_laid_out_by_partition_each_in_the_frames_order() -> None:
         (b"k5", b"f", 2),
     ]
     assert native.partition_order(native.explicit_partitions(pa.array([0, 0, 1, 3], pa.int32()), 4)) is None
+
+
+# -- what the native path takes, and how it serves librdkafka -----------------------------------
+
+
+def test_the_library_is_the_one_confluent_kafka_has_loaded() -> None:
+    import confluent_kafka  # noqa: F401  (loads its librdkafka)
+
+    assert rd.library_path() == rd._mapped_librdkafka()
+
+
+def test_a_setting_that_is_not_text_or_a_number_is_unsupported_not_an_error() -> None:
+    assert native.unsupported_setting({"acks": "all", "linger.ms": 5, "enable.idempotence": True}) is None
+    assert "is a dict" in str(native.unsupported_setting({"default.topic.config": {"acks": "all"}}))
+    assert "callable" in str(native.unsupported_setting({"oauth_cb": lambda _: ("t", 0.0)}))
+    with pytest.raises(native.NativeUnsupportedError, match=r"'default\.topic\.config' is a dict"):
+        native.NativeProducer({"bootstrap.servers": "127.0.0.1:1", "default.topic.config": {"acks": "all"}})
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda a: a.dictionary_encode(),
+        lambda a: a.cast(pa.string_view()),
+        lambda a: a.cast(pa.binary()).cast(pa.binary_view()),
+    ],
+    ids=["dictionary", "string_view", "binary_view"],
+)
+def test_dictionary_and_view_columns_are_made_plain_first_and_give_the_same_records(encode: Any) -> None:
+    values, keys = pa.array(["v0", None, "", "v0", "v4"]), pa.array(["k0", "k1", None, "k0", ""])
+    want = _rows(native.message_array(values, keys))
+    with pytest.raises(native.NativeUnsupportedError, match="see binary_column"):
+        native.message_array(encode(values), encode(keys))
+    plain_values, plain_keys = native.binary_column(encode(values)), native.binary_column(encode(keys))
+    assert _rows(native.message_array(plain_values, plain_keys)) == want
+    assert native.java_murmur2(plain_keys).tolist() == native.java_murmur2(keys).tolist()
+
+
+def test_a_failure_while_serving_events_during_a_blocking_call_is_raised_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = native.NativeProducer({"bootstrap.servers": "127.0.0.1:1"})
+    try:
+        calls = iter(range(1000))
+
+        def failing_poll(timeout: float = 0) -> int:
+            if next(calls) == 0:
+                raise RuntimeError("a delivery callback failed")
+            time.sleep(timeout)
+            return 0
+
+        monkeypatch.setattr(p, "poll", failing_poll)
+
+        def blocking_call() -> int:
+            time.sleep(0.3)  # the server polls (and fails once) meanwhile
+            return 7
+
+        with pytest.raises(RuntimeError, match="a delivery callback failed"):
+            p._serving(blocking_call)
+        calls = iter(range(1000))
+
+        def failing_call() -> None:
+            time.sleep(0.3)
+            raise ValueError("the abort failed")
+
+        with pytest.raises(ValueError, match="the abort failed") as raised:
+            p._serving(failing_call)
+        assert any("a delivery callback failed" in note for note in raised.value.__notes__)
+        monkeypatch.undo()
+        assert p._serving(lambda: 7) == 7
+    finally:
+        p.destroy()
+
+
+def test_debug_log_lines_do_not_hold_a_flush_back() -> None:
+    """With ``debug=all`` librdkafka logs without pause (here: reconnecting to a closed port). The
+    lines wait on a queue of their own, so ``rd_kafka_outq_len``, which the flush waits to reach 0,
+    does not count them: a flush is never held back, or failed at its deadline, by log lines."""
+    lines: list[str] = []
+    logger = logging.getLogger("test-native-debug")
+    logger.addHandler(handler := logging.Handler())
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    p = native.NativeProducer(
+        {"bootstrap.servers": "127.0.0.1:1", "debug": "all", "reconnect.backoff.ms": 1, "logger": logger}
+    )
+    try:
+        time.sleep(0.5)  # lines pile up, unserved
+        lib, kinds = p._lib, []
+        ev = lib.rd_kafka_queue_poll(p._queue, 0)  # what rd_kafka_outq_len counts: the main queue
+        while ev:
+            kinds.append(lib.rd_kafka_event_type(ev))
+            lib.rd_kafka_event_destroy(ev)
+            ev = lib.rd_kafka_queue_poll(p._queue, 0)
+        assert rd.RD_KAFKA_EVENT_LOG not in kinds
+        assert p.flush(1.0) == 0
+        assert len(lines) > 10  # served all the same, from their own queue
+    finally:
+        p.destroy()
+        logger.removeHandler(handler)
