@@ -273,6 +273,8 @@ def partition_order(partitions: Any) -> Any:
 
     if len(partitions) < 2 or bool((partitions[1:] >= partitions[:-1]).all()):
         return None
+    if int(partitions.max()) < 2**16:  # numpy's stable sort of 16-bit keys is a radix sort: ~3x faster
+        return np.argsort(partitions.astype(np.uint16), kind="stable")
     return np.argsort(partitions, kind="stable")
 
 

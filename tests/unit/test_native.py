@@ -248,6 +248,8 @@ def test_records_are_laid_out_by_partition_each_in_the_frames_order() -> None:
         (b"k5", b"f", 2),
     ]
     assert native.partition_order(native.explicit_partitions(pa.array([0, 0, 1, 3], pa.int32()), 4)) is None
+    wide = native.explicit_partitions(pa.array([70_000, 3, 70_000, 2], pa.int32()), 4)  # above 16 bits
+    assert native.partition_order(wide).tolist() == [3, 1, 0, 2]
 
 
 # -- what the native path takes, and how it serves librdkafka -----------------------------------
