@@ -386,7 +386,11 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
             write(writer, batch.slice(0, fail_after - writer.records), settings.topic, slot)
             writer.flush_and_verify()  # the records reach the broker inside the open transaction
             raise RuntimeError(f"injected failure in partition {slot}, attempt {attempt}")
-        write(writer, batch, settings.topic, slot)
+        try:
+            write(writer, batch, settings.topic, slot)
+        except BaseException:
+            writer.abandon()  # a failed write can never be prepared: its transaction ends now
+            raise
     if writer is None:
         return
     committable_json: str | None = None

@@ -33,8 +33,8 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn import librdkafka as rd
 from airflow_provider_kafka2pc.txn.config import is_secret_key
-from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
-from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, RefusedRecord, TransactionalWriter
 
 log = logging.getLogger(__name__)
 
@@ -279,25 +279,6 @@ def partition_order(partitions: Any) -> Any:
 
 
 # -- the producer -------------------------------------------------------------------------------
-
-
-class _Delivered:
-    """A failed message as confluent-kafka's ``Message`` shows it to ``on_delivery`` (rare path)."""
-
-    def __init__(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> None:
-        self._topic, self._partition, self._key, self._value = topic, partition, key, value
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
 
 
 def _bytes_at(pointer: int | None, length: int) -> bytes | None:
@@ -575,7 +556,7 @@ class NativeProducer:
             if m.err == 0 or self._on_delivery is None:
                 continue
             topic = (lib.rd_kafka_topic_name(m.rkt) or b"").decode()
-            message = _Delivered(topic, m.partition, _bytes_at(m.key, m.key_len), _bytes_at(m.payload, m.len))
+            message = RefusedRecord(topic, m.partition, _bytes_at(m.key, m.key_len), _bytes_at(m.payload, m.len))
             self._on_delivery(KafkaError(m.err), message)
 
     def _log(self, level: int, facility: str, text: str) -> None:
@@ -658,12 +639,11 @@ class _NativeWriting(DeliveryWriter):
         except BaseException as e:
             self._broken(e)
             raise
-        for i, err in refusals:  # rare: one Python call per refused record, as for a failed delivery
+        if refusals:  # produce_messages stops at the first
+            i, err = refusals[0]
             m = messages[i]
             key, value = _bytes_at(int(m["key"]), int(m["key_len"])), _bytes_at(int(m["payload"]), int(m["len"]))
-            self._on_delivery(err, _Delivered(topic, int(m["partition"]), key, value))
-        if refusals:
-            raise DeliveryError(self.name, self.failed, self.failure_cause() or "librdkafka refused a record")
+            raise self._refused(err, topic, int(m["partition"]), key, value)
         self._after_write(len(messages), nbytes, (), None)
         self._counts[topic] = self._counts.get(topic, 0) + len(messages)
         for partition, n in zip(*np.unique(chosen[chosen >= 0], return_counts=True), strict=True):

@@ -47,6 +47,26 @@ _CONSEQUENCES = frozenset({"_PURGE_QUEUE", "_PURGE_INFLIGHT"})
 _STATS_INTERVAL_MS = 100
 
 
+class RefusedRecord:
+    """A record librdkafka would not take, shown to ``_on_delivery`` as confluent-kafka's ``Message``
+    shows a failed one (rare path: one Python object for the record that failed)."""
+
+    def __init__(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> None:
+        self._topic, self._partition, self._key, self._value = topic, partition, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
 class DeliveryWriter:
     """A producer that proves, at flush, that every record was acknowledged.
 
@@ -141,6 +161,8 @@ class DeliveryWriter:
 
         ``nbytes`` is the sum of the lengths of keys and values when the caller knows it cheaply
         (Arrow does); otherwise it is counted here."""
+        from confluent_kafka import KafkaException
+
         self._before_write()
         produce = self._producer.produce
         try:
@@ -151,12 +173,16 @@ class DeliveryWriter:
                         produce(topic, value)
                     except BufferError:
                         self._produce_when_room(topic, value, None, -1, None)
+                    except KafkaException as e:
+                        raise self._refused(e.args[0], topic, -1, None, value) from e
             else:
                 for value, key in zip(values, keys, strict=True):
                     try:
                         produce(topic, value, key)
                     except BufferError:
                         self._produce_when_room(topic, value, key, -1, None)
+                    except KafkaException as e:
+                        raise self._refused(e.args[0], topic, -1, key, value) from e
         except BaseException as e:
             self._broken(e)
             raise
@@ -173,6 +199,8 @@ class DeliveryWriter:
         nbytes: int | None = None,
     ) -> None:
         """Records with a topic, key, partition (negative: librdkafka's partitioner) and headers each."""
+        from confluent_kafka import KafkaException
+
         self._before_write()
         produce = self._producer.produce
         try:
@@ -183,6 +211,8 @@ class DeliveryWriter:
                     produce(topic, value, key, partition, None, None, 0, hdrs)
                 except BufferError:
                     self._produce_when_room(topic, value, key, partition, hdrs)
+                except KafkaException as e:
+                    raise self._refused(e.args[0], topic, partition, key, value) from e
         except BaseException as e:
             self._broken(e)
             raise
@@ -221,10 +251,25 @@ class DeliveryWriter:
 
     def _broken(self, e: BaseException) -> None:
         # Some records of the call may be queued and some not, so the counts are wrong: make
-        # sure this writer can never vote yes.
+        # sure this writer can never vote yes (a refused record already counts as failed).
+        if isinstance(e, DeliveryError):
+            return
         self.failed += 1
         if self._first_error is None:
             self._first_error = f"produce() raised {type(e).__name__}: {e}"
+
+    def _refused(self, err: Any, topic: str, partition: int, key: bytes | None, value: bytes | None) -> DeliveryError:
+        """A record librdkafka would not take (a partition the topic lacks, too large, a failed
+        transaction), counted and named as a failed delivery is: the error to raise."""
+        self._on_delivery(err, RefusedRecord(topic, partition, key, value))
+        cause = self.failure_cause() or f"{err.name()}: {err.str()}"
+        if err.name() == "_UNKNOWN_PARTITION":
+            cause += f"; the partition column names partition {partition}, which {topic} does not have"
+        return DeliveryError(self.name, self.failed, cause)
+
+    def abandon(self) -> None:
+        """After a failed write: let the producer go; nothing of this writer stays open."""
+        self._release()
 
     def flush_and_verify(self) -> None:
         """Flush; raise ``DeliveryError`` unless every record was acknowledged."""
@@ -326,6 +371,13 @@ class TransactionalWriter(DeliveryWriter):
                 f"which produced {self.records}: its partitions cannot be told"
             )
         return tuple(sorted(tp for tp, n in self._enqueued.items() if n > 0))
+
+    def abandon(self) -> None:
+        """After a failed write: abort the transaction now (it can never be prepared) instead of
+        leaving it Ongoing, holding read_committed consumers back, until its timeout."""
+        if self._producer is not None and not self._prepared:
+            self._abort_own()
+        self._release()
 
     def _abort_own(self) -> None:
         """End this writer's failed transaction now instead of leaving it Ongoing until its timeout."""

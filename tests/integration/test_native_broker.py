@@ -248,3 +248,22 @@ def test_a_full_local_queue_is_waited_out_and_the_order_kept(kafka: KafkaEnv) ->
             f"v{i}".encode() for i in range(10, n) if i % 2 == p
         ]
         assert [v for _k, v, _h in got[p]] == want
+
+
+@pytest.mark.parametrize("writer", ["native", "python"])
+def test_a_partition_the_topic_does_not_have_is_named_and_nothing_stays_open(kafka: KafkaEnv, writer: str) -> None:
+    """A partition column naming partition 7 of a 4-partition topic: on both paths the prepare fails
+    naming the unknown partition, aborts its own transaction, and nothing becomes visible."""
+    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+
+    topic = kafka.topic(4)
+    batch = pa.record_batch(
+        [pa.array([b"k0", b"k1", b"k2"]), pa.array([b"v0", b"v1", b"v2"]), pa.array([1, 7, 2], pa.int32())],
+        names=["key", "value", "partition"],
+    )
+    settings = _settings(kafka, topic, writer)
+    with pytest.raises(DeliveryError, match="UNKNOWN_PARTITION") as failed:
+        _prepare(settings, [batch])
+    assert f"names partition 7, which {topic} does not have" in str(failed.value), str(failed.value)
+    assert kafka.open_transactions(settings.transactional_id_prefix) == []
+    assert kafka.read_committed(topic) == []
