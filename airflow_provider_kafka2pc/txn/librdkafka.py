@@ -3,7 +3,7 @@
 The native writer (``txn/native.py``) calls the same librdkafka the Python writer uses through
 confluent-kafka, so its SASL/SSL support is the same and no compiler is needed. What it relies on
 is the public C API of ``rdkafka.h``: the functions declared below and the layouts of
-``rd_kafka_message_t`` (72 bytes on 64-bit) and of the two metadata structs read.
+``rd_kafka_message_t`` (72 bytes on 64-bit) and of the three metadata structs read.
 ``tests/unit/test_native.py`` checks them against the loaded library. Nothing here imports numpy or pyarrow.
 """
 
@@ -37,13 +37,27 @@ class RdKafkaMessage(ctypes.Structure):
 MESSAGE_SIZE = 72  # sizeof(rd_kafka_message_t) on the 64-bit platforms the wheels are built for
 
 
+class RdKafkaMetadataPartition(ctypes.Structure):
+    """``rd_kafka_metadata_partition_t``: a partition's id, error and leader."""
+
+    _fields_ = [
+        ("id", c_int32),
+        ("err", c_int),  # rd_kafka_resp_err_t
+        ("leader", c_int32),
+        ("replica_cnt", c_int),
+        ("replicas", c_void_p),  # int32_t*, not read
+        ("isr_cnt", c_int),
+        ("isrs", c_void_p),  # int32_t*, not read
+    ]
+
+
 class RdKafkaMetadataTopic(ctypes.Structure):
     """``rd_kafka_metadata_topic_t``: a topic's name, partition count and error, as ``rd_kafka_metadata`` gives them."""
 
     _fields_ = [
         ("topic", c_char_p),
         ("partition_cnt", c_int),
-        ("partitions", c_void_p),  # rd_kafka_metadata_partition_t*, not read
+        ("partitions", POINTER(RdKafkaMetadataPartition)),
         ("err", c_int),  # rd_kafka_resp_err_t
     ]
 
@@ -103,6 +117,7 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_topic_destroy": (None, [c_void_p]),
     "rd_kafka_topic_name": (c_char_p, [c_void_p]),
     "rd_kafka_produce_batch": (c_int, [c_void_p, c_int32, c_int, c_void_p, c_int]),
+    "rd_kafka_msg_partitioner_murmur2": (c_int32, [c_void_p, c_char_p, c_size_t, c_int32, c_void_p, c_void_p]),
     "rd_kafka_init_transactions": (c_void_p, [c_void_p, c_int]),
     "rd_kafka_begin_transaction": (c_void_p, [c_void_p]),
     "rd_kafka_abort_transaction": (c_void_p, [c_void_p, c_int]),

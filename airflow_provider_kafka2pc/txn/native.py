@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 # confluent-kafka's Python-level settings: served here from events, never given to librdkafka.
 _CALLBACKS = frozenset({"on_delivery", "error_cb", "stats_cb", "logger"})
 _ERR_INVALID_ARG = -186
+# A topic being created is unknown, then its partitions have no leader, for a moment.
+_NOT_YET = frozenset({0, 3, 5})  # no error but no leaders, UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE
+_TOPIC_CREATION_WAIT_S = 5.0
+_ERR_UNKNOWN_PARTITION = -190
 _MAX_PARTITION = 2**31 - 1  # partitions are int32 in Kafka's protocol and in rd_kafka_message_t
 _EVENTS = rd.RD_KAFKA_EVENT_DR | rd.RD_KAFKA_EVENT_LOG | rd.RD_KAFKA_EVENT_ERROR | rd.RD_KAFKA_EVENT_STATS
 _SYSLOG_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING}
@@ -200,11 +204,12 @@ _M = 0x5BD1E995  # murmur2's multiplier (Kafka's Utils.murmur2)
 _TAIL_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)  # the bytes of a key's last, partial word, by their count
 
 
-def java_murmur2(keys: Any) -> Any:
+def java_murmur2(keys: Any, longest: int | None = None) -> Any:
     """Kafka's ``Utils.murmur2`` of every key of a pyarrow string/binary array, as numpy uint32.
 
-    Vectorized over the keys' 4-byte words; numpy's uint32 arithmetic wraps like Java's int. A
-    null key hashes as an empty one, which callers overrule."""
+    Vectorized over the keys' 4-byte words; numpy's uint32 arithmetic wraps like Java's int. Each
+    word round works on the keys still that long only, so a few long keys cost little. Keys
+    longer than ``longest`` bytes, and null keys, get a meaningless value callers overrule."""
     import numpy as np
 
     column, offsets, data_buffer = _binary_buffers(keys)
@@ -213,6 +218,8 @@ def java_murmur2(keys: Any) -> Any:
     offsets = offsets.astype(np.int64) - first
     starts, lengths = offsets[:-1], np.diff(offsets)
     end = int(offsets[-1]) if n else 0
+    if longest is not None:
+        lengths = np.minimum(lengths, longest)
     words = lengths >> 2
     most = int(words.max()) if n else 0
     # The little-endian uint32 at byte offset o is word o >> 2 of the data shifted by o & 3: with
@@ -227,8 +234,13 @@ def java_murmur2(keys: Any) -> Any:
     m = np.uint32(_M)
     h = np.uint32(0x9747B28C) ^ lengths.astype(np.uint32)
     same_length = n == 0 or int(words.min()) == most
+    active = np.arange(n)
     for j in range(most):
-        k = table[at + j]
+        if same_length:
+            k = table[at + j]
+        else:
+            active = active[words[active] > j]
+            k = table[at[active] + j]
         k *= m
         k ^= k >> np.uint32(24)
         k *= m
@@ -236,7 +248,7 @@ def java_murmur2(keys: Any) -> Any:
             h *= m
             h ^= k
         else:
-            h = np.where(words > j, (h * m) ^ k, h)
+            h[active] = (h[active] * m) ^ k
     tail_length = lengths & 3
     tail = table[at + words] & np.array(_TAIL_MASKS, dtype=np.uint32)[tail_length]
     h = np.where(tail_length > 0, (h ^ tail) * m, h)
@@ -244,6 +256,11 @@ def java_murmur2(keys: Any) -> Any:
     h *= m
     h ^= h >> np.uint32(15)
     return h
+
+
+# Keys up to this many bytes are hashed in numpy; a longer one (rare) by librdkafka's own murmur2
+# partitioner, one call each: numpy's per-call cost per word would dominate for it.
+_LONGEST_VECTORIZED_KEY = 256
 
 
 def java_partitions(keys: Any, explicit: Any, partition_count: int, keyless_partition: int) -> Any:
@@ -260,10 +277,22 @@ def java_partitions(keys: Any, explicit: Any, partition_count: int, keyless_part
     if keys is None:
         chosen = np.full(len(explicit), keyless_partition, dtype=np.int32)
     else:
-        chosen = ((java_murmur2(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(partition_count)).astype(np.int32)
+        hashes = java_murmur2(keys, longest=_LONGEST_VECTORIZED_KEY)
+        chosen = ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partition_count)).astype(np.int32)
+        lengths = _lengths(keys)
+        for row in np.flatnonzero(lengths > _LONGEST_VECTORIZED_KEY).tolist():
+            key = _as_bytes(keys[row].as_py()) or b""
+            chosen[row] = rd.load().rd_kafka_msg_partitioner_murmur2(None, key, len(key), partition_count, None, None)
         if keys.null_count:
             chosen[keys.is_null().to_numpy(zero_copy_only=False)] = keyless_partition
     return np.where(unassigned, chosen, explicit)
+
+
+def _lengths(column: Any) -> Any:
+    """Each value's length in bytes (0 for a null), numpy int64."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False).astype("int64")
 
 
 def partition_order(partitions: Any) -> Any:
@@ -279,6 +308,10 @@ def partition_order(partitions: Any) -> Any:
 
 
 # -- the producer -------------------------------------------------------------------------------
+
+
+def _as_bytes(value: str | bytes | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
 
 
 def _bytes_at(pointer: int | None, length: int) -> bytes | None:
@@ -344,20 +377,32 @@ class NativeProducer:
         self._raise_for_code(err)
         self._lib.rd_kafka_metadata_destroy(md)
 
-    def partition_count(self, topic: str) -> int | None:
-        """The topic's partition count from the cluster's metadata (fetched once), or None when the
-        metadata names an error for it (missing, not authorized): producing then meets that error."""
-        if topic not in self._partition_counts:
+    def partition_count(self, topic: str, wait_s: float = _TOPIC_CREATION_WAIT_S) -> int | None:
+        """The topic's partition count from the cluster's metadata, once every partition has a
+        leader (then kept).
+
+        A topic the broker is creating (auto-created on the first request naming it) is unknown,
+        then leaderless, for a moment: asked again for up to ``wait_s``. None if it still is, or
+        the metadata names another error (not authorized): librdkafka does not know its
+        partitions either, and producing meets the error."""
+        known = self._partition_counts.get(topic)
+        if known is not None:
+            return known
+        deadline = time.monotonic() + wait_s
+        while True:
             md = ctypes.POINTER(rd.RdKafkaMetadata)()
             err = self._lib.rd_kafka_metadata(self._handle(), 0, self._topic(topic), ctypes.byref(md), 30_000)
             self._raise_for_code(err)
             try:
-                found = [md.contents.topics[i] for i in range(md.contents.topic_cnt)]
-                counts = [t.partition_cnt for t in found if t.topic == topic.encode() and not t.err]
+                error, count = _topic_state(md.contents, topic)
             finally:
                 self._lib.rd_kafka_metadata_destroy(md)
-            self._partition_counts[topic] = counts[0] if counts and counts[0] > 0 else None
-        return self._partition_counts[topic]
+            if count:
+                self._partition_counts[topic] = count
+                return count
+            if error not in _NOT_YET or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def init_transactions(self, timeout: float = -1) -> None:
         self._raise_for_error(self._serving(lambda: self._lib.rd_kafka_init_transactions(self._handle(), _ms(timeout))))
@@ -597,6 +642,20 @@ class NativeProducer:
         raise KafkaException(KafkaError(code, reason, fatal))
 
 
+def _topic_state(md: Any, topic: str) -> tuple[int, int]:
+    """(the topic's error, its partition count if every partition has a leader, else 0) in a metadata reply."""
+    for i in range(md.topic_cnt):
+        t = md.topics[i]
+        if t.topic != topic.encode():
+            continue
+        if t.err:
+            return t.err, 0
+        partitions = [t.partitions[j] for j in range(t.partition_cnt)]
+        led = bool(partitions) and all(not p.err and p.leader >= 0 for p in partitions)
+        return (0, len(partitions)) if led else (next((p.err for p in partitions if p.err), 0), 0)
+    return 3, 0  # not in the reply: unknown
+
+
 def _ms(timeout_s: float) -> int:
     return -1 if timeout_s < 0 else int(timeout_s * 1000)
 
@@ -622,6 +681,7 @@ class _NativeWriting(DeliveryWriter):
     ) -> None:
         """One Arrow batch's records to ``topic``: values, optional keys and partitions (pyarrow arrays)."""
         import numpy as np
+        from confluent_kafka import KafkaError
 
         values, keys = binary_column(values), None if keys is None else binary_column(keys)  # alive to the end
         self._before_write()
@@ -631,8 +691,15 @@ class _NativeWriting(DeliveryWriter):
             # The topic's partitions are known before its first record, so a record with its
             # partition goes straight to that partition's queue, never through the unassigned one.
             count = self._producer.partition_count(topic)
-            if count is not None and self._java_partitioner:
-                chosen = java_partitions(keys, chosen, count, random.randrange(count))
+            if count is not None:
+                beyond = np.flatnonzero(chosen >= count)
+                if len(beyond):  # refused here: librdkafka would keep (leak) it and stall the abort
+                    row = int(beyond[0])
+                    key = None if keys is None else _as_bytes(keys[row].as_py())
+                    value = _as_bytes(values[row].as_py())
+                    raise self._refused(KafkaError(_ERR_UNKNOWN_PARTITION), topic, int(chosen[row]), key, value)
+                if self._java_partitioner:
+                    chosen = java_partitions(keys, chosen, count, random.randrange(count))
             order = partition_order(chosen) if int(chosen.min(initial=0)) >= 0 else None
             messages = message_array(values, keys, chosen, order)
             self._producer.produce_messages(topic, messages, lambda i, err: refusals.append((i, err)))
@@ -646,6 +713,10 @@ class _NativeWriting(DeliveryWriter):
             raise self._refused(err, topic, int(m["partition"]), key, value)
         self._after_write(len(messages), nbytes, (), None)
         self._counts[topic] = self._counts.get(topic, 0) + len(messages)
+        if count is None:
+            # librdkafka knows no partitions of the topic either: it parked these records on its
+            # unassigned queue, and its partitioner counts them when it learns the partitions.
+            return
         for partition, n in zip(*np.unique(chosen[chosen >= 0], return_counts=True), strict=True):
             tp = (topic, int(partition))
             self._assigned[tp] = self._assigned.get(tp, 0) + int(n)

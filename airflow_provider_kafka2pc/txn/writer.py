@@ -223,6 +223,8 @@ class DeliveryWriter:
     def _produce_when_room(
         self, topic: str, value: bytes | None, key: bytes | None, partition: int, headers: Any
     ) -> None:
+        from confluent_kafka import KafkaException
+
         while True:
             self._producer.poll(0.05)  # local queue full: let deliveries drain
             try:
@@ -230,6 +232,8 @@ class DeliveryWriter:
                 return
             except BufferError:
                 continue
+            except KafkaException as e:
+                raise self._refused(e.args[0], topic, partition, key, value) from e
 
     def _before_write(self) -> None:
         if self._first_write_ms is None:
@@ -428,18 +432,22 @@ class TransactionalWriter(DeliveryWriter):
             self._release()
             return None
         deadline = time.monotonic() + stats_timeout_s
-        partitions = self._partitions_of_every_record()
-        while (self._eos[0] < 0 or partitions is None) and time.monotonic() < deadline:
-            p.poll(0.01)
+        try:
             partitions = self._partitions_of_every_record()
+            while (self._eos[0] < 0 or partitions is None) and time.monotonic() < deadline:
+                p.poll(0.01)
+                partitions = self._partitions_of_every_record()
+            if self._eos[0] < 0:
+                raise Kafka2PCError(f"librdkafka reported no producer id for {self.transactional_id!r}")
+            if partitions is None:
+                raise Kafka2PCError(
+                    f"librdkafka's statistics did not account for all {self.records} records of "
+                    f"{self.transactional_id!r} within {stats_timeout_s} s"
+                )
+        except Kafka2PCError:
+            self._abort_own()  # no committable can name this transaction's partitions: nothing stays open
+            raise
         self._release()
-        if self._eos[0] < 0:
-            raise Kafka2PCError(f"librdkafka reported no producer id for {self.transactional_id!r}")
-        if partitions is None:
-            raise Kafka2PCError(
-                f"librdkafka's statistics did not account for all {self.records} records of "
-                f"{self.transactional_id!r} within {stats_timeout_s} s"
-            )
         assert self._first_write_ms is not None
         return Committable(
             transactional_id=self.transactional_id,

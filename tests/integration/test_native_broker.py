@@ -267,3 +267,62 @@ def test_a_partition_the_topic_does_not_have_is_named_and_nothing_stays_open(kaf
     assert f"names partition 7, which {topic} does not have" in str(failed.value), str(failed.value)
     assert kafka.open_transactions(settings.transactional_id_prefix) == []
     assert kafka.read_committed(topic) == []
+
+
+@pytest.fixture(scope="module")
+def kafka_auto_create(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A broker that creates a topic on the first request naming it (Kafka's default, off in the others)."""
+    from tests.conftest import _start
+
+    yield from _start(tmp_path_factory, "kafka1autocreate", 1, extra={"auto.create.topics.enable": "true"})
+
+
+@pytest.mark.parametrize("writer", ["native", "python"])
+def test_a_topic_the_broker_creates_on_first_use_gets_every_record_once(
+    kafka_auto_create: KafkaEnv, writer: str
+) -> None:
+    """The first metadata of an auto-created topic has no partitions yet (LEADER_NOT_AVAILABLE):
+    the native writer waits for them instead of counting records librdkafka parks and counts later
+    (before: 'statistics count 6 records … which produced 3', and the transaction left open)."""
+    kafka = kafka_auto_create
+    topic = f"auto_{uuid.uuid4().hex[:8]}"
+    batch = pa.record_batch(
+        [pa.array([b"k0", b"k1", b"k2", None]), pa.array([b"v0", b"v1", b"v2", b"v3"]), pa.array([0, 0, 0, None])],
+        names=["key", "value", "partition"],
+    )
+    settings = _settings(kafka, topic, writer)
+    c = _prepare(settings, [batch])
+    commit_prepared([c], kafka.wire, _log(kafka), run=f"auto-{writer}")
+    seen = kafka.read_committed(topic)
+    assert sorted(r.value or b"" for r in seen) == [b"v0", b"v1", b"v2", b"v3"]
+    assert {r.partition for r in seen if r.key is not None} == {0}
+    assert kafka.open_transactions(settings.transactional_id_prefix) == []
+
+
+def test_a_partition_the_topic_lacks_is_refused_at_once_with_librdkafkas_own_partitioner(kafka: KafkaEnv) -> None:
+    """With another ``partitioner`` the records without a partition go through librdkafka's: a
+    named partition the topic lacks is refused before librdkafka sees it (librdkafka keeps such a
+    record of a mixed batch, and the abort then waits out its timeout), and nothing stays open."""
+    import time
+
+    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+
+    topic = kafka.topic(4)
+    batch = pa.record_batch(
+        [pa.array([b"k0", b"k1", b"k2"]), pa.array([b"v0", b"v1", b"v2"]), pa.array([1, None, 7], pa.int32())],
+        names=["key", "value", "partition"],
+    )
+    settings = _settings(kafka, topic, "native")
+    settings = ExportSettings(
+        settings.transactional_id_prefix,
+        {**kafka.config, "partitioner": "consistent_random"},
+        topic,
+        transaction_timeout_ms=300_000,
+        writer="native",
+    )
+    started = time.monotonic()
+    with pytest.raises(DeliveryError, match=f"names partition 7, which {topic} does not have"):
+        _prepare(settings, [batch])
+    assert time.monotonic() - started < 15
+    assert kafka.open_transactions(settings.transactional_id_prefix) == []
+    assert kafka.read_committed(topic) == []

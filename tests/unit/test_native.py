@@ -55,8 +55,12 @@ def test_rd_kafka_message_t_layout_is_the_64_bit_abi() -> None:
 
 
 def test_metadata_structs_layout_is_the_64_bit_abi() -> None:
-    """``rd_kafka_metadata_t`` and ``rd_kafka_metadata_topic_t`` as rdkafka.h lays them out on 64-bit."""
+    """``rd_kafka_metadata_t``, ``rd_kafka_metadata_topic_t`` and ``rd_kafka_metadata_partition_t`` as
+    rdkafka.h lays them out on 64-bit."""
     topic = {f[0]: getattr(rd.RdKafkaMetadataTopic, f[0]).offset for f in rd.RdKafkaMetadataTopic._fields_}
+    partition = {f[0]: getattr(rd.RdKafkaMetadataPartition, f[0]).offset for f in rd.RdKafkaMetadataPartition._fields_}
+    assert partition == {"id": 0, "err": 4, "leader": 8, "replica_cnt": 12, "replicas": 16, "isr_cnt": 24, "isrs": 32}
+    assert ctypes.sizeof(rd.RdKafkaMetadataPartition) == 40
     assert topic == {"topic": 0, "partition_cnt": 8, "partitions": 16, "err": 24}
     assert ctypes.sizeof(rd.RdKafkaMetadataTopic) == 32
     metadata = {f[0]: getattr(rd.RdKafkaMetadata, f[0]).offset for f in rd.RdKafkaMetadata._fields_}
@@ -209,18 +213,19 @@ def test_murmur2_partitions_agree_with_librdkafkas_own_partitioner() -> None:
     keys = [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
     column = pa.array([b"skipped", *keys, b"after"], pa.binary()).slice(1, len(keys))
     partitioner = rd.load().rd_kafka_msg_partitioner_murmur2
-    partitioner.restype = ctypes.c_int32
-    partitioner.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-        ctypes.c_size_t,
-        ctypes.c_int32,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
     want = [partitioner(None, k, len(k), 7919, None, None) for k in keys]
     got = (native.java_murmur2(column) & 0x7FFFFFFF) % 7919
     assert [int(p) for p in got] == want
+    # Keys longer than numpy hashes (one by one through librdkafka), among short ones and nulls.
+    mixed = [b"short", bytes(range(256)) * 2, None, b"x" * 257, b"", b"y" * 5000, b"abc"]
+    column = pa.array(mixed, pa.binary())
+    got = native.java_partitions(column, native.explicit_partitions(None, len(mixed)), 7919, keyless_partition=3)
+    want = [3 if k is None else partitioner(None, k, len(k), 7919, None, None) for k in mixed]
+    assert got.tolist() == want
+    # numpy alone, no length limit: each word round on the keys still that long.
+    hashed = (native.java_murmur2(column) & 0x7FFFFFFF) % 7919
+    keyed = [(int(h), partitioner(None, k, len(k), 7919, None, None)) for h, k in zip(hashed, mixed, strict=True) if k]
+    assert all(h == w for h, w in keyed) and len(keyed) == 5
 
 
 def test_java_partitions_keep_explicit_ones_and_group_the_keyless() -> None:
