@@ -268,7 +268,7 @@ class DeliveryWriter:
         self._on_delivery(err, RefusedRecord(topic, partition, key, value))
         cause = self.failure_cause() or f"{err.name()}: {err.str()}"
         if err.name() == "_UNKNOWN_PARTITION":
-            cause += f"; the partition column names partition {partition}, which {topic} does not have"
+            cause += f"; {topic} has no partition {partition} (as this producer knows the topic)"
         return DeliveryError(self.name, self.failed, cause)
 
     def abandon(self) -> None:
