@@ -369,7 +369,9 @@ def commit_prepared(
        finished run) are aborted, and ``DecisionConflictError`` says so.
     2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
        within the commit's own worst case of its broker deadline), the whole run is aborted:
-       ABORT is appended, read back, obeyed, and ``TransactionLostError`` says why.
+       ABORT is appended, read back, obeyed, and ``TransactionLostError`` says why; or, if an
+       earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
+       ``DecisionConflictError`` names it, as in step 3.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
        a retry) and read back. If an earlier decision rules any transaction of it, the COMMIT is
        void: the run is aborted the same way and ``DecisionConflictError`` names who won.
@@ -432,7 +434,8 @@ def decide_commit(
         doomed = _doomed(refs, observed, margin_ms)
         if doomed:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
-            _abort_run(decision_log, resolver, refs, observed, run, by_tid)
+            # Recovery may have decided ABORT and ended them since the log was read: then it won.
+            _abort_run(decision_log, resolver, refs, observed, run, by_tid, name_earlier=True)
             raise TransactionLostError(_lost(by_tid, doomed, observed), visible="none")
         decision = new_decision(
             Kind.COMMIT,
@@ -524,8 +527,11 @@ def _abort_run(
     by_tid: Mapping[str, Committable],
     conflict: Mapping[TxnRef, DecisionRecord | None] | None = None,
     void: DecisionRecord | None = None,
+    name_earlier: bool = False,
 ) -> CommitReport:
-    """Abort every transaction of the run (ABORT appended and read back first), and say who won."""
+    """Abort every transaction of the run (ABORT appended and read back first), and say who won:
+    ``conflict`` names the earlier decisions known before; with ``name_earlier``, any decision
+    found ruling them when this ABORT is read back counts as one."""
     decision = new_decision(
         Kind.ABORT,
         (covered(by_tid[r.transactional_id], observed[r.transactional_id][1]) for r in refs),
@@ -537,6 +543,8 @@ def _abort_run(
     state = decision_log.decide(decision)
     if void is not None:
         conflict = {c.ref: state.ruled_by(c.ref) for c in void.txns if state.ruled_by(c.ref) not in (None, decision)}
+    elif name_earlier:
+        conflict = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) not in (None, decision)} or None
     resolver.committed_in_log = committed_in(state)
     rulers = [d.decision_id for d in (state.ruled_by(r) for r in refs) if d is not None]
     # The void COMMIT rules nothing: obey retires it at once (bounded log).

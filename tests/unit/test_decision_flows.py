@@ -130,6 +130,32 @@ def test_recovery_deciding_first_makes_the_commit_abort_everything_and_name_the_
     assert recover(broker, "orders", log).done
 
 
+def test_recovery_aborting_between_the_commits_read_and_its_look_names_recovery_not_a_loss(
+    broker: FakeBroker, log: HookedLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery decides ABORT and ends the transactions after the commit task read the log but
+    before it describes them: the commit finds them aborted ("doomed"), aborts the rest, and must
+    say that recovery's decision won (a conflict), not that the run was lost (found by the
+    real-broker race test, 1 round in about 200)."""
+    cs = prepared(broker, *TIDS)
+    describe = broker.describe_transactions
+    raced: list[bool] = []
+
+    def recovery_first(transactional_ids: Sequence[str]) -> dict[str, object]:
+        if not raced:
+            raced.append(True)
+            assert recover(broker, "orders", log).done
+        return describe(transactional_ids)  # type: ignore[return-value]
+
+    monkeypatch.setattr(broker, "describe_transactions", recovery_first)
+    with pytest.raises(DecisionConflictError, match="by recovery") as info:
+        commit_prepared(cs, broker, log, run="dag/run-1")
+    assert "none of its records are visible" in str(info.value)
+    assert broker.commits_sent() == []
+    assert {broker.state_of(t) for t in TIDS} == {"CompleteAbort"}
+    assert recover(broker, "orders", log).done
+
+
 def test_a_commit_meeting_an_earlier_abort_appends_no_commit_at_all(broker: FakeBroker, log: HookedLog) -> None:
     cs = prepared(broker, *TIDS)
     broker.set_state("orders-1", "Ongoing")
