@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.config import connection_only
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.logs import with_log
 
 # Kafka error names -> the resource type whose ACL refused (KafkaError names in both clients).
 _AUTHORIZATION_ERRORS = {
@@ -148,7 +149,7 @@ def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[s
     if not needs:
         return
     principal = principal_of(config)
-    admin = AdminClient(connection_only(config))
+    admin = AdminClient(with_log(connection_only(config)))
     futures = admin.describe_topics(
         TopicCollection(list(needs)), request_timeout=timeout_s, include_authorized_operations=True
     )
@@ -192,7 +193,7 @@ def topic_config_value(config: Mapping[str, Any], topic: str, key: str, timeout_
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
     try:
-        admin = AdminClient(connection_only(config))
+        admin = AdminClient(with_log(connection_only(config)))
         res = ConfigResource(ConfigResource.Type.TOPIC, topic)
         entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
         entry = entries.get(key)

@@ -72,3 +72,26 @@ def test_authorization_codes_name_resource_and_operation(code: str, resource_typ
 
 def test_other_codes_are_not_authorization_errors() -> None:
     assert authorization_error_of("MSG_SIZE_TOO_LARGE", SCRAM, "t", "Write") is None
+
+
+def test_the_admin_clients_of_the_access_checks_log_through_python_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a ``logger`` librdkafka writes its lines to stderr, which an Airflow task logs raw
+    (a "BGQUEUE Purging 1 unserved events" line at a client's destroy failed the DAG test's
+    every-line-a-log-record check once)."""
+    import confluent_kafka.admin
+
+    from airflow_provider_kafka2pc.txn.access import check_topic_access, topic_config_value
+    from airflow_provider_kafka2pc.txn.logs import LIBRDKAFKA_LOG
+
+    configs: list[dict[str, object]] = []
+
+    class Admin:
+        def __init__(self, conf: dict[str, object]) -> None:
+            configs.append(conf)
+            raise RuntimeError("no broker here")
+
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", Admin)
+    assert topic_config_value(SCRAM, "t", "max.message.bytes") is None
+    with pytest.raises(RuntimeError):
+        check_topic_access(SCRAM, {"t": ["WRITE"]})
+    assert len(configs) == 2 and all(c["logger"] is LIBRDKAFKA_LOG for c in configs)
