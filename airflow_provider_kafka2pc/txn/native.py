@@ -334,7 +334,7 @@ class NativeProducer:
             (str(v) for k, v in config.items() if is_secret_key(str(k)) and v), key=len, reverse=True
         )
         self._topics: dict[str, int] = {}
-        self._partition_counts: dict[str, int | None] = {}  # topic -> partitions, from metadata
+        self._partition_counts: dict[str, int] = {}  # topic -> partitions, from metadata, once known
         self._rk: int | None = None
         self._queue: int | None = None
         self._log_queue: int | None = None
@@ -666,7 +666,7 @@ def _ms(timeout_s: float) -> int:
 class _NativeWriting(DeliveryWriter):
     """What the native writers add to the Python ones: another producer and Arrow columns in."""
 
-    # (topic, partition) -> records given their partition before librdkafka (see _on_stats).
+    # (topic, partition) -> records given their partition before librdkafka (see _placed_here).
     _assigned: dict[tuple[str, int], int]
     # Java's partitioner, computed here: the setting librdkafka would run it for (the default).
     _java_partitioner: bool
