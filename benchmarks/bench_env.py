@@ -165,6 +165,65 @@ class Kafka:
             consumer.close()
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The parts of the process tree a run's CPU is split into, by command line (``_part``).
+CPU_PARTS = ("python workers", "spark jvm", "broker", "this process")
+
+
+def tree_cpu_seconds(root: int | None = None) -> dict[int, tuple[str, float]]:
+    """(part, CPU seconds) of ``root`` (default: this process) and of every live descendant, by
+    pid; CPU is user + system plus that of reaped children. The tree holds Spark's JVM and its
+    Python workers (with librdkafka's threads) and the broker, when ``broker()`` started it.
+
+    The difference of two snapshots (``cpu_between``) is the CPU spent on what ran in between:
+    a busy spell on a shared machine slows a run down but does not inflate it."""
+    root = os.getpid() if root is None else root
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        # After the command name: [1] parent pid, [11:15] utime, stime, cutime, cstime (proc(5)).
+        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS)
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid, (parent, _) in stats.items():
+        children[parent].append(pid)
+    out: dict[int, tuple[str, float]] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out[pid] = ("this process" if pid == root else _part(pid), stats[pid][1])
+            todo.extend(children[pid])
+    return out
+
+
+def _part(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().split(b"\0")
+    except OSError:
+        return "spark jvm"
+    if b"kafka.Kafka" in command:
+        return "broker"
+    if any(arg.startswith(b"pyspark.") for arg in command):  # python -m pyspark.daemon / .worker
+        return "python workers"
+    return "spark jvm"
+
+
+def cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds by part (``CPU_PARTS``) between two ``tree_cpu_seconds`` snapshots; a process
+    started in between counts whole, one that ended counts through its parent once reaped."""
+    parts = dict.fromkeys(CPU_PARTS, 0.0)
+    for pid, (part, cpu) in after.items():
+        parts[part] += cpu - before.get(pid, (part, 0.0))[1]
+    return parts
+
+
 class Phases:
     """Seconds spent inside patched functions, by phase name: wall clock, and CPU of the calling thread.
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench_env import Kafka, Phases
+from bench_env import Kafka, Phases, cpu_between, tree_cpu_seconds
 from bench_txn import coordinator_phases
 
 LABELS: dict[str, str] = {
@@ -46,6 +46,13 @@ class Sample:
     committed: int  # what a read_committed consumer counted afterwards; (s): rows the workers saw
     topic: str
     phases: dict[str, float] = field(default_factory=dict)
+    # CPU seconds by part of the process tree (bench_env.CPU_PARTS) while the mode ran, its untimed
+    # set-up included and the read_committed count excluded. Steadier than rows/s on a busy machine.
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     @property
     def verified(self) -> bool:
@@ -59,10 +66,21 @@ class Sample:
     def mb_per_s(self) -> float:
         return self.payload_bytes / self.seconds / 1e6
 
+    @property
+    def cpu_ns_per_row(self) -> float:
+        return self.cpu_seconds / self.rows * 1e9
+
+    @property
+    def worker_cpu_ns_per_row(self) -> float:
+        """The executor's Python workers alone (the writer, librdkafka's threads, Arrow in)."""
+        return self.cpu.get("python workers", 0.0) / self.rows * 1e9
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(verified=self.verified, rows_per_s=round(self.rows_per_s), mb_per_s=round(self.mb_per_s, 2))
         d["seconds"] = round(self.seconds, 4)
+        d["cpu"] = {k: round(v, 4) for k, v in self.cpu.items()}
+        d.update(cpu_ns_per_row=round(self.cpu_ns_per_row), worker_cpu_ns_per_row=round(self.worker_cpu_ns_per_row))
         d["phases"] = {k: round(v, 4) for k, v in self.phases.items()}
         return d
 
@@ -101,10 +119,12 @@ class Runner:
         }
         topic = self.kafka.topic(mode.replace("'", "p")) if mode != "s" else ""
         gc.collect()
+        cpu = tree_cpu_seconds()
         phases = runs[mode](topic)
+        cpu_by_part = cpu_between(cpu, tree_cpu_seconds())  # before the read_committed count below
         seconds = phases.pop("total")
         committed = self.kafka.count_committed(topic) if topic else int(phases.pop("rows"))
-        return Sample(mode, self.rows, self.payload_bytes, seconds, committed, topic, phases)
+        return Sample(mode, self.rows, self.payload_bytes, seconds, committed, topic, phases, cpu_by_part)
 
     # (a) -------------------------------------------------------------------------------
     def _raw(self, topic: str) -> dict[str, float]:
@@ -173,7 +193,7 @@ class Runner:
             "commit": done - prepared,
             "transactions": len(result.committables),
             "commit:log_read": phases.seconds["decision log read"],
-            "commit:log_write": phases.seconds["decision log write"],
+            "commit:log_write": phases.seconds["decision log append"],
             "commit:end_txn": phases.seconds["EndTxn (resolve)"],
         }
 

@@ -1,7 +1,7 @@
 """CPU cost per record of ``write_partition``: a measure that survives a busy machine.
 
     .venv/bin/python benchmarks/loop_cpu.py --bootstrap HOST:PORT [--rows 400000] [--runs 5] [--shape plain|full]
-        [--writers python,native] [--set linger.ms=50 ...]
+        [--writers python,native] [--batch-rows 10000] [--set linger.ms=50 ...]
 
 Feeds the Arrow batches Spark would hand one ``mapInArrow`` task (``--shape plain``: non-null
 string key and value, as in the benchmark; ``full``: also topic, partition and headers columns)
@@ -77,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--shape", choices=("plain", "full"), default="plain")
     ap.add_argument("--payload", choices=sorted(bench_data.PAYLOADS), default="lpad")
+    ap.add_argument(
+        "--batch-rows", type=int, default=10_000, help="rows per Arrow batch (Spark: arrow.maxRecordsPerBatch)"
+    )
     ap.add_argument("--writers", default="auto", help="comma-separated: auto, native, python (interleaved runs)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a producer setting to try")
     args = ap.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kafka = Kafka(args.bootstrap)
     timeout_ms = broker_max_transaction_timeout_ms(kafka.config)
-    batches = bench_data.arrow_partitions(args.rows, args.payload, partitions=1)[0]
+    batches = bench_data.arrow_partitions(args.rows, args.payload, partitions=1, batch_rows=args.batch_rows)[0]
     decisions = f"kafka2pc_loopcpu_decisions_{uuid.uuid4().hex[:8]}"
     overrides = dict(kv.split("=", 1) for kv in args.set)
     writers = [w.strip() for w in args.writers.split(",") if w.strip()]

@@ -67,7 +67,7 @@ def commit(kafka: Kafka, committables: list[Committable], decisions: str) -> Non
 COMMIT_PHASES = {
     "decision log read": "decision log read (a new consumer each time)",
     "DescribeTransactions": "DescribeTransactions",
-    "decision log write": "decision log writes (COMMIT, then COMMITTED)",
+    "decision log append": "decision log appends (COMMIT, then its outcome and run record)",
     "EndTxn (resolve)": "EndTxn (FindCoordinator + EndTxn per transaction)",
 }
 

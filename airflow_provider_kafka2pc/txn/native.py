@@ -717,9 +717,10 @@ class _NativeWriting(DeliveryWriter):
             # librdkafka knows no partitions of the topic either: it parked these records on its
             # unassigned queue, and its partitioner counts them when it learns the partitions.
             return
-        for partition, n in zip(*np.unique(chosen[chosen >= 0], return_counts=True), strict=True):
-            tp = (topic, int(partition))
-            self._assigned[tp] = self._assigned.get(tp, 0) + int(n)
+        placed = np.bincount(chosen[chosen >= 0], minlength=count)  # a count per partition, no sort
+        for partition in np.flatnonzero(placed).tolist():
+            tp = (topic, partition)
+            self._assigned[tp] = self._assigned.get(tp, 0) + int(placed[partition])
 
     def produce_batch(self, *args: Any, **kwargs: Any) -> None:
         raise NativeUnsupportedError("the native writer takes Arrow columns: produce_arrow()")
