@@ -104,6 +104,7 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_queue_destroy": (None, [c_void_p]),
     "rd_kafka_set_log_queue": (c_int, [c_void_p, c_void_p]),
     "rd_kafka_queue_poll": (c_void_p, [c_void_p, c_int]),
+    "rd_kafka_queue_yield": (None, [c_void_p]),
     "rd_kafka_event_type": (c_int, [c_void_p]),
     "rd_kafka_event_destroy": (None, [c_void_p]),
     "rd_kafka_event_message_array": (c_size_t, [c_void_p, POINTER(POINTER(RdKafkaMessage)), c_size_t]),

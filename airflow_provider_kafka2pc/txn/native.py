@@ -552,15 +552,19 @@ class NativeProducer:
         server = threading.Thread(target=serve, name="kafka2pc-native-events", daemon=True)
         server.start()
         try:
-            result = call()
+            try:
+                result = call()
+            finally:
+                stop.set()
+                # Wake the server from its wait now rather than when the wait ends: each init or
+                # abort took ~45 ms longer otherwise. A yield that finds no poll waiting returns
+                # the next one at once (a poll that serves nothing, harmless to its callers).
+                self._lib.rd_kafka_queue_yield(self._queue)
+                server.join()
         except BaseException as e:
-            stop.set()
-            server.join()
             for failure in failures:
                 e.add_note(f"while serving librdkafka's events meanwhile: {failure!r}")
             raise
-        stop.set()
-        server.join()
         if failures:
             raise failures[0]
         return result

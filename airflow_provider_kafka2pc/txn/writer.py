@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.config import connection_only
+from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only
 from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
 from airflow_provider_kafka2pc.txn.logs import with_log
 
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 # Throughput-leaning defaults; anything the user passes wins except the transactional settings.
 PRODUCER_DEFAULTS: dict[str, Any] = {
+    **CONNECTION_DEFAULTS,
     # Java's partitioner (murmur2), as Spark's Kafka sink and every Java producer use: a key lands
     # on the same partition whichever of them wrote it (librdkafka's default, CRC32, does not).
     # Null keys go to a random partition, kept for sticky.partitioning.linger.ms like Java's.

@@ -116,13 +116,22 @@ class KafkaEnv:
     def describe(self, *tids: str) -> dict[str, TxnState | None]:
         return TransactionInspector(self.wire).describe(tids)
 
-    def open_transactions(self, prefix: str | None = None) -> list[str]:
-        """Transactional ids in Ongoing/Prepare* state (all, or of one exporter)."""
+    def open_transactions(self, prefix: str | None = None, settle_s: float = 5.0) -> list[str]:
+        """Transactional ids left open (all, or of one exporter): Ongoing, or still ending after
+        ``settle_s``. EndTxn (a commit, an abort) answers once the outcome is decided, in state
+        PrepareCommit/PrepareAbort, and the coordinator ends the transaction on its own within
+        milliseconds; one that stays there is left open."""
         ins = TransactionInspector(self.wire)
-        if prefix is not None:
-            return [t.transactional_id for t in ins.list_prefix(prefix)]
-        listings = self.wire.list_transactions(["Ongoing", "PrepareCommit", "PrepareAbort"], None)
-        return sorted(t.transactional_id for t in listings)
+        deadline = time.monotonic() + settle_s
+        while True:
+            if prefix is not None:
+                listings = ins.list_prefix(prefix)
+            else:
+                listings = self.wire.list_transactions(["Ongoing", "PrepareCommit", "PrepareAbort"], None)
+            ending = any(t.state in ("PrepareCommit", "PrepareAbort") for t in listings)
+            if not ending or time.monotonic() > deadline:
+                return sorted(t.transactional_id for t in listings)
+            time.sleep(0.05)
 
     def close(self) -> None:
         if self._wire is not None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.config import connection_only, redact
+from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only, redact
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogError
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol import (
@@ -24,6 +24,7 @@ from airflow_provider_kafka2pc.txn.protocol import (
     replay,
 )
 from airflow_provider_kafka2pc.txn.resume import committed_in
+from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
 from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 
 CONFIG = {
@@ -159,6 +160,10 @@ def test_connection_only_keeps_how_to_connect_and_drops_producer_tuning() -> Non
     assert "transactional.id" not in conn and "transaction.timeout.ms" not in conn
     assert conn["bootstrap.servers"] == CONFIG["bootstrap.servers"]
     assert conn["sasl.password"] == "hunter2"  # the client needs it; only logs get redact()
+    # kafka2pc's connection defaults come first, the user's own settings win over them.
+    assert conn["reconnect.backoff.ms"] == CONNECTION_DEFAULTS["reconnect.backoff.ms"]
+    assert connection_only({**CONFIG, "reconnect.backoff.ms": 500})["reconnect.backoff.ms"] == 500
+    assert PRODUCER_DEFAULTS["reconnect.backoff.ms"] == CONNECTION_DEFAULTS["reconnect.backoff.ms"]
 
 
 def test_decision_log_never_uses_the_transactional_settings() -> None:

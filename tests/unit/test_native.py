@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import socket
+import threading
 import time
 from typing import Any
 
@@ -326,6 +328,27 @@ def test_a_failure_while_serving_events_during_a_blocking_call_is_raised_not_los
         monkeypatch.undo()
         assert p._serving(lambda: 7) == 7
     finally:
+        p.destroy()
+
+
+def test_the_event_server_of_a_blocking_call_is_woken_when_the_call_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving thread waits inside ``rd_kafka_queue_poll``; once the call is done it is woken
+    (``rd_kafka_queue_yield``), not left to the end of its wait: here a 60 s wait on a queue no
+    event reaches (the "broker" accepts the connection and never answers), so without the
+    wake-up ``_serving`` would not return within the 10 s allowed."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        p = native.NativeProducer(
+            {"bootstrap.servers": f"127.0.0.1:{silent.getsockname()[1]}", "api.version.request.timeout.ms": 120_000}
+        )
+        monkeypatch.setattr(p, "poll", lambda timeout=0: p._serve_queue(p._queue, 60))
+        results: list[int] = []
+        caller = threading.Thread(target=lambda: results.append(p._serving(lambda: time.sleep(0.2) or 7)), daemon=True)
+        caller.start()
+        caller.join(10)
+        assert results == [7], "the event server kept waiting after the blocking call had returned"
+        monkeypatch.undo()
         p.destroy()
 
 
