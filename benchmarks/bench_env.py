@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -170,15 +171,26 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CPU_PARTS = ("python workers", "spark jvm", "broker", "this process")
 
 
-def tree_cpu_seconds(root: int | None = None) -> dict[int, tuple[str, float]]:
-    """(part, CPU seconds) of ``root`` (default: this process) and of every live descendant, by
-    pid; CPU is user + system plus that of reaped children. The tree holds Spark's JVM and its
-    Python workers (with librdkafka's threads) and the broker, when ``broker()`` started it.
+# A process in a snapshot: (pid, start time in clock ticks), so a reused pid is another process.
+ProcessKey = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ProcessCPU:
+    part: str  # one of CPU_PARTS
+    cpu: float  # seconds: user + system, plus those of its children it has reaped
+    parent: ProcessKey | None
+
+
+def tree_cpu_seconds(root: int | None = None) -> dict[ProcessKey, ProcessCPU]:
+    """The CPU of ``root`` (default: this process) and of every live descendant. The tree holds
+    Spark's JVM and its Python workers (with librdkafka's threads) and the broker, when
+    ``broker()`` started it.
 
     The difference of two snapshots (``cpu_between``) is the CPU spent on what ran in between:
     a busy spell on a shared machine slows a run down but does not inflate it."""
     root = os.getpid() if root is None else root
-    stats: dict[int, tuple[int, float]] = {}
+    stats: dict[int, tuple[int, int, float]] = {}  # pid -> parent pid, start time, CPU
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -187,18 +199,22 @@ def tree_cpu_seconds(root: int | None = None) -> dict[int, tuple[str, float]]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
-        # After the command name: [1] parent pid, [11:15] utime, stime, cutime, cstime (proc(5)).
-        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS)
+        # After the command name (proc(5), counted from state): [1] parent pid, [11:15] utime,
+        # stime, cutime, cstime, [19] start time.
+        cpu = sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
+        stats[int(entry)] = (int(fields[1]), int(fields[19]), cpu)
     children: dict[int, list[int]] = defaultdict(list)
-    for pid, (parent, _) in stats.items():
+    for pid, (parent, _, _) in stats.items():
         children[parent].append(pid)
-    out: dict[int, tuple[str, float]] = {}
-    todo = [root]
+    out: dict[ProcessKey, ProcessCPU] = {}
+    todo: list[tuple[int, ProcessKey | None]] = [(root, None)]
     while todo:
-        pid = todo.pop()
+        pid, parent = todo.pop()
         if pid in stats:
-            out[pid] = ("this process" if pid == root else _part(pid), stats[pid][1])
-            todo.extend(children[pid])
+            _, started, cpu = stats[pid]
+            key = (pid, started)
+            out[key] = ProcessCPU("this process" if pid == root else _part(pid), cpu, parent)
+            todo.extend((child, key) for child in children[pid])
     return out
 
 
@@ -215,12 +231,22 @@ def _part(pid: int) -> str:
     return "spark jvm"
 
 
-def cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
-    """CPU seconds by part (``CPU_PARTS``) between two ``tree_cpu_seconds`` snapshots; a process
-    started in between counts whole, one that ended counts through its parent once reaped."""
+def cpu_between(before: dict[ProcessKey, ProcessCPU], after: dict[ProcessKey, ProcessCPU]) -> dict[str, float]:
+    """CPU seconds by part (``CPU_PARTS``) between two ``tree_cpu_seconds`` snapshots.
+
+    A process started in between counts whole. One that ended was reaped by an ancestor still
+    there, whose children's CPU now holds its whole life: what it had spent by the first
+    snapshot is taken off that ancestor's part, so only the time in between is counted."""
     parts = dict.fromkeys(CPU_PARTS, 0.0)
-    for pid, (part, cpu) in after.items():
-        parts[part] += cpu - before.get(pid, (part, 0.0))[1]
+    for key, now in after.items():
+        parts[now.part] += now.cpu - (before[key].cpu if key in before else 0.0)
+    for key, then in before.items():
+        if key in after:
+            continue
+        ancestor = then.parent
+        while ancestor is not None and ancestor not in after:
+            ancestor = before[ancestor].parent if ancestor in before else None
+        parts[after[ancestor].part if ancestor is not None else then.part] -= then.cpu
     return parts
 
 

@@ -539,6 +539,7 @@ class NativeProducer:
 
     def _serving(self, call: Callable[[], Any]) -> Any:
         """Run a blocking librdkafka call while another thread serves the event queue."""
+        self._handle()  # a destroyed producer raises here, not in librdkafka on a NULL queue
         stop = threading.Event()
         failures: list[BaseException] = []
 

@@ -17,6 +17,7 @@ from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, client
 from airflow_provider_kafka2pc.txn.config import (
     OidcTokenProvider,
     UnmappableConfigError,
+    connection_only,
     kafka_python_settings,
     redact,
     write_pem_files,
@@ -29,6 +30,14 @@ PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 def test_plaintext_keeps_only_how_to_connect() -> None:
     cfg, pems = kafka_python_settings({**BASE, "linger.ms": "5", "socket.timeout.ms": "1000", "client.id": "me"})
     assert cfg == {"bootstrap_servers": ["b1:9093"], "client_id": "me"} and pems == {}
+
+
+def test_reconnect_tuning_is_accepted_and_left_to_kafka_pythons_defaults() -> None:
+    """``reconnect.*`` is connection tuning librdkafka's clients get (kafka2pc defaults one of them):
+    the commit side accepts it and connects with its own defaults, like ``socket.*``."""
+    tuned = {**BASE, "reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "5000"}
+    assert kafka_python_settings(tuned) == ({"bootstrap_servers": ["b1:9093"]}, {})
+    assert kafka_python_settings(connection_only(tuned))[0] == {"bootstrap_servers": ["b1:9093"]}
 
 
 def test_ssl_with_files_hostname_check_and_crl() -> None:

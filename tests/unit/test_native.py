@@ -346,10 +346,14 @@ def test_the_event_server_of_a_blocking_call_is_woken_when_the_call_returns(monk
         results: list[int] = []
         caller = threading.Thread(target=lambda: results.append(p._serving(lambda: time.sleep(0.2) or 7)), daemon=True)
         caller.start()
-        caller.join(10)
-        assert results == [7], "the event server kept waiting after the blocking call had returned"
-        monkeypatch.undo()
-        p.destroy()
+        try:
+            caller.join(10)
+            assert results == [7], "the event server kept waiting after the blocking call had returned"
+        finally:
+            p._lib.rd_kafka_queue_yield(p._queue)  # on failure too: no poll may wait on a destroyed handle
+            caller.join()
+            monkeypatch.undo()
+            p.destroy()
 
 
 def test_debug_log_lines_do_not_hold_a_flush_back() -> None:
