@@ -396,7 +396,9 @@ class Soak:
         commit = self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS)
         if plan.kill_commit_before:
             proc, _ = self.spawn(commit)
-            time.sleep(self.rng.uniform(0.1, 1.2))
+            # Within the commit process's life: start-up and imports, then a commit that takes
+            # ~0.1 s since clients connect at once (a longer wait mostly found it finished).
+            time.sleep(self.rng.uniform(0.05, 0.6))
             if proc.poll() is None:
                 self.inject(r, "kill_commit", "before-retry")
             self.kill(proc)
