@@ -210,6 +210,7 @@ def _goals(table: list[dict[str, Any]], txn: dict[str, dict[str, Any]]) -> list[
         ratio("(n) >= 1.0 x (b') rows/s", row["n"]["x_bp"], 1.0)
     if "n" in row and row["n"]["x_c"] is not None:
         ratio("(n) >= 2.0 x (c) rows/s", row["n"]["x_c"], 2.0)
+    if "n" in row and "c" in row and row["n"]["worker_cpu_ns_per_row"] > 0:  # 0 below one clock tick (--rows)
         # CPU of the executor's Python workers (writer, librdkafka, Arrow in): the native path's share.
         ratio(
             "(n) workers' CPU/record <= 0.5 x (c)'s",
