@@ -410,6 +410,38 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     yield pa.RecordBatch.from_pylist([row], schema=_out_arrow_schema())
 
 
+# Spark (4.x) checks the size in bytes of the Arrow batch it builds for the Python workers after
+# every row it adds (``maxBytesPerBatch``, 64 MiB by default): on the 2-core benchmark machine
+# that per-row check was 40 % of the JVM's CPU in the hop to Python, ~300-600 ns per record
+# (docs/design.md). Spark skips the check when the bound is exactly Int.MaxValue.
+ARROW_MAX_BYTES_PER_BATCH = "spark.sql.execution.arrow.maxBytesPerBatch"
+ARROW_MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_UNCHECKED_BYTES = str(2**31 - 1)
+
+
+@contextlib.contextmanager
+def arrow_batches_bounded_by_records(spark: Any) -> Iterator[str]:
+    """Run the export's job with Arrow batches bounded by their record count alone, unless the user
+    set a byte bound (then it is theirs and is kept) or no record bound (then the byte bound is all
+    that keeps a batch from holding a whole partition). Yields how the batches are bounded.
+
+    The setting is the session's while the job runs and is unset again afterwards: another job
+    started meanwhile on the same session skips the check too."""
+    records = int(spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH, "10000"))
+    chosen = spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None)
+    if chosen is not None or records <= 0:
+        yield f"Spark's bounds ({ARROW_MAX_RECORDS_PER_BATCH}={records}, {ARROW_MAX_BYTES_PER_BATCH}={chosen})"
+        return
+    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, _UNCHECKED_BYTES)
+    try:
+        yield (
+            f"{records} records each ({ARROW_MAX_RECORDS_PER_BATCH}); Spark's per-row byte check is off for "
+            f"this job: set {ARROW_MAX_BYTES_PER_BATCH} to keep a byte bound for very large records"
+        )
+    finally:
+        spark.conf.unset(ARROW_MAX_BYTES_PER_BATCH)
+
+
 def check_session(spark: Any) -> None:
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise SpeculationError(
@@ -460,7 +492,8 @@ def export_dataframe(
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    with reporter or contextlib.nullcontext():
+    with arrow_batches_bounded_by_records(df.sparkSession) as bounds, reporter or contextlib.nullcontext():
+        log.info("kafka2pc Arrow batches to the writers: %s", bounds)
         rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
     return _collect(rows, settings, time.monotonic() - started)
 

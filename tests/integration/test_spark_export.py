@@ -186,3 +186,41 @@ def test_the_native_and_the_python_writer_write_the_same_records_from_spark(
         assert any(m.startswith(f"kafka2pc writer: {writer}") for m in caplog.messages)
     assert sum(len(v) for v in seen["native"].values()) == 30_000
     assert seen["native"] == seen["python"]
+    assert any(m.startswith("kafka2pc Arrow batches to the writers: 10000 records each") for m in caplog.messages)
+
+
+def _batch_rows(df: Any) -> list[int]:
+    """The row counts of the Arrow batches Spark hands a ``mapInArrow`` function, in order."""
+    import pyarrow as pa
+
+    def sizes(batches: Iterator[Any]) -> Iterator[Any]:
+        yield pa.RecordBatch.from_pylist(
+            [{"rows": b.num_rows} for b in batches], schema=pa.schema([("rows", pa.int64())])
+        )
+
+    return [r["rows"] for r in df.mapInArrow(sizes, "rows long").collect()]
+
+
+def test_the_job_drops_sparks_per_row_byte_check_only_where_the_user_set_no_byte_bound(spark: Any) -> None:
+    """10,000 records of 8,000 bytes (80 MB) in one partition: Spark's default byte bound (64 MiB)
+    cuts them into two batches; under the export's bounds, one batch of 10,000 (the record bound),
+    and afterwards the session is as it was. A byte bound the user set is kept, inside and out."""
+    from airflow_provider_kafka2pc.spark.job import ARROW_MAX_BYTES_PER_BATCH, arrow_batches_bounded_by_records
+
+    df = spark.range(10_000, numPartitions=1).selectExpr("repeat('x', 8000) AS value")
+    assert spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None) is None
+    by_default = _batch_rows(df)
+    assert len(by_default) == 2 and sum(by_default) == 10_000
+    with arrow_batches_bounded_by_records(spark) as bounds:
+        assert _batch_rows(df) == [10_000]
+    assert bounds.startswith("10000 records each")
+    assert spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None) is None
+
+    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, str(1 << 20))
+    try:
+        with arrow_batches_bounded_by_records(spark) as bounds:
+            inside = _batch_rows(df)
+        assert len(inside) > 50 and sum(inside) == 10_000  # ~131 records of 8,000 B per MiB
+        assert "Spark's bounds" in bounds and spark.conf.get(ARROW_MAX_BYTES_PER_BATCH) == str(1 << 20)
+    finally:
+        spark.conf.unset(ARROW_MAX_BYTES_PER_BATCH)
