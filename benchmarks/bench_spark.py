@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,8 @@ def _fetch(libs: Path) -> None:
 
 
 @contextlib.contextmanager
-def session(jars: list[Path], driver_memory: str = "4g") -> Iterator[Any]:
-    """One ``local[2]`` SparkSession with the sink's jars; Python workers run this interpreter.
+def session(jars: list[Path], driver_memory: str = "4g", conf: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """One ``local[2]`` SparkSession with the sink's jars and ``conf``; Python workers run this interpreter.
 
     The JVM is started from an empty temporary directory: Spark's Python workers run with the
     JVM's working directory first on ``sys.path``, and from the repository root that would
@@ -72,8 +72,11 @@ def session(jars: list[Path], driver_memory: str = "4g") -> Iterator[Any]:
     previous = os.getcwd()
     os.chdir(workdir)
     try:
+        builder = SparkSession.builder
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
         spark = (
-            SparkSession.builder.master("local[2]")
+            builder.master("local[2]")
             .appName("kafka2pc-benchmark")
             .config("spark.jars", ",".join(str(j) for j in jars))
             .config("spark.driver.memory", driver_memory)

@@ -213,11 +213,8 @@ class Runner:
 
     # (s) ---------------------------------------------------------------------------------
     def _spark_floor(self, _topic: str) -> dict[str, float]:
-        """The same mapInArrow job shape as (c)/(d), with their Arrow batch bounds, whose Python side
-        only counts the rows."""
+        """The same mapInArrow job shape as (c)/(d), whose Python side only counts the rows."""
         from pyspark.sql.pandas.types import from_arrow_schema
-
-        from airflow_provider_kafka2pc.spark.job import arrow_batches_bounded_by_records
 
         def count(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -229,8 +226,7 @@ class Runner:
 
         schema = from_arrow_schema(pa.schema([("rows", pa.int64())]))
         started = time.perf_counter()
-        with arrow_batches_bounded_by_records(self.df.sparkSession):
-            rows = sum(r["rows"] for r in self.df.mapInArrow(count, schema).collect())
+        rows = sum(r["rows"] for r in self.df.mapInArrow(count, schema).collect())
         return {"total": time.perf_counter() - started, "rows": rows}
 
 

@@ -52,12 +52,21 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated subset of: a,b,b',c,n,d,s,commit,recovery,log (default: all)",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the benchmark's SparkSession, repeatable (e.g. the user guide's "
+        "spark.sql.execution.arrow.maxBytesPerBatch=2147483647); printed in the banner",
+    )
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    spark_conf = dict(kv.split("=", 1) for kv in args.spark_conf)
     args.json = args.json.resolve()
     selected = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(selected) - set(ORDER) - set(TXN_BENCHES)
@@ -79,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka = Kafka(bootstrap)
         decisions = f"kafka2pc_bench_decisions_{uuid.uuid4().hex[:8]}"
         with contextlib.ExitStack() as stack:
-            spark = stack.enter_context(bench_spark.session(jars, args.driver_memory)) if jars else None
+            spark = stack.enter_context(bench_spark.session(jars, args.driver_memory, spark_conf)) if jars else None
             stack.callback(kafka.close)
             env["package"] = package_dir()
             if spark is not None:
@@ -345,6 +354,7 @@ def _environment(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         "kafka_python": kafka_python.__version__,
         "broker": "external" if args.bootstrap else f"kafka-local {kafka_local().KAFKA_VERSION}, 1 broker",
         "spark_master": "local[2]",
+        "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "spark_kafka_sink": f"spark-sql-kafka-0-10_2.13 {bench_spark.SPARK_VERSION}",
     }
 
@@ -354,6 +364,7 @@ def _banner(env: dict[str, Any]) -> str:
         f"kafka2pc benchmark ({env['mode']}): {env['rows']:,} records, {env['value_bytes']} B values "
         f"({env['payload']}), {env['cores']} cores, Python {env['python']}, pyspark {env['pyspark']}, "
         f"confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), {env['broker']}, git {env['git']}"
+        + "".join(f", {k}={v}" for k, v in env["spark_conf"].items())
     )
 
 

@@ -410,36 +410,29 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     yield pa.RecordBatch.from_pylist([row], schema=_out_arrow_schema())
 
 
-# Spark (4.x) checks the size in bytes of the Arrow batch it builds for the Python workers after
-# every row it adds (``maxBytesPerBatch``, 64 MiB by default): on the 2-core benchmark machine
-# that per-row check was 40 % of the JVM's CPU in the hop to Python, ~300-600 ns per record
-# (docs/design.md). Spark skips the check when the bound is exactly Int.MaxValue.
 ARROW_MAX_BYTES_PER_BATCH = "spark.sql.execution.arrow.maxBytesPerBatch"
 ARROW_MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
-_UNCHECKED_BYTES = str(2**31 - 1)
+# Spark skips its per-row size check of an Arrow batch for exactly this byte bound (Int.MaxValue).
+ARROW_BYTES_UNCHECKED = 2**31 - 1
 
 
-@contextlib.contextmanager
-def arrow_batches_bounded_by_records(spark: Any) -> Iterator[str]:
-    """Run the export's job with Arrow batches bounded by their record count alone, unless the user
-    set a byte bound (then it is theirs and is kept) or no record bound (then the byte bound is all
-    that keeps a batch from holding a whole partition). Yields how the batches are bounded.
-
-    The setting is the session's while the job runs and is unset again afterwards: another job
-    started meanwhile on the same session skips the check too."""
-    records = int(spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH, "10000"))
-    chosen = spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None)
-    if chosen is not None or records <= 0:
-        yield f"Spark's bounds ({ARROW_MAX_RECORDS_PER_BATCH}={records}, {ARROW_MAX_BYTES_PER_BATCH}={chosen})"
-        return
-    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, _UNCHECKED_BYTES)
+def arrow_batch_bounds(spark: Any) -> str:
+    """How Spark bounds the Arrow batches it hands the writers, said in the task log: Spark checks
+    the byte bound after every row, ~40 % of its JVM's CPU in that hop (docs/design.md), and the
+    user guide says when to turn the check off. Read only, never changed here: without the byte
+    bound, large records make batches of hundreds of MB, or fail Arrow's 2 GiB buffer limit."""
     try:
-        yield (
-            f"{records} records each ({ARROW_MAX_RECORDS_PER_BATCH}); Spark's per-row byte check is off for "
-            f"this job: set {ARROW_MAX_BYTES_PER_BATCH} to keep a byte bound for very large records"
-        )
-    finally:
-        spark.conf.unset(ARROW_MAX_BYTES_PER_BATCH)
+        records = spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH)
+        size = str(spark.conf.get(ARROW_MAX_BYTES_PER_BATCH))
+    except Exception as e:  # a courtesy: never fail the export for it
+        return f"unknown ({e!r})"
+    count = f"{records} records" if int(records) > 0 else "no record bound"
+    if size.rstrip("b") == str(ARROW_BYTES_UNCHECKED):
+        return f"{count}, bytes unchecked ({ARROW_MAX_BYTES_PER_BATCH}={size})"
+    return (
+        f"{count} or {size}, the bytes checked after every row (for records of a few KB, "
+        f"{ARROW_MAX_BYTES_PER_BATCH}={ARROW_BYTES_UNCHECKED} skips the check: see the user guide)"
+    )
 
 
 def check_session(spark: Any) -> None:
@@ -492,8 +485,8 @@ def export_dataframe(
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    with arrow_batches_bounded_by_records(df.sparkSession) as bounds, reporter or contextlib.nullcontext():
-        log.info("kafka2pc Arrow batches to the writers: %s", bounds)
+    log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
+    with reporter or contextlib.nullcontext():
         rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
     return _collect(rows, settings, time.monotonic() - started)
 

@@ -186,7 +186,9 @@ def test_the_native_and_the_python_writer_write_the_same_records_from_spark(
         assert any(m.startswith(f"kafka2pc writer: {writer}") for m in caplog.messages)
     assert sum(len(v) for v in seen["native"].values()) == 30_000
     assert seen["native"] == seen["python"]
-    assert any(m.startswith("kafka2pc Arrow batches to the writers: 10000 records each") for m in caplog.messages)
+    assert any(
+        m.startswith("kafka2pc Arrow batches to the writers: 10000 records or 67108864b") for m in caplog.messages
+    )
 
 
 def _batch_rows(df: Any) -> list[int]:
@@ -201,26 +203,21 @@ def _batch_rows(df: Any) -> list[int]:
     return [r["rows"] for r in df.mapInArrow(sizes, "rows long").collect()]
 
 
-def test_the_job_drops_sparks_per_row_byte_check_only_where_the_user_set_no_byte_bound(spark: Any) -> None:
-    """10,000 records of 8,000 bytes (80 MB) in one partition: Spark's default byte bound (64 MiB)
-    cuts them into two batches; under the export's bounds, one batch of 10,000 (the record bound),
-    and afterwards the session is as it was. A byte bound the user set is kept, inside and out."""
-    from airflow_provider_kafka2pc.spark.job import ARROW_MAX_BYTES_PER_BATCH, arrow_batches_bounded_by_records
+def test_the_byte_bound_the_guide_gives_turns_sparks_per_row_check_off_and_the_log_says_which_applies(
+    spark: Any,
+) -> None:
+    """The user guide's tuning: 10,000 records of 8,000 bytes (80 MB) in one partition come in two
+    batches under Spark's default byte bound (64 MiB), in one of 10,000 (the record bound) with
+    the bound at Int.MaxValue, for which Spark skips its check; the task log line says which."""
+    from airflow_provider_kafka2pc.spark.job import ARROW_BYTES_UNCHECKED, ARROW_MAX_BYTES_PER_BATCH, arrow_batch_bounds
 
     df = spark.range(10_000, numPartitions=1).selectExpr("repeat('x', 8000) AS value")
-    assert spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None) is None
     by_default = _batch_rows(df)
     assert len(by_default) == 2 and sum(by_default) == 10_000
-    with arrow_batches_bounded_by_records(spark) as bounds:
-        assert _batch_rows(df) == [10_000]
-    assert bounds.startswith("10000 records each")
-    assert spark.conf.get(ARROW_MAX_BYTES_PER_BATCH, None) is None
-
-    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, str(1 << 20))
+    assert arrow_batch_bounds(spark).startswith("10000 records or 67108864b, the bytes checked after every row")
+    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
     try:
-        with arrow_batches_bounded_by_records(spark) as bounds:
-            inside = _batch_rows(df)
-        assert len(inside) > 50 and sum(inside) == 10_000  # ~131 records of 8,000 B per MiB
-        assert "Spark's bounds" in bounds and spark.conf.get(ARROW_MAX_BYTES_PER_BATCH) == str(1 << 20)
+        assert _batch_rows(df) == [10_000]
+        assert arrow_batch_bounds(spark).startswith("10000 records, bytes unchecked")
     finally:
         spark.conf.unset(ARROW_MAX_BYTES_PER_BATCH)
