@@ -5,6 +5,8 @@
 (b') Spark's Kafka sink with kafka2pc's producer tuning (an extra row, for a like-for-like view)
 (c)  kafka2pc EXACTLY_ONCE: export_dataframe (prepare) + commit_prepared, the Python produce loop
 (n)  the same on the native writer (Arrow batches into rd_kafka_produce_batch, txn/native.py)
+(n+) (n) with the user guide's setting for small records: Spark's per-row byte check of the Arrow
+     batches off (spark.sql.execution.arrow.maxBytesPerBatch = Int.MaxValue) for that job only
 (d)  kafka2pc AT_LEAST_ONCE: export_dataframe (the writer the job chooses: native where it can)
 (s)  Spark → Arrow → Python workers and back, no Kafka: the floor of any mapInArrow writer (extra)
 
@@ -29,10 +31,11 @@ LABELS: dict[str, str] = {
     "b'": "(b') Spark Kafka sink, kafka2pc tuning",
     "c": "(c)  kafka2pc EXACTLY_ONCE",
     "n": "(n)  kafka2pc EXACTLY_ONCE, native writer",
+    "n+": "(n+) (n), Spark's Arrow byte check off",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "n", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "n+", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -114,10 +117,11 @@ class Runner:
             "b'": lambda t: self._spark_sink(t, tuned=True),
             "c": lambda t: self._exactly_once(t, "python"),
             "n": lambda t: self._exactly_once(t, "native"),
+            "n+": lambda t: self._exactly_once(t, "native", arrow_bytes_unchecked=True),
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
-        topic = self.kafka.topic(mode.replace("'", "p")) if mode != "s" else ""
+        topic = self.kafka.topic(mode.replace("'", "p").replace("+", "x")) if mode != "s" else ""
         gc.collect()
         cpu = tree_cpu_seconds()
         phases = runs[mode](topic)
@@ -165,8 +169,13 @@ class Runner:
         return {"total": time.perf_counter() - started}
 
     # (c) ---------------------------------------------------------------------------------
-    def _exactly_once(self, topic: str, writer: str) -> dict[str, float]:
-        from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+    def _exactly_once(self, topic: str, writer: str, arrow_bytes_unchecked: bool = False) -> dict[str, float]:
+        from airflow_provider_kafka2pc.spark.job import (
+            ARROW_BYTES_UNCHECKED,
+            ARROW_MAX_BYTES_PER_BATCH,
+            ExportSettings,
+            export_dataframe,
+        )
         from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
         from airflow_provider_kafka2pc.txn.outcome import Verdict
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
@@ -177,9 +186,19 @@ class Runner:
         decision_log.ensure_topic()
         phases = Phases()
         with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
-            started = time.perf_counter()
-            result = export_dataframe(self.df, settings)
-            prepared = time.perf_counter()
+            conf = self.df.sparkSession.conf
+            before = conf.get(ARROW_MAX_BYTES_PER_BATCH, None)  # a --spark-conf value stays the session's
+            if arrow_bytes_unchecked:
+                conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
+            try:
+                started = time.perf_counter()
+                result = export_dataframe(self.df, settings)
+                prepared = time.perf_counter()
+            finally:
+                if arrow_bytes_unchecked and before is None:
+                    conf.unset(ARROW_MAX_BYTES_PER_BATCH)
+                elif arrow_bytes_unchecked:
+                    conf.set(ARROW_MAX_BYTES_PER_BATCH, before)
             report = commit_prepared(
                 result.committables, wire, decision_log, run=f"bench-{settings.transactional_id_prefix}"
             )
