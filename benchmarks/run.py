@@ -66,7 +66,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    spark_conf = dict(kv.split("=", 1) for kv in args.spark_conf)
     args.json = args.json.resolve()
     selected = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(selected) - set(ORDER) - set(TXN_BENCHES)
@@ -88,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka = Kafka(bootstrap)
         decisions = f"kafka2pc_bench_decisions_{uuid.uuid4().hex[:8]}"
         with contextlib.ExitStack() as stack:
-            spark = stack.enter_context(bench_spark.session(jars, args.driver_memory, spark_conf)) if jars else None
+            spark = (
+                stack.enter_context(bench_spark.session(jars, args.driver_memory, env["spark_conf"])) if jars else None
+            )
             stack.callback(kafka.close)
             env["package"] = package_dir()
             if spark is not None:
