@@ -398,7 +398,9 @@ class DecisionLog:
             consumer.close()
 
     def _end_offset(self, consumer: Any, tp: Any) -> int:
-        """The high watermark; a partition whose leader is still being elected answers in a moment."""
+        """The high watermark; a partition whose leader is still being elected, or whose new leader's
+        high watermark has not caught up yet (OFFSET_NOT_AVAILABLE, seen right after a broker
+        restart), answers in a moment: Kafka marks all of these retriable."""
         from confluent_kafka import KafkaError, KafkaException
 
         retriable = {
@@ -406,6 +408,9 @@ class DecisionLog:
             KafkaError.LEADER_NOT_AVAILABLE,
             KafkaError.UNKNOWN_TOPIC_OR_PART,
             KafkaError._UNKNOWN_PARTITION,
+            KafkaError.OFFSET_NOT_AVAILABLE,
+            KafkaError.FENCED_LEADER_EPOCH,
+            KafkaError.UNKNOWN_LEADER_EPOCH,
         }
         deadline = time.monotonic() + self.timeout_s
         while True:

@@ -212,3 +212,26 @@ def test_replay_skips_tombstones_and_unknown_keys() -> None:
     )
     assert state.decisions == {} and state.ruling == {}
     assert (state.end_offset, state.broker_time_ms) == (2, 3)
+
+
+@pytest.mark.parametrize("code", ["OFFSET_NOT_AVAILABLE", "LEADER_NOT_AVAILABLE", "FENCED_LEADER_EPOCH"])
+def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: str) -> None:
+    """A read right after a broker restart met 'Leader high watermark is not caught up' (a soak
+    run's prepare failed on it): retriable errors are waited out, any other is raised."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    class Consumer:
+        def __init__(self, failures: int, error: int) -> None:
+            self.failures, self.error = failures, error
+
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+            if self.failures:
+                self.failures -= 1
+                raise KafkaException(KafkaError(self.error))
+            return 0, 42
+
+    log = DecisionLog({"bootstrap.servers": "127.0.0.1:1"}, topic="decisions", timeout_s=5)
+    tp = TopicPartition("decisions", 0)
+    assert log._end_offset(Consumer(2, getattr(KafkaError, code)), tp) == 42
+    with pytest.raises(KafkaException):
+        log._end_offset(Consumer(1, KafkaError.TOPIC_AUTHORIZATION_FAILED), tp)
