@@ -422,11 +422,11 @@ def arrow_batch_bounds(spark: Any) -> str:
     user guide says when to turn the check off. Read only, never changed here: without the byte
     bound, large records make batches of hundreds of MB, or fail Arrow's 2 GiB buffer limit."""
     try:
-        records = spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH)
+        records = int(spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH))
         size = str(spark.conf.get(ARROW_MAX_BYTES_PER_BATCH))
     except Exception as e:  # a courtesy: never fail the export for it
         return f"unknown ({e!r})"
-    count = f"{records} records" if int(records) > 0 else "no record bound"
+    count = f"{records} records" if records > 0 else "no record bound"
     if size.rstrip("b") == str(ARROW_BYTES_UNCHECKED):
         return f"{count}, bytes unchecked ({ARROW_MAX_BYTES_PER_BATCH}={size})"
     return (
