@@ -46,11 +46,15 @@ def kafka2pc_export_group(
             task_id="recover", naming_strategy=strategy, **shared, **(recover_kwargs or {})
         )
         prepare = Kafka2PCExportOperator(task_id="prepare", naming_strategy=strategy, **shared, **export_kwargs)
+        # The export budgets its window with the commit's headroom: one value for both.
+        headroom = (
+            {"commit_headroom_ms": export_kwargs["commit_headroom_ms"]} if "commit_headroom_ms" in export_kwargs else {}
+        )
         commit = Kafka2PCCommitOperator(
             task_id="commit",
             export_task_ids=prepare.task_id,
             kafka2pc_conn_id=kafka2pc_conn_id,
-            **(commit_kwargs or {}),
+            **{**headroom, **(commit_kwargs or {})},
         )
         abort = Kafka2PCAbortOperator(
             task_id="abort",

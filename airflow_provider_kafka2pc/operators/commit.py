@@ -112,15 +112,25 @@ class Kafka2PCCommitOperator(_PhaseTwo):
 
     :param export_task_ids: the export task(s) whose committables to commit.
     :param asset_alias: the alias the topic assets are emitted through; None emits none.
+    :param commit_headroom_ms: refuse to start (and abort the run whole) when a transaction has less
+        than this before its broker deadline; derived from the timeout and the run's size when None
+        (``txn.window.commit_headroom_ms``).
     """
 
-    def __init__(self, *, asset_alias: str | None = KAFKA2PC_ASSET_ALIAS, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        asset_alias: str | None = KAFKA2PC_ASSET_ALIAS,
+        commit_headroom_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         outlets = kwargs.pop("outlets", None)
         outlets = [] if outlets is None else list(outlets) if isinstance(outlets, list | tuple) else [outlets]
         if asset_alias is not None:
             outlets.append(AssetAlias(asset_alias))
         super().__init__(outlets=outlets, **kwargs)
         self.asset_alias = asset_alias
+        self.commit_headroom_ms = commit_headroom_ms
         self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -132,6 +142,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             return {"committed": 0, "records": 0}
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         report = self.resolve(committables, [p.prefix for p in present], hook, decision_run(context))
+        self._log_window(present, decision_run(context))
         if report.note:
             self.log.info("commit of %s: %s", decision_run(context), report.note)
         counts = self.log_report("commit", report)
@@ -141,6 +152,24 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
             self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def _log_window(self, payloads: Sequence[ExportPayload], run: str) -> None:
+        """The run's window, first record to last EndTxn: what read_committed readers of its partitions
+        waited for (the exports report their first record's time)."""
+        import time
+
+        firsts = [int(f) for p in payloads if (f := p.summary.get("first_write_ms"))]
+        if not firsts:
+            return
+        now = int(time.time() * 1000)
+        self.log.info(
+            "window of run %s: first record %s, last EndTxn %s: %.1f s (writing %s s)",
+            run,
+            time.strftime("%H:%M:%S", time.gmtime(min(firsts) / 1000)),
+            time.strftime("%H:%M:%S", time.gmtime(now / 1000)),
+            (now - min(firsts)) / 1000,
+            " + ".join(str(p.summary.get("write_s", "?")) for p in payloads),
+        )
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage outputs: the topics this commit made visible (none unless it committed)."""
@@ -179,7 +208,13 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         wire, decision_log = hook.wire_client(), hook.decision_log()
         try:
             return commit_prepared(
-                committables, wire, decision_log, run, max_workers=self.max_workers, prefixes=prefixes
+                committables,
+                wire,
+                decision_log,
+                run,
+                max_workers=self.max_workers,
+                prefixes=prefixes,
+                headroom_ms=self.commit_headroom_ms,
             )
         finally:
             decision_log.close()

@@ -100,6 +100,16 @@ class Kafka2PCExportOperator(BaseOperator):
     :param transaction_timeout_ms: defaults to the broker's ``transaction.max.timeout.ms``.
     :param writer: ``auto`` (default: the native writer where it can write the frame, else the Python
         loop), ``native`` (fail where it cannot) or ``python``.
+    :param materialize: compute and store the DataFrame before any transaction opens (default), so
+        the transaction window covers writing and committing only; False computes it inside the window.
+    :param checkpoint_dir: store the computed frame there (a reliable checkpoint, which survives a lost
+        executor; deleted after the export) instead of on the executors (a local checkpoint).
+    :param commit_headroom_ms: what the commit keeps before the broker deadline (decision write and
+        EndTxn); derived from the timeout and the run's size when None. Give the commit the same value.
+    :param handover_ms: time allowed between this task's end and the commit's first EndTxn (gate
+        tasks between them run inside the window: add their time).
+    :param write_records_per_s: records per second and task slot the window budget assumes at least.
+    :param write_bytes_per_s: bytes per second and task slot the window budget assumes at least.
     """
 
     template_fields: Sequence[str] = (
@@ -134,6 +144,12 @@ class Kafka2PCExportOperator(BaseOperator):
         producer_config: Mapping[str, Any] | None = None,
         transaction_timeout_ms: int | None = None,
         writer: str = "auto",
+        materialize: bool = True,
+        checkpoint_dir: str | None = None,
+        commit_headroom_ms: int | None = None,
+        handover_ms: int | None = None,
+        write_records_per_s: int | None = None,
+        write_bytes_per_s: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -156,6 +172,17 @@ class Kafka2PCExportOperator(BaseOperator):
         from airflow_provider_kafka2pc.spark.job import validate_writer
 
         self.writer = validate_writer(writer)
+        from airflow_provider_kafka2pc.spark.window import WindowSettings
+
+        given = {
+            "commit_headroom_ms": commit_headroom_ms,
+            "handover_ms": handover_ms,
+            "write_records_per_s": write_records_per_s,
+            "write_bytes_per_s": write_bytes_per_s,
+        }
+        self.window = WindowSettings(
+            materialize=materialize, checkpoint_dir=checkpoint_dir, **{k: v for k, v in given.items() if v is not None}
+        )
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -228,6 +255,27 @@ class Kafka2PCExportOperator(BaseOperator):
             wire.close()
         self._skip_or_fail(context, prefix, run, status)
 
+    def _abort_opened(self, hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None) -> None:
+        """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
+        does), instead of leaving it open, stalling read_committed readers, until the abort task."""
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                result = hook.recover(prefix, run, run_key)
+            except Exception as e:  # best effort: the abort task (and the next recovery) remain
+                self.log.warning(
+                    "kafka2pc could not abort the write job's transactions now (%s: %s); the abort task will",
+                    type(e).__name__,
+                    e,
+                )
+                return
+            if result.done or time.monotonic() > deadline:
+                self.log.info("kafka2pc aborted the write job's open transactions of %s: %s", prefix, result.describe())
+                return
+            time.sleep(0.5)
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 
@@ -290,7 +338,13 @@ class Kafka2PCExportOperator(BaseOperator):
         spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
         try:
             df = self._dataframe(spark, context)
-            result = export_dataframe(df, settings, on_progress=lambda p: self.log.info("%s", p.describe()))
+            result = export_dataframe(
+                df,
+                settings,
+                on_progress=lambda p: self.log.info("%s", p.describe()),
+                window=self.window,
+                abort_opened=lambda: self._abort_opened(hook, prefix, run, settings.run_key),
+            )
             self._read = self._source_tables(spark)
         finally:
             spark.stop()
@@ -298,8 +352,8 @@ class Kafka2PCExportOperator(BaseOperator):
         summary = result.summary()
         self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(
-            "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s, "
-            "%.0f records/s%s",
+            "prepared %d transaction(s) of %s: %d records, %d bytes, %d partition(s), per topic %s, %.1f s "
+            "(materializing %.1f s, writing %.1f s), %.0f records/s%s",
             summary["transactions"],
             prefix,
             result.records,
@@ -307,6 +361,8 @@ class Kafka2PCExportOperator(BaseOperator):
             result.partitions,
             summary["counts_by_topic"],
             result.duration_s,
+            result.materialize_s,
+            result.write_s,
             result.records / result.duration_s if result.duration_s > 0 else 0.0,
             f", retried partitions {list(result.retried)}" if result.retried else "",
         )

@@ -25,6 +25,8 @@ from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
 if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.window import WindowBudget
     from airflow_provider_kafka2pc.txn.writer import DeliveryWriter
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,14 @@ class ExportResult:
     counts_by_topic: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
     retried: tuple[int, ...] = ()  # partitions whose successful attempt was a retry
+    budget: WindowBudget | None = None  # EXACTLY_ONCE: the window the write phase had
+    materialize_s: float = 0.0  # computing and storing the frame, before any transaction opened
+    write_s: float = 0.0  # the write job: transactions open from its start
+
+    @property
+    def first_write_ms(self) -> int | None:
+        """Wall-clock ms of the run's first transactional record (its window opens there)."""
+        return min((c.first_write_ms for c in self.committables if c.first_write_ms), default=None)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -97,6 +107,9 @@ class ExportResult:
             "counts_by_topic": dict(self.counts_by_topic),
             "duration_s": round(self.duration_s, 3),
             "retried_partitions": list(self.retried),
+            "materialize_s": round(self.materialize_s, 3),
+            "write_s": round(self.write_s, 3),
+            "first_write_ms": self.first_write_ms,
         }
 
 
@@ -448,12 +461,23 @@ def export_dataframe(
     settings: ExportSettings,
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 5.0,
+    window: WindowSettings | None = None,
+    abort_opened: Callable[[], None] | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
+    EXACTLY_ONCE keeps computation out of the transaction window (DESIGN §3b): the frame is
+    materialized first (``window.materialize``), the budget checked before any transaction opens
+    (``WindowRefusedError``), and a write job that runs past it is stopped. When the write job
+    fails or is stopped, ``abort_opened`` is called (once its tasks have ended) to abort what they
+    opened at once; then the error is raised (``WindowExceededError`` for an overrun).
+
     ``on_progress`` is called every ``progress_interval_s`` while the job runs and once when it
     has succeeded (classic Spark sessions; Spark Connect reports nothing)."""
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
     started = time.monotonic()
+    window = window or WindowSettings()
     naming.validate_prefix(settings.transactional_id_prefix)
     validate_schema(df.schema, settings.topic)
     check_session(df.sparkSession)
@@ -461,7 +485,8 @@ def export_dataframe(
     # line in its own log, when its Python lacks what the driver's has).
     native_path, why = choose_writer(settings, list(df.schema.names))
     log.info("kafka2pc writer: %s: %s", "native" if native_path else "python", why)
-    if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE and settings.transaction_timeout_ms is None:
+    transactional = settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+    if transactional and settings.transaction_timeout_ms is None:
         from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 
         configured = settings.producer_config.get("transaction.timeout.ms")
@@ -469,6 +494,80 @@ def export_dataframe(
         # set no timeout: reading it needs the Cluster DescribeConfigs ACL (docs/acls.md).
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
+    stored, budget = _prepare_window(df, settings, window) if transactional else (None, None)
+    if stored is not None:
+        df = stored.df
+    try:
+        rows, write_s = _write(df, settings, budget, on_progress, progress_interval_s, abort_opened)
+    finally:
+        if stored is not None:
+            stored.release()
+    result = _collect(rows, settings, time.monotonic() - started)
+    result = replace(result, budget=budget, materialize_s=stored.seconds if stored else 0.0, write_s=write_s)
+    if budget is not None:
+        _check_window_left(result, budget, abort_opened)
+    return result
+
+
+def _prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -> tuple[Any, WindowBudget]:
+    """Materialize (unless turned off) and check the budget, all before any transaction opens."""
+    from airflow_provider_kafka2pc.spark.window import materialize, task_slots
+    from airflow_provider_kafka2pc.txn.window import WindowBudget, WriteEstimate, commit_headroom_ms
+
+    assert settings.transaction_timeout_ms is not None
+    stored, estimate = None, None
+    if window.materialize:
+        stored = materialize(df, window)
+        estimate = WriteEstimate.of(
+            stored.sizes, task_slots(df.sparkSession), window.write_records_per_s, window.write_bytes_per_s
+        )
+        log.info(
+            "kafka2pc materialized the frame in %.1f s, before any transaction opened (%s): %d records, %d bytes, "
+            "%d non-empty partition(s)",
+            stored.seconds,
+            stored.where,
+            estimate.records,
+            estimate.bytes,
+            estimate.partitions,
+        )
+    else:
+        log.warning(
+            "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
+        )
+    transactions = estimate.partitions if estimate is not None else _partition_count(df)
+    budget = WindowBudget(
+        settings.transaction_timeout_ms,
+        commit_headroom_ms(settings.transaction_timeout_ms, transactions, override_ms=window.commit_headroom_ms),
+        window.handover_ms,
+        estimate,
+    )
+    log.info("kafka2pc window budget: %s", budget.describe())
+    if not budget.fits:
+        if stored is not None:
+            stored.release()
+        raise budget.refusal()
+    return stored, budget
+
+
+def _partition_count(df: Any) -> int:
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect has no RDDs; the headroom then counts one EndTxn wave
+        return 1
+
+
+def _write(
+    df: Any,
+    settings: ExportSettings,
+    budget: WindowBudget | None,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+    abort_opened: Callable[[], None] | None,
+) -> tuple[list[Any], float]:
+    """The write job, watched against the budget; on failure what it opened is aborted at once."""
+    from airflow_provider_kafka2pc.spark.window import ExecutorLostError, WriteWatch, is_executor_lost
+    from airflow_provider_kafka2pc.txn.window import WindowExceededError
+
     payload = settings.to_json()
     reporter = _ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
     written = reporter.written if reporter is not None else None
@@ -486,9 +585,91 @@ def export_dataframe(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
-    with reporter or contextlib.nullcontext():
-        rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
-    return _collect(rows, settings, time.monotonic() - started)
+    watch = WriteWatch(df.sparkSession, budget.write_ms) if budget is not None else None
+    started = time.monotonic()
+    try:
+        with reporter or contextlib.nullcontext(), watch or contextlib.nullcontext():
+            if watch is not None:
+                log.info("kafka2pc write phase started: transactions open from %s", _iso(watch.started_ms))
+            rows = df.mapInArrow(run, from_arrow_schema(_out_arrow_schema())).collect()
+    except Exception as e:
+        if watch is None:
+            raise
+        ended = watch.wait_tasks_ended()
+        if abort_opened is not None:
+            abort_opened()
+        seconds = time.monotonic() - started
+        aborted = (
+            "every transaction it opened was aborted at once"
+            if abort_opened is not None
+            else "the abort task aborts what it opened"
+        ) + ("" if ended else " (some of its tasks had not ended yet: the abort task looks again)")
+        assert budget is not None
+        if watch.overran:
+            raise WindowExceededError(
+                f"the write phase ran past its budget: {budget.write_ms} ms of transaction.timeout.ms="
+                f"{budget.timeout_ms} (commit headroom {budget.headroom_ms} ms, hand-over {budget.handover_ms} ms). "
+                f"The job was stopped after {seconds:.1f} s and {aborted}: nothing of the run is visible. "
+                + _overrun_fix(budget)
+            ) from e
+        if is_executor_lost(e):
+            raise ExecutorLostError(
+                f"an executor holding materialized partitions was lost during the write ({seconds:.1f} s in); "
+                f"the write job failed and {aborted}: nothing of the run is visible. Clear the DAG run to export "
+                "it again; to survive a lost executor without recomputing, give the export a reliable "
+                "checkpoint_dir (HDFS, S3, a shared disk)."
+            ) from e
+        raise
+    return rows, time.monotonic() - started
+
+
+def _overrun_fix(budget: WindowBudget) -> str:
+    if budget.estimate is None:
+        return (
+            "The source was computed inside the window (materialize=False): turn materialize on (the default) so "
+            "that it is computed before any transaction opens, then clear the DAG run."
+        )
+    return (
+        f"It was expected to take {budget.estimate.expected_ms / 1000:.1f} s: a task was slow or queued (fewer task "
+        "slots than partitions, a lost executor, a slow or throttled broker). Clear the DAG run to try again; give "
+        "the export more task slots, or split it into several exports feeding one commit."
+    )
+
+
+def _check_window_left(result: ExportResult, budget: WindowBudget, abort_opened: Callable[[], None] | None) -> None:
+    """A prepare never ends green holding transactions the commit can no longer commit in time."""
+    from airflow_provider_kafka2pc.txn.window import WindowExceededError
+
+    first = result.first_write_ms
+    if first is None:
+        return
+    now = int(time.time() * 1000)
+    left = first + budget.timeout_ms - now
+    log.info(
+        "kafka2pc prepared %d transaction(s): the first opened %s; they must be committed by %s (%d ms from now, "
+        "the commit keeps %d ms of headroom)",
+        len(result.committables),
+        _iso(first),
+        _iso(first + budget.timeout_ms),
+        left,
+        budget.headroom_ms,
+    )
+    if left >= budget.headroom_ms + budget.handover_ms:
+        return
+    if abort_opened is not None:
+        abort_opened()
+    raise WindowExceededError(
+        f"the write phase ended {left} ms before the broker's deadline of its first transaction, less than the "
+        f"commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms): the commit could "
+        f"not end in time, so {len(result.committables)} prepared transaction(s) with {result.records} records "
+        + ("were aborted at once" if abort_opened is not None else "are left to the abort task")
+        + ": nothing of the run is visible. "
+        + _overrun_fix(budget)
+    )
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def _collect(rows: list[Any], settings: ExportSettings, duration_s: float) -> ExportResult:

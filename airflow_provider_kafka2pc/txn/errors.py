@@ -78,7 +78,7 @@ class TransactionLostError(Kafka2PCError):
 
     def __init__(self, lost: Sequence[LostTransaction], visible: str = "") -> None:
         self.lost = tuple(lost)
-        self.visible = visible  # "none": the run was aborted whole; "part": the rest of it is visible
+        self.visible = visible  # "part": the rest of the run is visible; "decided": nothing is, under a COMMIT
         records = sum(t.records for t in self.lost)
         lines = [
             f"  {t.transactional_id} (producer id {t.producer_id}, epoch {t.producer_epoch}): "
@@ -91,8 +91,29 @@ class TransactionLostError(Kafka2PCError):
         )
 
 
+class RunAbortedError(Kafka2PCError):
+    """The run could not commit and was aborted as a whole, before anything of it became visible.
+
+    Not a loss: no COMMIT decision ever ruled these records. ``why`` lists the transactions that could
+    no longer commit (the others were aborted with them, so that the run stays atomic)."""
+
+    def __init__(self, run: str, transactions: int, records: int, why: Sequence[LostTransaction], fix: str) -> None:
+        self.run = run
+        self.transactions = transactions
+        self.records = records
+        self.why = tuple(why)
+        lines = [
+            f"  {t.transactional_id} (producer id {t.producer_id}, epoch {t.producer_epoch}, {t.records} records on "
+            f"{', '.join(t.topic_partitions) or 'no partitions'}): {t.reason}"
+            for t in self.why
+        ]
+        super().__init__(
+            f"run {run} was aborted as a whole, nothing of it is visible: {transactions} transaction(s) with "
+            f"{records} record(s). {len(self.why)} of them could no longer commit:\n" + "\n".join(lines) + f"\n{fix}"
+        )
+
+
 _VISIBLE = {
-    "none": "\nNothing of the run is visible: it was aborted as a whole. Clear the whole DAG run to export it again.",
     "part": (
         "\nThe rest of the run, decided COMMIT before the loss, IS visible: the run is partly visible. "
         "Re-export the lost partitions, or acknowledge the loss with "

@@ -22,6 +22,7 @@ from airflow_provider_kafka2pc.txn.errors import (
     Kafka2PCError,
     LostTransaction,
     MalformedCommittableError,
+    RunAbortedError,
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.inspect import RetriableCoordinatorError, TransactionInspector, retry
@@ -51,6 +52,7 @@ from airflow_provider_kafka2pc.txn.protocol import (
     prefix_of,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient, error_name
 
 log = logging.getLogger(__name__)
@@ -360,6 +362,7 @@ def commit_prepared(
     max_workers: int = 16,
     prefixes: Sequence[str] = (),
     end_txn_timeout_s: float = 60.0,
+    headroom_ms: int | None = None,
 ) -> CommitReport:
     """Phase two, COMMIT, by the protocol of DESIGN §3a.
 
@@ -368,8 +371,9 @@ def commit_prepared(
        transactions still open under their own producer id and epoch (a second export of the
        finished run) are aborted, and ``DecisionConflictError`` says so.
     2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
-       within the commit's own worst case of its broker deadline), the whole run is aborted:
-       ABORT is appended, read back, obeyed, and ``TransactionLostError`` says why; or, if an
+       within the commit's headroom of its broker deadline: ``txn.window.commit_headroom_ms``, or
+       ``headroom_ms``), the whole run is aborted: ABORT is appended, read back, obeyed, and
+       ``RunAbortedError`` says why (nothing of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
        ``DecisionConflictError`` names it, as in step 3.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
@@ -378,7 +382,9 @@ def commit_prepared(
     4. EndTxn for all, in parallel; outcomes recorded; the run collapses to its run record.
        A transaction lost after the decision raises ``TransactionLostError``.
     """
-    decided = decide_commit(committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s)
+    decided = decide_commit(
+        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms
+    )
     if isinstance(decided, CommitReport):
         return decided
     state, did = decided.state, decided.decision.decision_id
@@ -397,6 +403,7 @@ def decide_commit(
     max_workers: int = 16,
     prefixes: Sequence[str] = (),
     end_txn_timeout_s: float = 60.0,
+    headroom_ms: int | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
@@ -430,13 +437,14 @@ def decide_commit(
             raise _second_export(run, decided[0], len(refs))
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
-        margin_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
-        doomed = _doomed(refs, observed, margin_ms)
+        doomed = _doomed(
+            refs, observed, lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms)
+        )
         if doomed:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.
             _abort_run(decision_log, resolver, refs, observed, run, by_tid, name_earlier=True)
-            raise TransactionLostError(_lost(by_tid, doomed, observed), visible="none")
+            raise _aborted_whole(run, by_tid, doomed, observed)
         decision = new_decision(
             Kind.COMMIT,
             (covered(c, observed[c.transactional_id][1]) for c in committables),
@@ -494,10 +502,15 @@ def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitRe
 
 
 def _doomed(
-    refs: Sequence[TxnRef], observed: Mapping[str, tuple[Observation, TxnState | None]], margin_ms: int
+    refs: Sequence[TxnRef],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+    headroom_ms: Callable[[int], int],
+    now: int | None = None,
 ) -> dict[str, str]:
+    """The transactions that can no longer commit, and why: not open for this producer, or open
+    with less than the commit's headroom (``headroom_ms(transaction.timeout.ms)``) before its deadline."""
     doomed: dict[str, str] = {}
-    now = now_ms()
+    now = now_ms() if now is None else now
     for ref in refs:
         obs, s = observed[ref.transactional_id]
         if obs is not Observation.OPEN:
@@ -505,13 +518,40 @@ def _doomed(
             doomed[ref.transactional_id] = reason(obs)
             continue
         deadline = deadline_of(s)
-        if deadline is not None and now + margin_ms > deadline:
+        if s is not None and deadline is not None and now + (need := headroom_ms(s.timeout_ms)) > deadline:
             doomed[ref.transactional_id] = (
-                f"too close to its broker deadline: started at {s.start_time_ms if s else '?'} with "
-                f"transaction.timeout.ms={s.timeout_ms if s else '?'}, {deadline - now} ms left, and a commit may "
-                f"need {margin_ms} ms (decision write + EndTxn retries); raise transaction.timeout.ms or commit sooner"
+                f"too close to its broker deadline: opened {_iso(s.start_time_ms)} with transaction.timeout.ms="
+                f"{s.timeout_ms}, {deadline - now} ms left, and the commit keeps {need} ms of headroom (decision "
+                "write + EndTxn)"
             )
     return doomed
+
+
+def _aborted_whole(
+    run: str,
+    by_tid: Mapping[str, Committable],
+    reasons: Mapping[str, str],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+    timed_out: bool = False,
+) -> RunAbortedError:
+    """The error of a run aborted whole by its commit; the window is named only when time ran out."""
+    timed_out = timed_out or any(observed[tid][0] in _TIMED_OUT for tid in reasons)
+    starts = [s.start_time_ms for _, s in observed.values() if s is not None and s.start_time_ms > 0]
+    window = f" (first record {_iso(min(starts))}, commit {_iso(now_ms())})" if starts else ""
+    fix = "Clear the whole DAG run to export it again."
+    if timed_out:
+        fix = (
+            f"Its transactions were open too long between their first record and this commit{window}: the broker's "
+            "transaction.timeout.ms must cover the export's write phase, the hand-over and every task between "
+            "prepare and commit (they run inside the window). " + fix
+        )
+    return RunAbortedError(
+        run, len(by_tid), sum(c.records for c in by_tid.values()), _lost(by_tid, reasons, observed), fix
+    )
+
+
+# Observations that mean the broker's timer ran out (OPEN: within the commit's headroom of it).
+_TIMED_OUT = (Observation.OPEN, Observation.FENCING, Observation.SUPERSEDED)
 
 
 class DecisionConflictError(Kafka2PCError):
@@ -551,7 +591,7 @@ def _abort_run(
     resolutions = obey(decision_log, state, rulers + ([void.decision_id] if void is not None else []), resolver)
     if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
         why = state.void.get(void.decision_id, "appended after a broker deadline")
-        raise TransactionLostError(_lost(by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed), visible="none")
+        raise _aborted_whole(run, by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed, timed_out=True)
     if conflict is None:
         return CommitReport(tuple(resolutions))
     winners = {d.decision_id: d for d in conflict.values() if d is not None}

@@ -13,7 +13,12 @@ from collections.abc import Callable
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.errors import CoordinatorError, MalformedCommittableError, TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import (
+    CoordinatorError,
+    MalformedCommittableError,
+    RunAbortedError,
+    TransactionLostError,
+)
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.naming import broker_pattern
 from airflow_provider_kafka2pc.txn.outcome import (
@@ -425,7 +430,7 @@ def test_an_aborted_run_gets_no_run_record(broker: FakeBroker, decision_log: Mem
     lost = committable("orders-0", producer_epoch=1, records=3)
     broker.prepared(lost)
     broker.set_state("orders-0", "CompleteAbort", producer_epoch=1)
-    with pytest.raises(TransactionLostError):
+    with pytest.raises(RunAbortedError):
         commit_prepared([lost], broker, decision_log, run="dag/run-2", prefixes=["orders"])
     assert decision_log.read().run_status("orders", "dag/run-2") is None
     assert decision_log.decisions("orders-0") == [Kind.ABORT]
@@ -458,7 +463,7 @@ def test_one_lost_and_nothing_decided_aborts_the_whole_run(
         broker.prepared(c)
     lose(broker, "orders-1")
 
-    with pytest.raises(TransactionLostError) as info:
+    with pytest.raises(RunAbortedError) as info:
         commit_prepared([a, lost, b], broker, decision_log, run="run-1")
 
     assert broker.commits_sent() == []
@@ -466,12 +471,18 @@ def test_one_lost_and_nothing_decided_aborts_the_whole_run(
     assert broker.state_of("orders-0") == broker.state_of("orders-2") == "CompleteAbort"
     assert [e for e in events if e.startswith("decision")] == ["decision ABORT orders-0 orders-1 orders-2"]
     assert events.index("decision ABORT orders-0 orders-1 orders-2") < events.index("end_txn abort orders-0")
-    [gone] = info.value.lost
+    [gone] = info.value.why
     assert (gone.transactional_id, gone.records, gone.topic_partitions) == ("orders-1", 42, ("events-3", "events-7"))
-    assert info.value.visible == "none"
     message = str(info.value)
-    assert "orders-1" in message and "42 record" in message and "events-3, events-7" in message
-    assert "orders-0" not in message
+    # The run's real totals, said as what it is: aborted whole, nothing visible; not "lost".
+    assert message.startswith(
+        "run run-1 was aborted as a whole, nothing of it is visible: 3 transaction(s) with 62 record(s). "
+        "1 of them could no longer commit:"
+    )
+    assert "orders-1" in message and "42 records" in message and "events-3, events-7" in message
+    assert "orders-0" not in message and "lost" not in message
+    assert message.endswith("Clear the whole DAG run to export it again.")
+    assert ("open too long" in message) is (lose in (_timed_out, _fenced_by_a_new_producer))
 
 
 @pytest.mark.parametrize("remaining_ms", [-60_000, -1, 500, 89_000])
@@ -483,12 +494,42 @@ def test_committable_past_its_deadline_is_refused(
     late = committable("orders-1", timeout_ms=900_000, first_write_ms=now_ms() - 900_000 + remaining_ms)
     broker.prepared(a)
     broker.prepared(late)
-    with pytest.raises(TransactionLostError, match="deadline") as info:
+    with pytest.raises(RunAbortedError, match="deadline") as info:
         commit_prepared([a, late], broker, decision_log, run="run-1")
-    assert [t.transactional_id for t in info.value.lost] == ["orders-1"]
+    assert [t.transactional_id for t in info.value.why] == ["orders-1"]
     assert broker.commits_sent() == []
     assert broker.state_of("orders-0") == broker.state_of("orders-1") == "CompleteAbort"
     assert decision_log.decisions("orders-0") == [Kind.ABORT]
+
+
+@pytest.mark.parametrize(
+    ("timeout_ms", "left_ms", "headroom_ms", "commits"),
+    [
+        (30_000, 20_000, None, True),  # a 30 s cap: the derived headroom is 7.5 s + one EndTxn wave
+        (30_000, 7_000, None, False),
+        (120_000, 65_600, None, True),  # the issue's 120 s cap: 30 s + one wave
+        (120_000, 29_000, None, False),
+        (30_000, 7_000, 2_000, True),  # configured headroom
+        (30_000, 1_500, 2_000, False),
+    ],
+)
+def test_the_commit_headroom_comes_from_the_timeout_in_force(
+    broker: FakeBroker,
+    decision_log: MemoryDecisionLog,
+    timeout_ms: int,
+    left_ms: int,
+    headroom_ms: int | None,
+    commits: bool,
+) -> None:
+    c = committable("orders-0", timeout_ms=timeout_ms, first_write_ms=now_ms() - timeout_ms + left_ms)
+    broker.prepared(c)
+    if commits:
+        report = commit_prepared([c], broker, decision_log, run="run-1", headroom_ms=headroom_ms)
+        assert report.count(Verdict.COMMITTED) == 1
+    else:
+        with pytest.raises(RunAbortedError, match="too close to its broker deadline"):
+            commit_prepared([c], broker, decision_log, run="run-1", headroom_ms=headroom_ms)
+        assert broker.commits_sent() == []
 
 
 def test_committable_with_time_to_spare_is_committed(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
@@ -507,9 +548,9 @@ def test_committable_being_fenced_on_timeout_is_refused_atomically(
     fencing = txn_state("orders-1", "PrepareEpochFence", producer_epoch=1)
     broker.add(fencing)
     broker.upcoming_states["orders-1"] = [fencing, txn_state("orders-1", "CompleteAbort", producer_epoch=1)]
-    with pytest.raises(TransactionLostError) as info:
+    with pytest.raises(RunAbortedError) as info:
         commit_prepared([a, late], broker, decision_log, run="run-1")
-    assert [t.transactional_id for t in info.value.lost] == ["orders-1"]
+    assert [t.transactional_id for t in info.value.why] == ["orders-1"]
     assert broker.commits_sent() == [], "orders-0 became visible without orders-1"
     assert broker.state_of("orders-0") == "CompleteAbort"
 
@@ -520,10 +561,10 @@ def test_a_commit_appended_after_a_deadline_aborts_the_run_as_lost(
     """The broker's clock (LogAppendTime) says the COMMIT came too late: void, the run is aborted."""
     cs = prepared(broker, "orders-0", "orders-1")
     decision_log.broker_time_ms = now_ms() + 10**9
-    with pytest.raises(TransactionLostError, match="appended after the broker deadline") as info:
+    with pytest.raises(RunAbortedError, match="appended after the broker deadline") as info:
         commit_prepared(cs, broker, decision_log, run="run-1")
-    assert info.value.visible == "none"
-    assert sorted(t.transactional_id for t in info.value.lost) == ["orders-0", "orders-1"]
+    assert "open too long" in str(info.value)
+    assert sorted(t.transactional_id for t in info.value.why) == ["orders-0", "orders-1"]
     assert broker.commits_sent() == []
     assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
 
@@ -585,7 +626,7 @@ def test_commit_decision_for_another_epoch_does_not_count(broker: FakeBroker, ev
     a, b = prepared(broker, "orders-0", "orders-1", producer_epoch=8)
     broker.time_out("orders-1")
     log = MemoryDecisionLog(events, [decision_item(Kind.COMMIT, [ref("orders-1", producer_epoch=7)])])
-    with pytest.raises(TransactionLostError):
+    with pytest.raises(RunAbortedError):
         commit_prepared([a, b], broker, log, run="run-2")
     assert broker.commits_sent() == []
 

@@ -1,0 +1,230 @@
+"""Keeping computation out of the transaction window (DESIGN §3b), on the Spark side.
+
+1. ``materialize``: the DataFrame is computed and stored before any transaction opens (a local
+   checkpoint on the executors by default, or a reliable checkpoint directory), and its size per
+   partition is read from the stored data; the write job then only moves stored rows into Kafka.
+2. ``WriteWatch``: the driver stops the write job when it runs past the budget of
+   ``txn.window.WindowBudget``, so that a prepare never ends holding doomed transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.window import (
+    DEFAULT_HANDOVER_MS,
+    DEFAULT_WRITE_BYTES_PER_S,
+    DEFAULT_WRITE_RECORDS_PER_S,
+    PartitionSize,
+)
+
+log = logging.getLogger(__name__)
+
+# How long the driver waits for the tasks of a stopped write job to end before it aborts what they
+# opened: a killed task's Python worker is destroyed after spark.python.task.killTimeout (2 s).
+STOPPED_TASKS_WAIT_S = 20.0
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """How an export keeps its window short; the defaults are what the operator uses.
+
+    :param materialize: compute and store the DataFrame before any transaction opens.
+    :param checkpoint_dir: store it there (a reliable checkpoint: survives a lost executor) instead
+        of on the executors (a local checkpoint). Its files are deleted after the export.
+    :param commit_headroom_ms: what the commit keeps before the broker deadline; derived when None.
+    :param handover_ms: allowance between the prepare's end and the commit's first EndTxn.
+    :param write_records_per_s: the rate per task slot the budget assumes, at least.
+    :param write_bytes_per_s: likewise for bytes.
+    """
+
+    materialize: bool = True
+    checkpoint_dir: str | None = None
+    commit_headroom_ms: int | None = None
+    handover_ms: int = DEFAULT_HANDOVER_MS
+    write_records_per_s: int = DEFAULT_WRITE_RECORDS_PER_S
+    write_bytes_per_s: int = DEFAULT_WRITE_BYTES_PER_S
+
+
+class ExecutorLostError(Kafka2PCError):
+    """An executor that held materialized partitions was lost while they were written."""
+
+
+@dataclass
+class Materialized:
+    df: Any
+    sizes: list[PartitionSize]
+    seconds: float
+    where: str
+    _cleanup_dir: str | None = None
+    _spark: Any = None
+
+    def release(self) -> None:
+        """Free what was stored: the local checkpoint's blocks, or the reliable checkpoint's files."""
+        try:
+            self.df.unpersist()
+        except Exception as e:  # freed with the session anyway
+            log.debug("unpersist of the materialized frame failed: %r", e)
+        if self._cleanup_dir is not None:
+            _delete_dir(self._spark, self._cleanup_dir)
+
+
+def _delete_dir(spark: Any, path: str) -> None:
+    """Delete a checkpoint directory through Hadoop's FileSystem (any scheme Spark can write).
+
+    PySpark has no public call for it: this reaches the JVM through the SparkContext (classic only)."""
+    try:
+        sc = spark.sparkContext
+        jvm_path = sc._jvm.org.apache.hadoop.fs.Path(path)
+        jvm_path.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jvm_path, True)
+        log.info("kafka2pc deleted the export's checkpoint files in %s", path)
+    except Exception as e:
+        log.warning("kafka2pc could not delete the export's checkpoint files in %s: %r; delete them by hand", path, e)
+
+
+def materialize(df: Any, settings: WindowSettings) -> Materialized:
+    """Compute ``df`` and store it before any transaction opens; read its size per partition.
+
+    A local checkpoint keeps the rows on the executors (memory, spilling to their local disks) and
+    cuts the lineage, so the write job never recomputes the source: if an executor is lost while
+    writing, its partitions fail the job (then the export aborts) instead of recomputing inside the
+    window. A reliable checkpoint in ``checkpoint_dir`` survives a lost executor."""
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    spark = df.sparkSession
+    cleanup: str | None = None
+    if settings.checkpoint_dir:
+        sc = _classic_context(spark)
+        if sc is not None:
+            base = settings.checkpoint_dir.rstrip("/") + f"/kafka2pc-{uuid.uuid4().hex[:12]}"
+            sc.setCheckpointDir(base)
+            # setCheckpointDir adds a directory of its own below ``base``: delete from ``base``.
+            cleanup = base
+        stored = df.checkpoint(eager=True)
+        where = f"a reliable checkpoint in {settings.checkpoint_dir}"
+    else:
+        stored = df.localCheckpoint(eager=True)
+        where = "a local checkpoint on the executors"
+    size = F.octet_length(F.col("value"))
+    if "key" in df.columns:
+        size = size + F.coalesce(F.octet_length(F.col("key")), F.lit(0))
+    rows = (
+        stored.groupBy(F.spark_partition_id().alias("p"))
+        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.coalesce(size, F.lit(0))).alias("b"))
+        .collect()
+    )
+    sizes = sorted((PartitionSize(int(r["p"]), int(r["n"]), int(r["b"] or 0)) for r in rows), key=lambda s: s.partition)
+    return Materialized(stored, sizes, time.monotonic() - started, where, cleanup, spark)
+
+
+def _classic_context(spark: Any) -> Any:
+    try:
+        return spark.sparkContext
+    except Exception:  # Spark Connect: the server's spark.checkpoint.dir applies
+        return None
+
+
+def task_slots(spark: Any) -> int:
+    """How many tasks the session runs at once: the default parallelism (classic), else
+    spark.default.parallelism if the session says, else 1 (a budget that errs on the safe side)."""
+    sc = _classic_context(spark)
+    if sc is not None:
+        return max(int(sc.defaultParallelism), 1)
+    try:
+        return max(int(spark.conf.get("spark.default.parallelism")), 1)
+    except Exception:
+        return 1
+
+
+class WriteWatch:
+    """Stops the write job if it is still running ``budget_ms`` after it started.
+
+    The job runs under a tag of its own: a SparkContext job tag with interrupt-on-cancel on classic
+    sessions (``SparkSession.interruptTag`` does not reach a DataFrame's jobs there: measured), an
+    operation tag on Spark Connect. At the deadline the watch cancels that tag; the caller then
+    waits for the tasks to end (``wait_tasks_ended``) and aborts what they opened."""
+
+    def __init__(self, spark: Any, budget_ms: int) -> None:
+        self.spark = spark
+        self.sc = _classic_context(spark)
+        self.budget_ms = budget_ms
+        self.tag = f"kafka2pc-write-{uuid.uuid4().hex[:12]}"
+        self.started_ms = 0
+        self.overran = False
+        self._interrupt: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="kafka2pc-window", daemon=True)
+
+    def __enter__(self) -> WriteWatch:
+        if self.sc is not None:
+            self._interrupt = self.sc.getLocalProperty("spark.job.interruptOnCancel")
+            self.sc.addJobTag(self.tag)
+            self.sc.setInterruptOnCancel(True)  # a Python UDF or writer blocked in a call stops too
+        else:
+            self.spark.addTag(self.tag)
+        self.started_ms = int(time.time() * 1000)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.sc is not None:
+            self.sc.removeJobTag(self.tag)
+            self.sc.setLocalProperty("spark.job.interruptOnCancel", self._interrupt)
+        else:
+            self.spark.removeTag(self.tag)
+
+    def _watch(self) -> None:
+        if self._done.wait(max(self.budget_ms, 0) / 1000):
+            return
+        self.overran = True
+        log.error(
+            "kafka2pc write phase still running %d ms after it started, its budget: stopping the job", self.budget_ms
+        )
+        try:
+            if self.sc is not None:
+                self.sc.cancelJobsWithTag(self.tag)
+            else:
+                self.spark.interruptTag(self.tag)
+        except Exception as e:
+            log.warning("stopping the write job failed: %r", e)
+
+    def wait_tasks_ended(self, timeout_s: float = STOPPED_TASKS_WAIT_S) -> bool:
+        """After the job failed or was stopped: wait until no stage of this session is active."""
+        sc = _classic_context(self.spark)
+        deadline = time.monotonic() + timeout_s
+        if sc is None:  # Spark Connect: the server kills the tasks; give them the kill timeout
+            time.sleep(min(5.0, timeout_s))
+            return True
+        tracker = sc.statusTracker()
+        while time.monotonic() < deadline:
+            active = [s for i in tracker.getActiveStageIds() if (s := tracker.getStageInfo(i)) is not None]
+            if not any(s.numActiveTasks for s in active):
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def is_executor_lost(error: BaseException) -> bool:
+    """The write job failed because stored partitions went with a lost executor."""
+    text = str(error)
+    return "Checkpoint block" in text and "not found" in text
+
+
+__all__ = [
+    "ExecutorLostError",
+    "Materialized",
+    "WindowSettings",
+    "WriteWatch",
+    "is_executor_lost",
+    "materialize",
+    "task_slots",
+]

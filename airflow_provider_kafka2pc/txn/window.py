@@ -1,0 +1,182 @@
+"""The transaction window (DESIGN §3b): how long a run's transactions may stay open, and what fits.
+
+A run's window runs from its first transactional record to its last EndTxn, and the broker aborts
+any transaction older than its ``transaction.timeout.ms``. The window is split, in this order:
+
+    writing (the Spark write job) | hand-over (prepare ends -> commit starts) | commit headroom
+
+The commit's headroom (decision write + EndTxn waves + marker wait) is derived here from the
+timeout and the run's size, so the export's budget and the commit's "too late to start" check use
+one number. Nothing here talks to Kafka or Spark: the export feeds it what it measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
+# The commit's headroom is a quarter of the timeout within [floor, ceiling], plus one EndTxn wave
+# per ``max_workers`` transactions. The floor covers a decision write and a retried EndTxn on a
+# healthy cluster (both take tens of ms, a coordinator move a few seconds); the ceiling is what a
+# commit may spend at most on a 15-minute cap (the old fixed 90 s: 30 s decision flush + 60 s EndTxn).
+HEADROOM_FLOOR_MS = 5_000
+HEADROOM_CEILING_MS = 90_000
+HEADROOM_SHARE = 0.25
+END_TXN_WAVE_MS = 250  # one parallel wave of EndTxn and its markers, generous (measured: ~20 ms)
+
+# Between the prepare task's end and the commit task's first EndTxn: XCom, the scheduler starting the
+# next task, the commit's own start-up (imports, connections). Gate tasks add their own time.
+DEFAULT_HANDOVER_MS = 10_000
+
+# What the budget assumes one Spark task slot writes at least, per second (the benchmark measures
+# 0.25-0.9 M records/s and ~100 MB/s per core on two cores: these are ~5x below), and the fixed
+# cost of each task (init_transactions, prepare, the Python worker's start).
+DEFAULT_WRITE_RECORDS_PER_S = 50_000
+DEFAULT_WRITE_BYTES_PER_S = 10_000_000
+TASK_FIXED_MS = 1_000
+
+
+class WindowError(Kafka2PCError):
+    """The run's transactions cannot be written and committed within the broker's transaction timeout."""
+
+
+class WindowRefusedError(WindowError):
+    """Refused before any transaction opened: the expected write phase does not fit the window."""
+
+
+class WindowExceededError(WindowError):
+    """The write phase ran past its budget: the job was stopped and what it opened was aborted."""
+
+
+def commit_headroom_ms(
+    timeout_ms: int, transactions: int, max_workers: int = 16, override_ms: int | None = None
+) -> int:
+    """What the commit needs before the earliest broker deadline: ``override_ms`` when given, else
+    derived from the timeout in force and the number of transactions (see the constants above)."""
+    if override_ms is not None:
+        if override_ms < 0:
+            raise ValueError(f"commit_headroom_ms={override_ms}: must be >= 0")
+        return override_ms
+    base = min(HEADROOM_CEILING_MS, max(HEADROOM_FLOOR_MS, int(timeout_ms * HEADROOM_SHARE)))
+    return base + math.ceil(max(transactions, 1) / max(max_workers, 1)) * END_TXN_WAVE_MS
+
+
+@dataclass(frozen=True)
+class PartitionSize:
+    partition: int
+    records: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class WriteEstimate:
+    """The expected duration of the write job over materialized data, and what it is based on."""
+
+    records: int
+    bytes: int
+    partitions: int  # non-empty ones: each opens one transaction
+    slots: int  # Spark task slots the job can use at once
+    expected_ms: int
+    records_per_s: int
+    bytes_per_s: int
+
+    @classmethod
+    def of(
+        cls,
+        sizes: list[PartitionSize],
+        slots: int,
+        records_per_s: int = DEFAULT_WRITE_RECORDS_PER_S,
+        bytes_per_s: int = DEFAULT_WRITE_BYTES_PER_S,
+    ) -> WriteEstimate:
+        """Each partition takes its fixed cost plus its records and bytes at the assumed rates; the
+        job takes its longest partition, or the sum spread over the slots if that is longer."""
+        if records_per_s <= 0 or bytes_per_s <= 0:
+            raise ValueError("the assumed write rates must be positive")
+        busy = [s for s in sizes if s.records > 0]
+        slots = max(slots, 1)
+        times = [TASK_FIXED_MS + 1000 * s.records / records_per_s + 1000 * s.bytes / bytes_per_s for s in busy]
+        expected = max(max(times, default=0.0), sum(times) / slots)
+        return cls(
+            records=sum(s.records for s in busy),
+            bytes=sum(s.bytes for s in busy),
+            partitions=len(busy),
+            slots=slots,
+            expected_ms=math.ceil(expected),
+            records_per_s=records_per_s,
+            bytes_per_s=bytes_per_s,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.records} records, {self.bytes} bytes in {self.partitions} partition(s) on {self.slots} task "
+            f"slot(s): about {self.expected_ms / 1000:.1f} s at >= {self.records_per_s} records/s and "
+            f">= {self.bytes_per_s} bytes/s per slot"
+        )
+
+
+@dataclass(frozen=True)
+class WindowBudget:
+    """The window of one prepare: the timeout in force, split into writing, hand-over and commit."""
+
+    timeout_ms: int
+    headroom_ms: int
+    handover_ms: int
+    estimate: WriteEstimate | None = None  # None: the data was not materialized, its size is unknown
+
+    @property
+    def write_ms(self) -> int:
+        """How long the write job may run, from its start, before its transactions are doomed."""
+        return self.timeout_ms - self.headroom_ms - self.handover_ms
+
+    @property
+    def fits(self) -> bool:
+        if self.write_ms <= 0:
+            return False
+        return self.estimate is None or self.estimate.expected_ms <= self.write_ms
+
+    def describe(self) -> str:
+        expected = (
+            f"; expected write {self.estimate.describe()}"
+            if self.estimate is not None
+            else "; expected write unknown (the data is not materialized first)"
+        )
+        return (
+            f"transaction.timeout.ms={self.timeout_ms}: commit headroom {self.headroom_ms} ms, hand-over to the "
+            f"commit {self.handover_ms} ms, left for writing {self.write_ms} ms{expected}"
+        )
+
+    def refusal(self) -> WindowRefusedError:
+        """The error that refuses this budget, naming the numbers and fixes that can work."""
+        if self.write_ms <= 0:
+            why = (
+                f"the commit headroom ({self.headroom_ms} ms) and the hand-over ({self.handover_ms} ms) leave no time "
+                f"for writing within transaction.timeout.ms={self.timeout_ms}"
+            )
+        else:
+            assert self.estimate is not None
+            why = (
+                f"writing {self.estimate.describe()}, which is more than the {self.write_ms} ms left for writing "
+                f"within transaction.timeout.ms={self.timeout_ms} (commit headroom {self.headroom_ms} ms, "
+                f"hand-over {self.handover_ms} ms)"
+            )
+        return WindowRefusedError(
+            f"the export was refused before any transaction opened: {why}. Nothing was written. Fixes: give the "
+            "export more task slots (executors or cores) so partitions write in parallel; split it into several "
+            "export tasks feeding one commit; raise the broker's transaction.max.timeout.ms where the service "
+            "allows it; or, if the write rates assumed here are too low for this cluster, raise "
+            "write_records_per_s / write_bytes_per_s"
+        )
+
+
+__all__ = [
+    "DEFAULT_HANDOVER_MS",
+    "PartitionSize",
+    "WindowBudget",
+    "WindowError",
+    "WindowExceededError",
+    "WindowRefusedError",
+    "WriteEstimate",
+    "commit_headroom_ms",
+]
