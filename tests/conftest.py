@@ -23,6 +23,8 @@ from tests.helpers.oidc import OidcProvider
 # Small enough for the timeout test to finish quickly, and the broker aborts expired
 # transactions within a second (see scripts/kafka_local.py).
 SHORT_TXN_MAX_TIMEOUT_MS = 6000
+# A cap as strict as the transaction-window tests need (issue 20): 30 s.
+CAP30_TXN_MAX_TIMEOUT_MS = 30_000
 
 
 def _start(
@@ -50,6 +52,11 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
 @pytest.fixture(scope="session")
 def kafka_short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
     yield from _start(tmp_path_factory, "kafka1short", 1, txn_max_timeout_ms=SHORT_TXN_MAX_TIMEOUT_MS)
+
+
+@pytest.fixture(scope="session")
+def kafka_cap30(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    yield from _start(tmp_path_factory, "kafka1cap30", 1, txn_max_timeout_ms=CAP30_TXN_MAX_TIMEOUT_MS)
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,29 @@ class KafkaEnv:
                 return sorted(t.transactional_id for t in listings)
             time.sleep(0.05)
 
+    def set_producer_byte_rate(self, client_id: str, bytes_per_s: float) -> None:
+        """A broker produce quota on one client id (AlterClientQuotas): its producers are throttled.
+        kafka-python's admin has no call for it and Kafka's ConfigCommand is not in our jars, so the
+        request goes through the test's wire client."""
+        from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest as Request
+
+        entry = Request.EntryData
+        request = Request(
+            entries=[
+                entry(
+                    entity=[entry.EntityData(entity_type="client-id", entity_name=client_id)],
+                    ops=[entry.OpData(key="producer_byte_rate", value=float(bytes_per_s), remove=False)],
+                )
+            ],
+            validate_only=False,
+        )
+
+        async def send() -> Any:
+            return await self.wire._send(request)
+
+        [done] = self.wire._run(send).entries
+        assert done.error_code == 0, done
+
     def close(self) -> None:
         if self._wire is not None:
             self._wire.close()
