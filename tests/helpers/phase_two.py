@@ -2,7 +2,8 @@
 
 Tests kill these processes (SIGKILL of the process group) at chosen moments; what they print on
 stderr (INFO logs) tells the test where the process is. Exit status: 0 done, 10 the decision log
-ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostError).
+ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostError), 12 the run aborted
+whole because part of it could no longer commit (RunAbortedError).
 
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
     commit  --run R --committables FILE [--stall-after-ends K]
@@ -27,7 +28,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import RunAbortedError, TransactionLostError
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import Intent
 from airflow_provider_kafka2pc.txn.recovery import recover
@@ -135,6 +136,9 @@ def main() -> int:
     except TransactionLostError as e:
         print(f"TransactionLostError: {e}", file=sys.stderr, flush=True)
         return 11
+    except RunAbortedError as e:
+        print(f"RunAbortedError: {e}", file=sys.stderr, flush=True)
+        return 12
 
 
 if __name__ == "__main__":

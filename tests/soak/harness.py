@@ -55,7 +55,7 @@ KINDS = (
     "clear",  # a clear of an earlier run's commit task, or of the whole earlier run
     "timeout",  # the broker's transaction timeout: before the commit, or after its decision
 )
-EXIT_CONFLICT, EXIT_LOST = 10, 11
+EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
 TIMEOUT_MS = {"timeout": 4_000, "timeout_after_decision": 10_000}  # the prepare's transaction.timeout.ms
 
 
@@ -213,7 +213,7 @@ class Soak:
     def commit(self, r: Run, file: Path, retries: int = 3) -> None:
         for _ in range(retries):
             p = self.call(self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS))
-            if p.returncode in (0, EXIT_CONFLICT, EXIT_LOST):
+            if p.returncode in (0, EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED):
                 self.report(r, p.returncode, p.stderr)
                 return
             r.notes.append(f"commit exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
@@ -224,7 +224,7 @@ class Soak:
             r.status = "success"
         elif code == EXIT_LOST and "partly visible" in stderr:
             r.status = "lost"
-        else:  # a conflict, or a run aborted whole because part of it could no longer commit
+        else:  # a conflict, or a run aborted whole because part of it could no longer commit (RunAbortedError)
             r.status = "failed"
 
     # -- faults -------------------------------------------------------------------------
@@ -438,7 +438,7 @@ class Soak:
         code = proc.wait(300)
         for t in during:
             t.join()
-        if code in (0, EXIT_CONFLICT, EXIT_LOST):
+        if code in (0, EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED):
             self.report(r, code, err.read_text())
         else:
             r.notes.append(f"commit exit {code}: {err.read_text().strip().splitlines()[-1:]}")

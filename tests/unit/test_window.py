@@ -1,0 +1,73 @@
+"""The transaction window's arithmetic (txn/window.py): headroom, write estimate, budget, refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.window import (
+    PartitionSize,
+    WindowBudget,
+    WindowRefusedError,
+    WriteEstimate,
+    commit_headroom_ms,
+)
+
+
+@pytest.mark.parametrize(
+    ("timeout_ms", "transactions", "expected"),
+    [
+        (30_000, 8, 7_500 + 250),  # a quarter of a 30 s cap, one EndTxn wave
+        (10_000, 1, 5_000 + 250),  # the floor
+        (900_000, 200, 90_000 + 13 * 250),  # the ceiling on a 15-minute cap, 13 waves of 16
+        (120_000, 64, 30_000 + 4 * 250),
+    ],
+)
+def test_the_commit_headroom_is_derived_from_the_timeout_and_the_run_size(
+    timeout_ms: int, transactions: int, expected: int
+) -> None:
+    assert commit_headroom_ms(timeout_ms, transactions) == expected
+
+
+def test_a_configured_headroom_wins_and_must_not_be_negative() -> None:
+    assert commit_headroom_ms(30_000, 8, override_ms=2_000) == 2_000
+    with pytest.raises(ValueError, match="commit_headroom_ms=-1"):
+        commit_headroom_ms(30_000, 8, override_ms=-1)
+
+
+def test_the_write_estimate_takes_the_longest_partition_or_the_sum_over_the_slots() -> None:
+    sizes = [PartitionSize(p, 2_000, 30_000) for p in range(8)] + [PartitionSize(8, 0, 0)]
+    # Each partition: 1 s fixed + 2,000 / 50,000 s + 30,000 / 10 MB/s = 1.043 s; 8 of them on 2 slots.
+    estimate = WriteEstimate.of(sizes, slots=2)
+    assert (estimate.records, estimate.bytes, estimate.partitions) == (16_000, 240_000, 8)
+    assert estimate.expected_ms == 4_172
+    skewed = WriteEstimate.of([PartitionSize(0, 1_000_000, 0), PartitionSize(1, 10, 0)], slots=8)
+    assert skewed.expected_ms == 21_000  # one big partition: no number of slots helps
+    assert WriteEstimate.of([], slots=2).expected_ms == 0
+
+
+def test_a_budget_that_fits_and_one_that_does_not() -> None:
+    estimate = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2)
+    fits = WindowBudget(30_000, 7_750, 10_000, estimate)
+    assert fits.write_ms == 12_250 and fits.fits
+    assert "left for writing 12250 ms; expected write 16000 records" in fits.describe()
+    slow = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2, records_per_s=100)
+    refused = WindowBudget(30_000, 7_750, 10_000, slow)
+    assert not refused.fits
+    message = str(refused.refusal())
+    assert message.startswith("the export was refused before any transaction opened: writing 16000 records")
+    assert "more than the 12250 ms left for writing within transaction.timeout.ms=30000" in message
+    assert "Nothing was written" in message and "more task slots" in message
+
+
+def test_a_timeout_too_short_for_the_headroom_leaves_no_time_to_write() -> None:
+    budget = WindowBudget(6_000, 5_250, 10_000, None)
+    assert budget.write_ms < 0 and not budget.fits
+    error = budget.refusal()
+    assert isinstance(error, WindowRefusedError)
+    assert "leave no time for writing within transaction.timeout.ms=6000" in str(error)
+
+
+def test_without_materializing_the_budget_only_bounds_the_time() -> None:
+    budget = WindowBudget(900_000, 90_250, 10_000, None)
+    assert budget.fits
+    assert "expected write unknown (the data is not materialized first)" in budget.describe()
