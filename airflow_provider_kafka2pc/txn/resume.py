@@ -371,9 +371,10 @@ def commit_prepared(
        transactions still open under their own producer id and epoch (a second export of the
        finished run) are aborted, and ``DecisionConflictError`` says so.
     2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
-       within the commit's headroom of its broker deadline: ``txn.window.commit_headroom_ms``, or
-       ``headroom_ms``), the whole run is aborted: ABORT is appended, read back, obeyed, and
-       ``RunAbortedError`` says why (nothing of it is visible: not a loss); or, if an
+       within the commit's headroom of its broker deadline: ``headroom_ms``, else
+       ``txn.window.commit_headroom_ms`` bounded by the commit's own timeouts), the whole run is
+       aborted: ABORT is appended, read back, obeyed, and ``RunAbortedError`` says why (nothing
+       of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
        ``DecisionConflictError`` names it, as in step 3.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
@@ -437,8 +438,11 @@ def decide_commit(
             raise _second_export(run, decided[0], len(refs))
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
+        worst_case_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
         doomed = _doomed(
-            refs, observed, lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms)
+            refs,
+            observed,
+            lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms),
         )
         if doomed:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))

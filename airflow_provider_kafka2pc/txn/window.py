@@ -51,16 +51,22 @@ class WindowExceededError(WindowError):
 
 
 def commit_headroom_ms(
-    timeout_ms: int, transactions: int, max_workers: int = 16, override_ms: int | None = None
+    timeout_ms: int,
+    transactions: int,
+    max_workers: int = 16,
+    override_ms: int | None = None,
+    worst_case_ms: int | None = None,
 ) -> int:
     """What the commit needs before the earliest broker deadline: ``override_ms`` when given, else
-    derived from the timeout in force and the number of transactions (see the constants above)."""
+    derived from the timeout in force and the number of transactions (see the constants above), but
+    never more than ``worst_case_ms``, the most the commit can spend (its own timeouts)."""
     if override_ms is not None:
         if override_ms < 0:
             raise ValueError(f"commit_headroom_ms={override_ms}: must be >= 0")
         return override_ms
     base = min(HEADROOM_CEILING_MS, max(HEADROOM_FLOOR_MS, int(timeout_ms * HEADROOM_SHARE)))
-    return base + math.ceil(max(transactions, 1) / max(max_workers, 1)) * END_TXN_WAVE_MS
+    derived = base + math.ceil(max(transactions, 1) / max(max_workers, 1)) * END_TXN_WAVE_MS
+    return derived if worst_case_ms is None else min(derived, worst_case_ms)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pytest
 from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, write_partition
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import RunAbortedError
 from airflow_provider_kafka2pc.txn.native import NativeTransactionalWriter
 from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared
 from tests.helpers.kafka import KafkaEnv, Record
@@ -119,7 +119,7 @@ def test_native_prepare_stays_open_commits_once_aborts_to_nothing_and_is_fenced(
     second_c = second.prepare()
     assert first_c is not None and second_c is not None
     assert (second_c.producer_id, second_c.producer_epoch) != (first_c.producer_id, first_c.producer_epoch)
-    with pytest.raises(TransactionLostError, match="fenced"):
+    with pytest.raises(RunAbortedError, match="fenced"):
         commit_prepared([first_c], kafka.wire, _log(kafka), run="native-fenced")
     commit_prepared([second_c], kafka.wire, _log(kafka), run="native-fencer")
     assert [r.value for r in kafka.read_committed(topic) if r.value in (b"first", b"second")] == [b"second"]

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import RunAbortedError
 from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
 from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.recovery import recover
@@ -130,7 +130,9 @@ def test_b_end_txn_retried_concurrently_is_classified_not_guessed(kafka: KafkaEn
 # -- c. timeout --------------------------------------------------------------------
 
 
-def test_c_committable_outliving_the_transaction_timeout_is_lost_loudly(kafka_short_timeout: KafkaEnv) -> None:
+def test_c_committable_outliving_the_transaction_timeout_aborts_the_run_whole_loudly(
+    kafka_short_timeout: KafkaEnv,
+) -> None:
     env = kafka_short_timeout
     assert broker_max_transaction_timeout_ms(env.config) == SHORT_TXN_MAX_TIMEOUT_MS
     topic, prefix = env.topic(), _prefix()
@@ -141,10 +143,12 @@ def test_c_committable_outliving_the_transaction_timeout_is_lost_loudly(kafka_sh
 
     # The commit's own worst case must fit in the 6 s cap: a 1 s decision write, 2 s of EndTxn retries.
     log = DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}", timeout_s=1)
-    with pytest.raises(TransactionLostError) as e:
+    with pytest.raises(RunAbortedError) as e:
         commit_prepared([late, fresh], env.wire, log, run="c", end_txn_timeout_s=2)
-    assert [t.transactional_id for t in e.value.lost] == [late.transactional_id]
-    assert e.value.lost[0].records == 300
+    assert [t.transactional_id for t in e.value.why] == [late.transactional_id]
+    assert e.value.why[0].records == 300
+    assert (e.value.transactions, e.value.records) == (2, 500)  # the run's real totals
+    assert str(e.value).startswith("run c was aborted as a whole, nothing of it is visible: 2 transaction(s)")
     assert "transaction.timeout.ms" in str(e.value)
     # Atomic: the fresh transaction was aborted too, nothing of the run is visible, nothing open.
     assert env.read_committed(topic) == []
@@ -157,9 +161,9 @@ def test_c_commit_refuses_a_committable_past_its_deadline(kafka_short_timeout: K
     env = kafka_short_timeout
     topic, prefix = env.topic(), _prefix()
     c = prepare_in_subprocess(env, f"{prefix}-0", generate(topic, 10))
-    # The commit's own worst case (decision write + EndTxn retries) does not fit before the deadline.
-    with pytest.raises(TransactionLostError, match="too close to its broker deadline"):
-        commit_prepared([c], env.wire, _log(env), run="c2", end_txn_timeout_s=SHORT_TXN_MAX_TIMEOUT_MS / 1000)
+    # A headroom as long as the timeout: the commit can never start in time.
+    with pytest.raises(RunAbortedError, match="too close to its broker deadline"):
+        commit_prepared([c], env.wire, _log(env), run="c2", headroom_ms=SHORT_TXN_MAX_TIMEOUT_MS)
     assert env.read_committed(topic) == []
     assert env.open_transactions(prefix) == []
 
@@ -176,7 +180,7 @@ def test_d_second_writer_fences_the_first(kafka: KafkaEnv) -> None:
     resolver = TransactionResolver(kafka.wire)
     r = resolver.resolve([ref_of(first)], Intent.COMMIT)[0]
     assert (r.outcome, r.observation) == (Verdict.LOST, Observation.SUPERSEDED)
-    with pytest.raises(TransactionLostError, match="fenced"):
+    with pytest.raises(RunAbortedError, match="fenced"):
         commit_prepared([first], kafka.wire, _log(kafka), run="d")
     commit_prepared([second], kafka.wire, _log(kafka), run="d2")
     keys = _keys(kafka.read_committed(topic))
