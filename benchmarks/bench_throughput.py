@@ -32,10 +32,11 @@ LABELS: dict[str, str] = {
     "c": "(c)  kafka2pc EXACTLY_ONCE",
     "n": "(n)  kafka2pc EXACTLY_ONCE, native writer",
     "n+": "(n+) (n), Spark's Arrow byte check off",
+    "n0": "(n0) (n), not materialized first",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "n", "n+", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Runner:
             "c": lambda t: self._exactly_once(t, "python"),
             "n": lambda t: self._exactly_once(t, "native"),
             "n+": lambda t: self._exactly_once(t, "native", arrow_bytes_unchecked=True),
+            "n0": lambda t: self._exactly_once(t, "native", materialize=False),
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
@@ -169,13 +171,16 @@ class Runner:
         return {"total": time.perf_counter() - started}
 
     # (c) ---------------------------------------------------------------------------------
-    def _exactly_once(self, topic: str, writer: str, arrow_bytes_unchecked: bool = False) -> dict[str, float]:
+    def _exactly_once(
+        self, topic: str, writer: str, arrow_bytes_unchecked: bool = False, materialize: bool = True
+    ) -> dict[str, float]:
         from airflow_provider_kafka2pc.spark.job import (
             ARROW_BYTES_UNCHECKED,
             ARROW_MAX_BYTES_PER_BATCH,
             ExportSettings,
             export_dataframe,
         )
+        from airflow_provider_kafka2pc.spark.window import WindowSettings
         from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
         from airflow_provider_kafka2pc.txn.outcome import Verdict
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
@@ -192,7 +197,7 @@ class Runner:
                 conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
             try:
                 started = time.perf_counter()
-                result = export_dataframe(self.df, settings)
+                result = export_dataframe(self.df, settings, window=WindowSettings(materialize=materialize))
                 prepared = time.perf_counter()
             finally:
                 if arrow_bytes_unchecked and before is None:
@@ -209,6 +214,8 @@ class Runner:
         return {
             "total": done - started,
             "prepare": prepared - started,
+            "prepare:materialize": result.materialize_s,
+            "prepare:write": result.write_s,
             "commit": done - prepared,
             "transactions": len(result.committables),
             "commit:log_read": phases.seconds["decision log read"],

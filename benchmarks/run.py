@@ -28,11 +28,13 @@ import bench_spark
 from bench_env import REPO, Kafka, broker, kafka_local, package_dir, use_repo
 from bench_throughput import LABELS, ORDER, Runner, Sample
 from bench_txn import commit_many, read_history, recover_many
+from bench_window import render as render_window
+from bench_window import window_run
 
 ROWS = {"quick": 1_000_000, "full": 10_000_000}
 WARMUP_ROWS = 40_000
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
-TXN_BENCHES = ("commit", "recovery", "log")
+TXN_BENCHES = ("commit", "recovery", "log", "window")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,n,n+,d,s,commit,recovery,log (default: all)",
+        help="comma-separated subset of: a,b,b',c,n,n+,n0,d,s,commit,recovery,log,window (default: all)",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
     p.add_argument(
@@ -81,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     samples: list[Sample] = []
     txn: dict[str, dict[str, Any]] = {}
-    jars = bench_spark.sink_jars() if {"b", "b'", "c", "n", "n+", "d", "s"} & set(modes) else []
+    spark_modes = {"b", "b'", "c", "n", "n+", "n0", "d", "s"} & set(modes) or {"window"} & set(selected)
+    jars = bench_spark.sink_jars() if spark_modes else []
     with broker(args.bootstrap) as bootstrap:
         env["bootstrap"] = bootstrap
         kafka = Kafka(bootstrap)
@@ -105,6 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("recover() of 1,000 lingering transactions …", flush=True)
                 txn["recovery_1000"] = recover_many(kafka, decisions)
                 print(f"  {txn['recovery_1000']}", flush=True)
+            if "window" in selected and spark is not None:
+                print("window: a ~60 s source, not materialized and materialized first …", flush=True)
+                runs = [window_run(kafka, spark, decisions, materialize) for materialize in (False, True)]
+                txn["window"] = {"runs": runs, "verified": all(r["verified"] for r in runs)}
+                print(render_window(runs), flush=True)
             if "log" in selected:
                 print("decision log read with 100,000 finished runs …", flush=True)
                 txn["log_100k_runs"] = read_history(kafka)
@@ -266,10 +274,12 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
             f"{r['seconds']:>8.3f}  {'yes' if r['verified'] else 'NO  <<<<<<<<'}"
         )
     for r in table:
-        if r["mode"] in ("c", "n", "n+"):
+        if r["mode"] in ("c", "n", "n+", "n0"):
             p = r["phases"]
             lines.append(
-                f"{r['mode']} split: prepare (Spark job) {p['prepare']:.3f} s, commit_prepared {p['commit']:.3f} s "
+                f"{r['mode']} split: prepare (Spark jobs) {p['prepare']:.3f} s (materializing "
+                f"{p.get('prepare:materialize', 0):.3f} s, writing {p.get('prepare:write', 0):.3f} s), "
+                f"commit_prepared {p['commit']:.3f} s "
                 f"for {int(p['transactions'])} transactions (decision log read {p['commit:log_read']:.3f} s, "
                 f"appends {p['commit:log_write']:.3f} s, EndTxn {p['commit:end_txn']:.3f} s)"
             )
@@ -282,7 +292,7 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
 
 
 def _render_txn(txn: dict[str, dict[str, Any]]) -> str:
-    lines = []
+    lines = [render_window(txn["window"]["runs"])] if "window" in txn else []
     if "commit_200" in txn:
         t = txn["commit_200"]
         lines.append(

@@ -1,12 +1,14 @@
 """The DAG of the end-to-end tests: the exporter's tasks wired by hand, with failures to inject.
 
 Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
-E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES, E2E_SPARK_CONF (JSON, merged into the
-export's Spark settings). The run's
-conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give ``fault``
-to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per run),
-``sleep_s`` (the first row of partition 0 sleeps that long inside the Spark job: a slow prepare
-with transactions open) and ``tag_by_date`` (the run's logical date is appended to its tag, so
+E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES, E2E_SPARK_CONF
+(JSON, merged into the export's Spark settings), E2E_MATERIALIZE (0: the export's
+materialize=False). The run's conf gives ``tag`` (key prefix of its records), ``rows`` and
+``partitions``, and may give ``fault`` to override E2E_FAULT for that run only (one long-lived
+Airflow, different scenarios per run), ``sleep_s`` (the first row of partition 0 sleeps that long
+inside the Spark job: a slow prepare with transactions open), ``compute_ms`` (the first row of
+every partition sleeps that long in the JVM: a slow source, computed before any transaction opens
+unless E2E_MATERIALIZE=0) and ``tag_by_date`` (the run's logical date is appended to its tag, so
 the runs of one backfill, which share a conf, write different keys).
 
 Two DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only) and ``e2e_kafka2pc_scheduled`` (daily,
@@ -59,6 +61,13 @@ def source(spark: Any, context: Any) -> Any:
     df = spark.range(rows, numPartitions=partitions)
     key = F.concat(F.lit(f"{tag}-"), F.col("id").cast("string"))
     fault = fault_of(context)
+    compute_ms = int(conf.get("compute_ms", 0))
+    if compute_ms > 0 and not fault:
+        first = f"id % {-(-rows // partitions)} = 0"
+        sleep = f"CASE WHEN {first} THEN java_method('java.lang.Thread', 'sleep', CAST({compute_ms} AS BIGINT)) END"
+        return df.select(
+            key.alias("key"), F.expr(f"concat('value-', CAST(id AS STRING), coalesce({sleep}, ''))").alias("value")
+        )
     sleep_s = float(conf.get("sleep_s", 0))
     if sleep_s > 0 and not fault:
 
@@ -133,6 +142,7 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
                 "spark.ui.enabled": "false",
                 **json.loads(os.environ.get("E2E_SPARK_CONF", "{}")),
             },
+            materialize=os.environ.get("E2E_MATERIALIZE", "1") == "1",
         )
         commit = E2ECommitOperator(
             task_id="commit",
