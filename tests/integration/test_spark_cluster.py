@@ -8,7 +8,10 @@ committed from the test process, as in production.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -19,7 +22,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.spark.job import ExportResult, ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.spark.window import ExecutorLostError
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from tests.helpers.kafka import REPO, KafkaEnv
 from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
@@ -91,7 +96,8 @@ def _get_json(url: str) -> Any:
 
 
 def _tasks_of_group(session: Any, group: str, successes: int, timeout_s: float = 30) -> list[dict[str, Any]]:
-    """Every task attempt of the jobs in ``group``, from the driver's REST API (index, attempt, executorId, status).
+    """Every task attempt of the write job in ``group`` (its last job: materializing the frame runs
+    jobs before it), from the driver's REST API (index, attempt, executorId, status).
 
     The status store is fed by the listener bus, after the job has returned: poll until it has them all.
     """
@@ -100,7 +106,7 @@ def _tasks_of_group(session: Any, group: str, successes: int, timeout_s: float =
     deadline = time.monotonic() + timeout_s
     while True:
         tasks: list[dict[str, Any]] = []
-        for job in sc.statusTracker().getJobIdsForGroup(group):
+        for job in sorted(sc.statusTracker().getJobIdsForGroup(group))[-1:]:
             for stage in _get_json(f"{base}/jobs/{job}")["stageIds"]:
                 for attempt in _get_json(f"{base}/stages/{stage}?details=true"):
                     tasks += attempt.get("tasks", {}).values()
@@ -180,3 +186,64 @@ def test_a_task_failed_on_one_executor_is_fenced_by_its_retry(
     # The 3,000 records of the failed attempt were aborted when the retry fenced it: no duplicates.
     assert len(records) == rows and len({r.key for r in records}) == rows
     assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def _executor_pids(app_id: str) -> list[int]:
+    """The executor JVMs of the application, from their command lines in /proc."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in args and app_id.encode() in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
+    spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv
+) -> None:
+    """SIGKILL of one executor JVM while the (broker-throttled) write job runs: the partitions it
+    stored with the local checkpoint are gone and cannot be recomputed, so the job fails; the export
+    aborts what was opened at once and names the cause. Nothing visible, nothing open."""
+    rows = 20_000
+    topic = kafka.topic(4)
+    df = spark.range(rows, numPartitions=4).selectExpr("cast(id as string) as key", "cast(id as string) as value")
+    client_id = f"slow-{uuid.uuid4().hex[:6]}"
+    kafka.set_producer_byte_rate(client_id, 2_000)  # ~150 s to write: time to kill an executor meanwhile
+    s = ExportSettings(f"c{uuid.uuid4().hex[:8]}", {**kafka.config, "client.id": client_id}, topic)
+    log = _log(kafka)
+    aborts: list[str] = []
+    outcome: dict[str, BaseException] = {}
+
+    def export() -> None:
+        try:
+            export_dataframe(
+                df,
+                s,
+                abort_opened=lambda: aborts.append(recover(kafka.wire, s.transactional_id_prefix, log).describe()),
+            )
+        except BaseException as e:
+            outcome["error"] = e
+
+    writer = threading.Thread(target=export)
+    writer.start()
+    deadline = time.monotonic() + 120
+    while len(kafka.open_transactions(s.transactional_id_prefix, settle_s=0)) < 2:  # the write job is writing
+        assert time.monotonic() < deadline and writer.is_alive(), outcome
+        time.sleep(0.2)
+    pids = _executor_pids(spark.sparkContext.applicationId)
+    assert len(pids) == WORKERS, pids
+    os.kill(pids[0], signal.SIGKILL)
+    writer.join(180)
+    assert not writer.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, ExecutorLostError), repr(error)
+    message = str(error)
+    assert "an executor holding materialized partitions was lost during the write" in message
+    assert "every transaction it opened was aborted at once: nothing of the run is visible" in message
+    assert "checkpoint_dir" in message
+    assert len(aborts) == 1
+    assert kafka.open_transactions(s.transactional_id_prefix, settle_s=2) == []
+    assert kafka.read_committed(topic) == []
