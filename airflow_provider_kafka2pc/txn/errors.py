@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +69,8 @@ class LostTransaction:
     records: int
     topic_partitions: tuple[str, ...]
     reason: str
+    prefix: str = ""  # the exporter and the run whose decision covered it, for the acknowledge command
+    run: str = ""
 
 
 class TransactionLostError(Kafka2PCError):
@@ -87,8 +90,32 @@ class TransactionLostError(Kafka2PCError):
         ]
         super().__init__(
             f"{len(self.lost)} transaction(s) with {records} record(s) are lost and will never be "
-            "visible:\n" + "\n".join(lines) + _VISIBLE.get(visible, "")
+            "visible:\n" + "\n".join(lines) + _what_now(self.lost, visible)
         )
+
+
+def acknowledge_command(prefix: str, run: str) -> str:
+    """The CLI call that acknowledges a lost run, ready to paste."""
+    return f"kafka2pc acknowledge --prefix {shlex.quote(prefix)} --run {shlex.quote(run)}"
+
+
+def _what_now(lost: Sequence[LostTransaction], visible: str) -> str:
+    runs = sorted({(t.prefix, t.run) for t in lost if t.prefix and t.run})
+    commands = " and ".join(f"`{acknowledge_command(p, r)}`" for p, r in runs) or (
+        "`kafka2pc acknowledge` for the run that `kafka2pc list` shows LOST"
+    )
+    if visible == "part":
+        return (
+            "\nThe rest of the run, decided COMMIT before the loss, IS visible: the run is partly visible. "
+            f"Re-export the lost partitions, or acknowledge the loss with {commands} so that recovery stops "
+            "failing on it."
+        )
+    if visible == "decided":
+        return (
+            f"\nNothing of the run is visible, but it was decided COMMIT: acknowledge the loss with {commands}, then "
+            "start a new DAG run to export it again."
+        )
+    return ""
 
 
 class RunAbortedError(Kafka2PCError):
@@ -111,16 +138,3 @@ class RunAbortedError(Kafka2PCError):
             f"run {run} was aborted as a whole, nothing of it is visible: {transactions} transaction(s) with "
             f"{records} record(s). {len(self.why)} of them could no longer commit:\n" + "\n".join(lines) + f"\n{fix}"
         )
-
-
-_VISIBLE = {
-    "part": (
-        "\nThe rest of the run, decided COMMIT before the loss, IS visible: the run is partly visible. "
-        "Re-export the lost partitions, or acknowledge the loss with "
-        "`kafka2pc acknowledge --prefix PREFIX --run RUN` so that recovery stops failing on it."
-    ),
-    "decided": (
-        "\nNothing of the run is visible, but it was decided COMMIT: acknowledge the loss with "
-        "`kafka2pc acknowledge --prefix PREFIX --run RUN`, then start a new DAG run to export it again."
-    ),
-}

@@ -324,14 +324,18 @@ def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
 
 
 def lost_of_decisions(state: LogState, decision_ids: Sequence[str]) -> list[LostTransaction]:
-    return _lost_transactions(t for did in dict.fromkeys(decision_ids) for t in state.outcome(did).lost)
+    return [
+        t
+        for did in dict.fromkeys(decision_ids)
+        for t in _lost_transactions(state.outcome(did).lost, state.decisions[did].run if did in state.decisions else "")
+    ]
 
 
 def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
-    return _lost_transactions(rec.lost)
+    return _lost_transactions(rec.lost, rec.run)
 
 
-def _lost_transactions(lost: Iterable[LostTxn]) -> list[LostTransaction]:
+def _lost_transactions(lost: Iterable[LostTxn], run: str) -> list[LostTransaction]:
     return [
         LostTransaction(
             t.covered.transactional_id,
@@ -340,6 +344,8 @@ def _lost_transactions(lost: Iterable[LostTxn]) -> list[LostTransaction]:
             t.covered.records,
             t.covered.partitions,
             t.reason,
+            prefix_of(t.covered.transactional_id),
+            run,
         )
         for t in lost
     ]
@@ -500,9 +506,20 @@ def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitRe
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
         raise TransactionLostError(lost, visible="part")
-    note = "; ".join(f"exporter {r.prefix}: already {r.status.value.lower()}, {r.records} records" for r in records)
+    note = "; ".join(_finished(r) for r in records)
     log.info("run %s is final in the decision log (%s); nothing to do", run, note)
     return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))
+
+
+def _finished(rec: RunRecord) -> str:
+    """What a finished run's record says is visible; an acknowledged loss is still a loss."""
+    lost = sum(t.covered.records for t in rec.lost)
+    if rec.status is RunStatus.ACKNOWLEDGED:
+        return (
+            f"exporter {rec.prefix}: its loss was acknowledged ({rec.note or 'no note'}): {rec.records - lost} of "
+            f"{rec.records} records are visible, {lost} were lost"
+        )
+    return f"exporter {rec.prefix}: already {rec.status.value.lower()}, {rec.records} records"
 
 
 def _doomed(

@@ -7,6 +7,7 @@ DescribeTransactions, the decision before the first EndTxn, and all-or-nothing r
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -599,11 +600,23 @@ def test_once_decided_the_rest_is_rolled_forward_and_the_loss_reported(
     rec = decision_log.read().run_status("orders", "run-1")
     assert rec is not None and rec.status is RunStatus.LOST
     assert [t.covered.transactional_id for t in rec.lost] == ["orders-1"]
+    # The fix names this exporter and run, ready to paste (no placeholders).
+    assert "`kafka2pc acknowledge --prefix orders --run run-1`" in str(info.value)
+    assert "PREFIX" not in str(info.value) and "--run RUN" not in str(info.value)
     # the next try answers from the run record, loudly, touching nothing
     calls = len(broker.end_txn_calls)
-    with pytest.raises(TransactionLostError, match="orders-1"):
+    with pytest.raises(TransactionLostError, match="orders-1") as again:
         commit_prepared([a, b], broker, decision_log, run="run-1")
     assert len(broker.end_txn_calls) == calls
+    assert "`kafka2pc acknowledge --prefix orders --run run-1`" in str(again.value)
+    # Once acknowledged, a retry says what is visible, not just "already acknowledged".
+    acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, note="re-exported")
+    decision_log.append([(acked.key, acked.to_json())])
+    report = commit_prepared([a, b], broker, decision_log, run="run-1")
+    assert report.note == (
+        f"exporter orders: its loss was acknowledged (re-exported): {a.records} of {a.records + b.records} records "
+        f"are visible, {b.records} were lost"
+    )
 
 
 def test_expired_id_recorded_committed_is_not_lost(broker: FakeBroker, decision_log: MemoryDecisionLog) -> None:
