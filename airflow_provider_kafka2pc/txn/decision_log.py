@@ -75,6 +75,10 @@ class UnsafeDecisionTopicError(DecisionLogError):
     """The decision topic exists with settings that could lose or reorder decisions."""
 
 
+class DecisionLogUnavailableError(DecisionLogError):
+    """The decision topic's leader stayed unreachable for the read's whole budget."""
+
+
 @dataclass(frozen=True)
 class Position:
     offset: int
@@ -398,9 +402,10 @@ class DecisionLog:
             consumer.close()
 
     def _end_offset(self, consumer: Any, tp: Any) -> int:
-        """The high watermark; a partition whose leader is still being elected, or whose new leader's
-        high watermark has not caught up yet (OFFSET_NOT_AVAILABLE, seen right after a broker
-        restart), answers in a moment: Kafka marks all of these retriable."""
+        """The high watermark. A partition whose leader is being elected or whose new leader's high
+        watermark has not caught up (OFFSET_NOT_AVAILABLE, right after a restart), and librdkafka's
+        local timeouts and dropped connections while a broker is down, are waited out within the
+        log's ``timeout_s``, asking in short steps; past it ``DecisionLogUnavailableError`` says so."""
         from confluent_kafka import KafkaError, KafkaException
 
         retriable = {
@@ -411,14 +416,29 @@ class DecisionLog:
             KafkaError.OFFSET_NOT_AVAILABLE,
             KafkaError.FENCED_LEADER_EPOCH,
             KafkaError.UNKNOWN_LEADER_EPOCH,
+            KafkaError.REQUEST_TIMED_OUT,
+            KafkaError.BROKER_NOT_AVAILABLE,
+            # librdkafka's own: a leader that died mid-request (seen: a SIGKILLed broker).
+            KafkaError._TIMED_OUT,
+            KafkaError._TRANSPORT,
+            KafkaError._DESTROY_BROKER,
+            KafkaError._ALL_BROKERS_DOWN,
         }
         deadline = time.monotonic() + self.timeout_s
         while True:
+            left = deadline - time.monotonic()
             try:
-                return int(consumer.get_watermark_offsets(tp, timeout=self.timeout_s)[1])
+                return int(consumer.get_watermark_offsets(tp, timeout=max(0.5, min(5.0, left)))[1])
             except KafkaException as e:
-                if e.args[0].code() not in retriable or time.monotonic() > deadline:
+                if e.args[0].code() not in retriable:
                     raise
+                if time.monotonic() > deadline:
+                    raise DecisionLogUnavailableError(
+                        f"decision topic {self.topic!r} (partition {tp.partition}) answered no end offset for "
+                        f"{self.timeout_s:g} s: {e.args[0].str()}. Its leader is down or being elected; nothing "
+                        "was decided or ended by this call. Bring the broker back (or wait for a new leader), "
+                        "then retry or clear this task."
+                    ) from e
                 time.sleep(0.1)
 
     def close(self) -> None:

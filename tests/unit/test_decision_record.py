@@ -214,7 +214,17 @@ def test_replay_skips_tombstones_and_unknown_keys() -> None:
     assert (state.end_offset, state.broker_time_ms) == (2, 3)
 
 
-@pytest.mark.parametrize("code", ["OFFSET_NOT_AVAILABLE", "LEADER_NOT_AVAILABLE", "FENCED_LEADER_EPOCH"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "OFFSET_NOT_AVAILABLE",
+        "LEADER_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH",
+        "_TIMED_OUT",
+        "_DESTROY_BROKER",
+        "_TRANSPORT",
+    ],
+)
 def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: str) -> None:
     """A read right after a broker restart met 'Leader high watermark is not caught up' (a soak
     run's prepare failed on it): retriable errors are waited out, any other is raised."""
@@ -235,3 +245,20 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
     assert log._end_offset(Consumer(2, getattr(KafkaError, code)), tp) == 42
     with pytest.raises(KafkaException):
         log._end_offset(Consumer(1, KafkaError.TOPIC_AUTHORIZATION_FAILED), tp)
+
+
+def test_a_leader_down_past_the_budget_is_named_not_raw() -> None:
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLogUnavailableError
+
+    class Down:
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+            assert timeout <= 5.0  # asked in short steps, not one call as long as the budget
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get watermark offsets: Local: Timed out"))
+
+    log = DecisionLog({"bootstrap.servers": "127.0.0.1:1"}, topic="decisions", timeout_s=0.5)
+    with pytest.raises(DecisionLogUnavailableError) as info:
+        log._end_offset(Down(), TopicPartition("decisions", 0))
+    assert str(info.value).startswith("decision topic 'decisions' (partition 0) answered no end offset for 0.5 s")
+    assert "nothing was decided or ended by this call" in str(info.value)
