@@ -1,3 +1,3 @@
 """kafka2pc: exactly-once export of Spark DataFrames to Apache Kafka, coordinated by Airflow."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

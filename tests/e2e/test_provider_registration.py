@@ -25,7 +25,7 @@ def airflow_cli(home: Path, *args: str) -> str:
 def test_airflow_lists_the_provider_its_hook_and_its_trigger(tmp_path: Path) -> None:
     providers = airflow_cli(tmp_path, "providers", "list", "--output", "json")
     [mine] = [p for p in json.loads(providers) if p["package_name"] == "airflow-provider-kafka2pc"]
-    assert mine["version"] == "0.1.0"
+    assert mine["version"] == "0.2.0.dev0"  # past 0.1.0: the CHANGELOG's unreleased 0.2.0
 
     hooks = json.loads(airflow_cli(tmp_path, "providers", "hooks", "--output", "json"))
     [hook] = [h for h in hooks if h["connection_type"] == "kafka2pc"]
