@@ -255,12 +255,15 @@ class Kafka2PCExportOperator(BaseOperator):
             wire.close()
         self._skip_or_fail(context, prefix, run, status)
 
-    def _abort_opened(self, hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None) -> None:
+    def _abort_opened(self, hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None) -> bool:
         """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
-        does), instead of leaving it open, stalling read_committed readers, until the abort task."""
+        does), instead of leaving it open, stalling read_committed readers, until the abort task.
+        Two passes at least, a few seconds apart: a writer whose task was being killed may still have
+        sent a batch after the first. True when nothing of the exporter is left open."""
         import time
 
         deadline = time.monotonic() + 30
+        clean_passes = 0
         while True:
             try:
                 result = hook.recover(prefix, run, run_key)
@@ -270,11 +273,17 @@ class Kafka2PCExportOperator(BaseOperator):
                     type(e).__name__,
                     e,
                 )
-                return
-            if result.done or time.monotonic() > deadline:
-                self.log.info("kafka2pc aborted the write job's open transactions of %s: %s", prefix, result.describe())
-                return
-            time.sleep(0.5)
+                return False
+            self.log.info("kafka2pc aborting the write job's open transactions of %s: %s", prefix, result.describe())
+            clean_passes = clean_passes + 1 if result.done else 0
+            if clean_passes >= 2:
+                return True
+            if time.monotonic() > deadline:
+                self.log.warning(
+                    "kafka2pc: transactions of %s still open after 30 s; the abort task will end them", prefix
+                )
+                return False
+            time.sleep(3.0 if result.done else 0.5)
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe

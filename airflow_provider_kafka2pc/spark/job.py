@@ -462,7 +462,7 @@ def export_dataframe(
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 5.0,
     window: WindowSettings | None = None,
-    abort_opened: Callable[[], None] | None = None,
+    abort_opened: Callable[[], bool] | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
@@ -470,7 +470,8 @@ def export_dataframe(
     materialized first (``window.materialize``), the budget checked before any transaction opens
     (``WindowRefusedError``), and a write job that runs past it is stopped. When the write job
     fails or is stopped, ``abort_opened`` is called (once its tasks have ended) to abort what they
-    opened at once; then the error is raised (``WindowExceededError`` for an overrun).
+    opened at once, and answers whether nothing is left open; then the error is raised
+    (``WindowExceededError`` for an overrun).
 
     ``on_progress`` is called every ``progress_interval_s`` while the job runs and once when it
     has succeeded (classic Spark sessions; Spark Connect reports nothing)."""
@@ -498,14 +499,14 @@ def export_dataframe(
     if stored is not None:
         df = stored.df
     try:
-        rows, write_s = _write(df, settings, budget, on_progress, progress_interval_s, abort_opened)
+        rows, write_s, write_started_ms = _write(df, settings, budget, on_progress, progress_interval_s, abort_opened)
     finally:
         if stored is not None:
             stored.release()
     result = _collect(rows, settings, time.monotonic() - started)
     result = replace(result, budget=budget, materialize_s=stored.seconds if stored else 0.0, write_s=write_s)
     if budget is not None:
-        _check_window_left(result, budget, abort_opened)
+        _check_window_left(result, budget, abort_opened, write_started_ms)
     return result
 
 
@@ -562,9 +563,10 @@ def _write(
     budget: WindowBudget | None,
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
-    abort_opened: Callable[[], None] | None,
-) -> tuple[list[Any], float]:
-    """The write job, watched against the budget; on failure what it opened is aborted at once."""
+    abort_opened: Callable[[], bool] | None,
+) -> tuple[list[Any], float, int]:
+    """The write job, watched against the budget; on failure what it opened is aborted at once.
+    Returns its rows, its duration and its start (wall-clock ms on the driver)."""
     from airflow_provider_kafka2pc.spark.window import ExecutorLostError, WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.window import WindowExceededError
 
@@ -586,7 +588,7 @@ def _write(
 
     log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
     watch = WriteWatch(df.sparkSession, budget.write_ms) if budget is not None else None
-    started = time.monotonic()
+    started, started_ms = time.monotonic(), int(time.time() * 1000)
     try:
         with reporter or contextlib.nullcontext(), watch or contextlib.nullcontext():
             if watch is not None:
@@ -595,15 +597,9 @@ def _write(
     except Exception as e:
         if watch is None:
             raise
-        ended = watch.wait_tasks_ended()
-        if abort_opened is not None:
-            abort_opened()
         seconds = time.monotonic() - started
-        aborted = (
-            "every transaction it opened was aborted at once"
-            if abort_opened is not None
-            else "the abort task aborts what it opened"
-        ) + ("" if ended else " (some of its tasks had not ended yet: the abort task looks again)")
+        ended = watch.wait_tasks_ended()
+        aborted = _abort_now(abort_opened, ended)
         assert budget is not None
         if watch.overran:
             raise WindowExceededError(
@@ -620,7 +616,7 @@ def _write(
                 "checkpoint_dir (HDFS, S3, a shared disk)."
             ) from e
         raise
-    return rows, time.monotonic() - started
+    return rows, time.monotonic() - started, started_ms
 
 
 def _overrun_fix(budget: WindowBudget) -> str:
@@ -636,13 +632,17 @@ def _overrun_fix(budget: WindowBudget) -> str:
     )
 
 
-def _check_window_left(result: ExportResult, budget: WindowBudget, abort_opened: Callable[[], None] | None) -> None:
-    """A prepare never ends green holding transactions the commit can no longer commit in time."""
+def _check_window_left(
+    result: ExportResult, budget: WindowBudget, abort_opened: Callable[[], bool] | None, write_started_ms: int
+) -> None:
+    """A prepare never ends green holding transactions the commit can no longer commit in time.
+    The window is counted from the write job's start on the driver's clock, or from the first
+    record if an executor's clock says earlier."""
     from airflow_provider_kafka2pc.txn.window import WindowExceededError
 
-    first = result.first_write_ms
-    if first is None:
+    if not result.committables:
         return
+    first = min(write_started_ms, result.first_write_ms or write_started_ms)
     now = int(time.time() * 1000)
     left = first + budget.timeout_ms - now
     log.info(
@@ -656,15 +656,24 @@ def _check_window_left(result: ExportResult, budget: WindowBudget, abort_opened:
     )
     if left >= budget.headroom_ms + budget.handover_ms:
         return
-    if abort_opened is not None:
-        abort_opened()
+    aborted = _abort_now(abort_opened, True)
     raise WindowExceededError(
         f"the write phase ended {left} ms before the broker's deadline of its first transaction, less than the "
         f"commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms): the commit could "
-        f"not end in time, so {len(result.committables)} prepared transaction(s) with {result.records} records "
-        + ("were aborted at once" if abort_opened is not None else "are left to the abort task")
-        + ": nothing of the run is visible. "
-        + _overrun_fix(budget)
+        f"not end in time. It prepared {len(result.committables)} transaction(s) with {result.records} records, and "
+        f"{aborted}: nothing of the run is visible. " + _overrun_fix(budget)
+    )
+
+
+def _abort_now(abort_opened: Callable[[], bool] | None, tasks_ended: bool) -> str:
+    """Abort what the write job opened, now; says truthfully what became of it."""
+    if abort_opened is None:
+        return "the abort task aborts every transaction it opened"
+    if abort_opened() and tasks_ended:
+        return "every transaction it opened was aborted at once"
+    return (
+        "what it opened could not all be aborted at once (see the log above): the abort task aborts the rest, "
+        "and until then read_committed readers of its partitions wait"
     )
 
 

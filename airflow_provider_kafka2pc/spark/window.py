@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # How long the driver waits for the tasks of a stopped write job to end before it aborts what they
 # opened: a killed task's Python worker is destroyed after spark.python.task.killTimeout (2 s).
 STOPPED_TASKS_WAIT_S = 20.0
+# spark.python.task.killTimeout (2 s) and a second: a killed task's worker is destroyed by then.
+PYTHON_WORKER_KILL_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,15 @@ class WindowSettings:
     write_records_per_s: int = DEFAULT_WRITE_RECORDS_PER_S
     write_bytes_per_s: int = DEFAULT_WRITE_BYTES_PER_S
 
+    def __post_init__(self) -> None:
+        # Checked when the DAG is parsed, not after hours of materializing.
+        if self.commit_headroom_ms is not None and self.commit_headroom_ms < 0:
+            raise ValueError(f"commit_headroom_ms={self.commit_headroom_ms}: must be >= 0")
+        if self.handover_ms < 0:
+            raise ValueError(f"handover_ms={self.handover_ms}: must be >= 0")
+        if self.write_records_per_s <= 0 or self.write_bytes_per_s <= 0:
+            raise ValueError("write_records_per_s and write_bytes_per_s must be positive")
+
 
 class ExecutorLostError(Kafka2PCError):
     """An executor that held materialized partitions was lost while they were written."""
@@ -64,15 +75,39 @@ class Materialized:
     where: str
     _cleanup_dir: str | None = None
     _spark: Any = None
+    _stored_rdds: tuple[int, ...] = ()
 
     def release(self) -> None:
         """Free what was stored: the local checkpoint's blocks, or the reliable checkpoint's files."""
-        try:
-            self.df.unpersist()
-        except Exception as e:  # freed with the session anyway
-            log.debug("unpersist of the materialized frame failed: %r", e)
-        if self._cleanup_dir is not None:
-            _delete_dir(self._spark, self._cleanup_dir)
+        _release(self._spark, self._stored_rdds, self._cleanup_dir)
+
+
+def _persistent_rdds(spark: Any) -> dict[int, Any]:
+    """The session's persisted RDDs by id (classic only: through the JVM, PySpark has no call)."""
+    sc = _classic_context(spark)
+    if sc is None:
+        return {}
+    try:
+        rdds = sc._jsc.getPersistentRDDs()
+        return {int(k): rdds.get(k) for k in rdds.keySet()}
+    except Exception as e:
+        log.debug("persisted RDDs unavailable: %r", e)
+        return {}
+
+
+def _release(spark: Any, stored: tuple[int, ...], cleanup_dir: str | None) -> None:
+    """A local checkpoint's blocks belong to an RDD that ``DataFrame.unpersist`` does not reach (it is
+    no cached query): unpersist that RDD by id. A Connect server frees them when the frame is gone."""
+    if stored:
+        rdds = _persistent_rdds(spark)
+        for rdd_id in stored:
+            try:
+                if rdd_id in rdds:
+                    rdds[rdd_id].unpersist(False)
+            except Exception as e:  # freed with the session anyway
+                log.debug("unpersist of RDD %d failed: %r", rdd_id, e)
+    if cleanup_dir is not None:
+        _delete_dir(spark, cleanup_dir)
 
 
 def _delete_dir(spark: Any, path: str) -> None:
@@ -95,20 +130,35 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
     cuts the lineage, so the write job never recomputes the source: if an executor is lost while
     writing, its partitions fail the job (then the export aborts) instead of recomputing inside the
     window. A reliable checkpoint in ``checkpoint_dir`` survives a lost executor."""
-    from pyspark.sql import functions as F
-
     started = time.monotonic()
     spark = df.sparkSession
+    before = set(_persistent_rdds(spark))
     cleanup: str | None = None
+    sc = _classic_context(spark)
+    if settings.checkpoint_dir and sc is not None:
+        # A directory of the export's own (setCheckpointDir adds one more below it): deleted after.
+        cleanup = settings.checkpoint_dir.rstrip("/") + f"/kafka2pc-{uuid.uuid4().hex[:12]}"
+        sc.setCheckpointDir(cleanup)
+    try:
+        stored, where, sizes = _store_and_measure(df, settings, here=cleanup is not None)
+    except BaseException:
+        # What a failed materializing stored (say the checkpoint done, the size job failed) goes too.
+        _release(spark, tuple(set(_persistent_rdds(spark)) - before), cleanup)
+        raise
+    stored_rdds = tuple(sorted(set(_persistent_rdds(spark)) - before))
+    return Materialized(stored, sizes, time.monotonic() - started, where, cleanup, spark, stored_rdds)
+
+
+def _store_and_measure(df: Any, settings: WindowSettings, here: bool) -> tuple[Any, str, list[PartitionSize]]:
+    from pyspark.sql import functions as F
+
     if settings.checkpoint_dir:
-        sc = _classic_context(spark)
-        if sc is not None:
-            base = settings.checkpoint_dir.rstrip("/") + f"/kafka2pc-{uuid.uuid4().hex[:12]}"
-            sc.setCheckpointDir(base)
-            # setCheckpointDir adds a directory of its own below ``base``: delete from ``base``.
-            cleanup = base
         stored = df.checkpoint(eager=True)
-        where = f"a reliable checkpoint in {settings.checkpoint_dir}"
+        where = (
+            f"a reliable checkpoint in {settings.checkpoint_dir}"
+            if here
+            else "a reliable checkpoint in the Spark Connect server's spark.checkpoint.dir"
+        )
     else:
         stored = df.localCheckpoint(eager=True)
         where = "a local checkpoint on the executors"
@@ -121,7 +171,7 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
         .collect()
     )
     sizes = sorted((PartitionSize(int(r["p"]), int(r["n"]), int(r["b"] or 0)) for r in rows), key=lambda s: s.partition)
-    return Materialized(stored, sizes, time.monotonic() - started, where, cleanup, spark)
+    return stored, where, sizes
 
 
 def _classic_context(spark: Any) -> Any:
@@ -198,16 +248,25 @@ class WriteWatch:
             log.warning("stopping the write job failed: %r", e)
 
     def wait_tasks_ended(self, timeout_s: float = STOPPED_TASKS_WAIT_S) -> bool:
-        """After the job failed or was stopped: wait until no stage of this session is active."""
+        """After the job failed or was stopped: wait until no task of the session runs any more,
+        then the Python workers' kill time. A cancelled stage leaves the active stages at once,
+        while its killed tasks (and their writers) may still run: the executors' running tasks
+        are what counts (read through the JVM's status tracker: PySpark does not expose it)."""
         sc = _classic_context(self.spark)
-        deadline = time.monotonic() + timeout_s
         if sc is None:  # Spark Connect: the server kills the tasks; give them the kill timeout
             time.sleep(min(5.0, timeout_s))
             return True
-        tracker = sc.statusTracker()
+        deadline = time.monotonic() + timeout_s
+        tracker = sc._jsc.sc().statusTracker()
         while time.monotonic() < deadline:
-            active = [s for i in tracker.getActiveStageIds() if (s := tracker.getStageInfo(i)) is not None]
-            if not any(s.numActiveTasks for s in active):
+            try:
+                running = sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
+            except Exception as e:  # the status tracker is a courtesy: fall back to the kill timeout
+                log.debug("executor infos unavailable: %r", e)
+                time.sleep(PYTHON_WORKER_KILL_S)
+                return True
+            if running == 0:
+                time.sleep(PYTHON_WORKER_KILL_S)  # a killed task's Python worker may outlive the task
                 return True
             time.sleep(0.2)
         return False

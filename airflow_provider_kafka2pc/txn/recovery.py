@@ -25,6 +25,7 @@ from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, new_decision
 from airflow_provider_kafka2pc.txn.resume import (
     Resolution,
     TransactionResolver,
+    abort_reopened,
     committed_in,
     covered_state,
     lost_of_decisions,
@@ -127,6 +128,7 @@ def recover(
     touching = state.decisions_touching(lambda tid: naming.belongs_to(tid, prefix))
     ids = [d.decision_id for d in touching]
     resolutions = obey(decision_log, state, ids, resolver)
+    resolutions += abort_reopened(resolver, state, plan.abort, resolutions)
     lost = lost_of_decisions(state, ids) + [t for rec in state.lost_runs(prefix) for t in lost_of_run(rec)]
     result = RecoveryResult(plan, tuple(resolutions), tuple({t.transactional_id: t for t in lost}.values()))
     if raise_on_loss:

@@ -313,6 +313,24 @@ def obey(
     return done
 
 
+def abort_reopened(
+    resolver: TransactionResolver, state: LogState, refs: Iterable[TxnRef], ended: Iterable[Resolution]
+) -> list[Resolution]:
+    """End what is open again under an ABORT whose outcome already says aborted: a dying writer's
+    late batch reopened it (same producer id and epoch: transaction version 1 allows it), and
+    ``obey`` skips what its outcome records. Aborting what an ABORT rules is always safe."""
+    done = {r.ref for r in ended}
+    ruled = [r for r in refs if r not in done and (d := state.ruled_by(r)) is not None and d.kind is Kind.ABORT]
+    if not ruled:
+        return []
+    observed = resolver.observe_all(ruled)
+    reopened = [r for r in ruled if observed[r.transactional_id][0] is Observation.OPEN]
+    if not reopened:
+        return []
+    log.warning("%d transaction(s) open again under their ABORT: aborting them again", len(reopened))
+    return resolver.resolve(reopened, Intent.ABORT, observed)
+
+
 def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
     """For the outcome table's CONSULT_LOG: did an actor see this transaction committed?"""
 
@@ -555,14 +573,17 @@ def _aborted_whole(
     observed: Mapping[str, tuple[Observation, TxnState | None]],
     timed_out: bool = False,
 ) -> RunAbortedError:
-    """The error of a run aborted whole by its commit; the window is named only when time ran out."""
+    """The error of a run aborted whole by its commit; the window is named only when time ran out
+    (or may have: a superseded epoch is the broker's timeout or a newer producer of the id)."""
+    maybe = not timed_out and all(observed[tid][0] is Observation.SUPERSEDED for tid in reasons)
     timed_out = timed_out or any(observed[tid][0] in _TIMED_OUT for tid in reasons)
     starts = [s.start_time_ms for _, s in observed.values() if s is not None and s.start_time_ms > 0]
     window = f" (first record {_iso(min(starts))}, commit {_iso(now_ms())})" if starts else ""
     fix = "Clear the whole DAG run to export it again."
     if timed_out:
         fix = (
-            f"Its transactions were open too long between their first record and this commit{window}: the broker's "
+            ("If no other export of this exporter ran meanwhile (it would fence these ids), its" if maybe else "Its")
+            + f" transactions were open too long between their first record and this commit{window}: the broker's "
             "transaction.timeout.ms must cover the export's write phase, the hand-over and every task between "
             "prepare and commit (they run inside the window). " + fix
         )
@@ -571,7 +592,8 @@ def _aborted_whole(
     )
 
 
-# Observations that mean the broker's timer ran out (OPEN: within the commit's headroom of it).
+# Observations that mean the broker's timer ran out (OPEN: within the commit's headroom of it), or
+# may have (SUPERSEDED: the epoch moved on, by the timeout or by a newer producer of the id).
 _TIMED_OUT = (Observation.OPEN, Observation.FENCING, Observation.SUPERSEDED)
 
 
@@ -666,7 +688,8 @@ def abort_prepared(
     forward = [r.transactional_id for r in refs if (d := state.ruled_by(r)) is not None and d.kind is Kind.COMMIT]
     if forward:
         log.warning("rolling forward %d transaction(s) whose first decision is COMMIT: %s", len(forward), forward)
-    return CommitReport(tuple(obey(decision_log, state, rulers, resolver)))
+    resolutions = obey(decision_log, state, rulers, resolver)
+    return CommitReport(tuple(resolutions + abort_reopened(resolver, state, refs, resolutions)))
 
 
 def _as_ref(c: Committable | TxnRef | Covered) -> TxnRef:

@@ -70,8 +70,10 @@ class Exporter:
         self.log = DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
         self.aborts: list[str] = []
 
-    def abort_opened(self) -> None:
-        self.aborts.append(recover(self.env.wire, self.prefix, self.log, run="window-test").describe())
+    def abort_opened(self) -> bool:
+        result = recover(self.env.wire, self.prefix, self.log, run="window-test")
+        self.aborts.append(result.describe())
+        return result.done
 
     def export(self, df: Any, topic: str, window: WindowSettings | None = None, **settings: Any) -> Any:
         s = ExportSettings(self.prefix, {**self.env.config, **settings.pop("producer", {})}, topic, **settings)

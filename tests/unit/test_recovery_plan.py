@@ -130,6 +130,30 @@ def test_recover_twice_decides_nothing_new(clock: FakeClock, broker: FakeBroker)
     assert broker.aborts_sent() == ["orders-0", "orders-1"]
 
 
+def test_a_transaction_reopened_under_its_abort_is_aborted_again(clock: FakeClock, broker: FakeBroker) -> None:
+    """A dying writer's late batch reopens its transaction after the export's at-once abort (same
+    producer id and epoch). Its ABORT's outcome already says aborted; recovery and the abort task
+    must still end it, not leave it open until the broker's timeout (adversarial review)."""
+    from airflow_provider_kafka2pc.txn.resume import abort_prepared
+    from tests.unit.fakes import committable
+
+    c = committable("orders-0")
+    broker.prepared(c)
+    log = MemoryDecisionLog()
+    assert recover(broker, "orders", log, run="run-1").done
+    assert broker.state_of("orders-0") == "CompleteAbort"
+    for actor in ("abort task", "recovery"):
+        broker.prepared(c)  # reopened: the same (id, producer id, epoch)
+        assert broker.state_of("orders-0") == "Ongoing"
+        sent = len(broker.aborts_sent())
+        if actor == "abort task":
+            abort_prepared([txn_state("orders-0", "Ongoing", producer_id=c.producer_id)], broker, log, "run-1")
+        else:
+            assert recover(broker, "orders", log, run="run-2").done
+        assert broker.state_of("orders-0") == "CompleteAbort", actor
+        assert len(broker.aborts_sent()) == sent + 1, actor
+
+
 def test_recover_with_nothing_open_is_done(clock: FakeClock, broker: FakeBroker) -> None:
     broker.add(txn_state("orders-0", "CompleteCommit"))
     log = MemoryDecisionLog()
