@@ -658,11 +658,16 @@ def _check_window_left(
         return
     aborted = _abort_now(abort_opened, True)
     raise WindowExceededError(
-        f"the write phase ended {left} ms before the broker's deadline of its first transaction, less than the "
-        f"commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms): the commit could "
-        f"not end in time. It prepared {len(result.committables)} transaction(s) with {result.records} records, and "
+        f"the write phase ended {_before_or_after(left)} the broker's deadline of its first transaction, with less "
+        f"than the commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms) left: the "
+        "commit could not end in time. "
+        f"It prepared {len(result.committables)} transaction(s) with {result.records} records, and "
         f"{aborted}: nothing of the run is visible. " + _overrun_fix(budget)
     )
+
+
+def _before_or_after(left_ms: int) -> str:
+    return f"{left_ms} ms before" if left_ms >= 0 else f"{-left_ms} ms after"
 
 
 def _abort_now(abort_opened: Callable[[], bool] | None, tasks_ended: bool) -> str:

@@ -71,3 +71,35 @@ def test_without_materializing_the_budget_only_bounds_the_time() -> None:
     budget = WindowBudget(900_000, 90_250, 10_000, None)
     assert budget.fits
     assert "expected write unknown (the data is not materialized first)" in budget.describe()
+
+
+@pytest.mark.parametrize(("opened_ago_ms", "says"), [(25_000, "ms before"), (40_000, "ms after")])
+def test_a_prepare_that_ends_too_close_to_its_deadline_aborts_and_fails(opened_ago_ms: int, says: str) -> None:
+    """A write job that finished, but left the commit too little time: never a green prepare."""
+    import time
+
+    from airflow_provider_kafka2pc.spark.job import ExportResult, _check_window_left
+    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.window import WindowExceededError
+
+    now = int(time.time() * 1000)
+    c = Committable("orders-0", 7, 0, 10, first_write_ms=now - opened_ago_ms)
+    result = ExportResult((c,), records=10, bytes=100, partitions=1)
+    budget = WindowBudget(30_000, 7_750, 10_000, None)
+    aborted: list[bool] = []
+
+    def abort_opened() -> bool:
+        aborted.append(True)
+        return True
+
+    with pytest.raises(WindowExceededError) as info:
+        _check_window_left(result, budget, abort_opened, write_started_ms=now - opened_ago_ms + 100)
+    assert aborted == [True]
+    message = str(info.value)
+    assert says in message and "the broker's deadline of its first transaction" in message
+    assert (
+        "It prepared 1 transaction(s) with 10 records, and every transaction it opened was aborted at once" in message
+    )
+    # With time to spare the prepare stays green and aborts nothing.
+    _check_window_left(result, WindowBudget(900_000, 90_250, 10_000, None), abort_opened, now)
+    assert aborted == [True]
