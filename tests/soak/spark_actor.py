@@ -55,6 +55,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
 
     bootstrap = sys.argv[1]
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -85,7 +86,9 @@ def main() -> int:
         )
         settings = ExportSettings(req["prefix"], {"bootstrap.servers": bootstrap}, req["topic"])
         try:
-            result = export_dataframe(df, settings)
+            # The soak kills Python workers mid-write (transactions open): the slow first rows must run
+            # in the write job, so the frame is not materialized first (the window tests cover that).
+            result = export_dataframe(df, settings, window=WindowSettings(materialize=False))
             out = {"committables": [c.to_json() for c in result.committables], "retried": list(result.retried)}
         except Exception as e:  # reported to the harness, which treats it as a failed prepare
             out = {"error": f"{type(e).__name__}: {e}"[-2000:]}

@@ -6,10 +6,11 @@ E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIE
 materialize=False). The run's conf gives ``tag`` (key prefix of its records), ``rows`` and
 ``partitions``, and may give ``fault`` to override E2E_FAULT for that run only (one long-lived
 Airflow, different scenarios per run), ``sleep_s`` (the first row of partition 0 sleeps that long
-inside the Spark job: a slow prepare with transactions open), ``compute_ms`` (the first row of
-every partition sleeps that long in the JVM: a slow source, computed before any transaction opens
-unless E2E_MATERIALIZE=0) and ``tag_by_date`` (the run's logical date is appended to its tag, so
-the runs of one backfill, which share a conf, write different keys).
+inside the Spark job: a slow prepare with transactions open, so not materialized first),
+``compute_ms`` (the first row of every partition sleeps that long in the JVM: a slow source,
+computed before any transaction opens unless E2E_MATERIALIZE=0) and ``tag_by_date`` (the run's
+logical date is appended to its tag, so the runs of one backfill, which share a conf, write
+different keys).
 
 Two DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only) and ``e2e_kafka2pc_scheduled`` (daily,
 for backfills; its own prefix E2E_PREFIX + "_sched"; its end date lies in the past so the
@@ -18,6 +19,7 @@ scheduler never creates a run by itself, while manual runs and backfills of Janu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -91,6 +93,18 @@ def source(spark: Any, context: Any) -> Any:
     return df.select(key.alias("key"), F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"))
 
 
+class E2EExportOperator(Kafka2PCExportOperator):
+    """The export. A run whose scenario needs the Spark job slow or failing while its transactions
+    are open (``sleep_s``, prepare_fails, prepare_hangs: kills and clears land mid-write) writes
+    without materializing first, or the slow rows would run before any transaction opens."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        conf = context["dag_run"].conf or {}
+        if fault_of(context) in ("prepare_fails", "prepare_hangs") or float(conf.get("sleep_s", 0)) > 0:
+            self.window = dataclasses.replace(self.window, materialize=False)
+        return super().execute(context)
+
+
 class E2ECommitOperator(Kafka2PCCommitOperator):
     """The commit task, dying on its first try at the point the scenario names."""
 
@@ -132,7 +146,7 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
             poke_interval=1.0,
             timeout=300,
         )
-        prepare = Kafka2PCExportOperator(
+        prepare = E2EExportOperator(
             task_id="prepare",
             transactional_id_prefix=prefix,
             topic=TOPIC,
