@@ -188,15 +188,17 @@ def test_a_task_failed_on_one_executor_is_fenced_by_its_retry(
     assert kafka.open_transactions(s.transactional_id_prefix) == []
 
 
-def _executor_pids(app_id: str) -> list[int]:
-    """The executor JVMs of the application, from their command lines in /proc."""
+def _executor_pids(app_id: str, driver_url_part: str) -> list[int]:
+    """The executor JVMs of the application, from their command lines in /proc: its app id and its
+    driver's address (two clusters on one machine can hand out the same app id)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:  # gone meanwhile
             continue
-        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in args and app_id.encode() in args:
+        backend = b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in args
+        if backend and app_id.encode() in args and any(driver_url_part.encode() in a for a in args):
             pids.append(int(cmdline.parent.name))
     return pids
 
@@ -233,7 +235,8 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
     while len(kafka.open_transactions(s.transactional_id_prefix, settle_s=0)) < 2:  # the write job is writing
         assert time.monotonic() < deadline and writer.is_alive(), outcome
         time.sleep(0.2)
-    pids = _executor_pids(spark.sparkContext.applicationId)
+    sc = spark.sparkContext
+    pids = _executor_pids(sc.applicationId, f"@127.0.0.1:{sc.getConf().get('spark.driver.port')}")
     assert len(pids) == WORKERS, pids
     os.kill(pids[0], signal.SIGKILL)
     writer.join(180)
