@@ -82,30 +82,29 @@ class Materialized:
         _release(self._spark, self._stored_rdds, self._cleanup_dir)
 
 
-def _persistent_rdds(spark: Any) -> dict[int, Any]:
-    """The session's persisted RDDs by id (classic only: through the JVM, PySpark has no call)."""
+def _persistent_rdds(spark: Any) -> set[int]:
+    """The ids of the session's persisted RDDs (classic only: through the JVM, PySpark has no call)."""
     sc = _classic_context(spark)
     if sc is None:
-        return {}
+        return set()
     try:
-        rdds = sc._jsc.getPersistentRDDs()
-        return {int(k): rdds.get(k) for k in rdds.keySet()}
+        return {int(k) for k in sc._jsc.getPersistentRDDs().keySet()}
     except Exception as e:
         log.debug("persisted RDDs unavailable: %r", e)
-        return {}
+        return set()
 
 
 def _release(spark: Any, stored: tuple[int, ...], cleanup_dir: str | None) -> None:
     """A local checkpoint's blocks belong to an RDD that ``DataFrame.unpersist`` does not reach (it is
-    no cached query): unpersist that RDD by id. A Connect server frees them when the frame is gone."""
-    if stored:
-        rdds = _persistent_rdds(spark)
-        for rdd_id in stored:
-            try:
-                if rdd_id in rdds:
-                    rdds[rdd_id].unpersist(False)
-            except Exception as e:  # freed with the session anyway
-                log.debug("unpersist of RDD %d failed: %r", rdd_id, e)
+    no cached query): drop that RDD's blocks by id, through SparkContext.unpersistRDD (RDD.unpersist
+    would log a WARNING that a locally checkpointed RDD cannot be recomputed: known, and no longer
+    needed here). A Connect server frees them when the frame is gone."""
+    sc = _classic_context(spark)
+    for rdd_id in stored if sc is not None else ():
+        try:
+            sc._jsc.sc().unpersistRDD(rdd_id, False)
+        except Exception as e:  # freed with the session anyway
+            log.debug("unpersist of RDD %d failed: %r", rdd_id, e)
     if cleanup_dir is not None:
         _delete_dir(spark, cleanup_dir)
 
@@ -132,7 +131,7 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
     window. A reliable checkpoint in ``checkpoint_dir`` survives a lost executor."""
     started = time.monotonic()
     spark = df.sparkSession
-    before = set(_persistent_rdds(spark))
+    before = _persistent_rdds(spark)
     cleanup: str | None = None
     sc = _classic_context(spark)
     if settings.checkpoint_dir and sc is not None:
@@ -143,9 +142,9 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
         stored, where, sizes = _store_and_measure(df, settings, here=cleanup is not None)
     except BaseException:
         # What a failed materializing stored (say the checkpoint done, the size job failed) goes too.
-        _release(spark, tuple(set(_persistent_rdds(spark)) - before), cleanup)
+        _release(spark, tuple(_persistent_rdds(spark) - before), cleanup)
         raise
-    stored_rdds = tuple(sorted(set(_persistent_rdds(spark)) - before))
+    stored_rdds = tuple(sorted(_persistent_rdds(spark) - before))
     return Materialized(stored, sizes, time.monotonic() - started, where, cleanup, spark, stored_rdds)
 
 

@@ -163,7 +163,11 @@ def test_without_materializing_a_slow_source_fails_before_the_commit_and_aborts_
 def test_a_fast_export_commits_on_a_30_second_cap(spark: Any, kafka_cap30: KafkaEnv) -> None:
     env, ex = kafka_cap30, Exporter(kafka_cap30)
     topic = env.topic(partitions=4)
+    persisted = set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
     result = ex.export(frame(spark, "fast"), topic)
+    # The local checkpoint's blocks are released after the export.
+    assert set(spark.sparkContext._jsc.getPersistentRDDs().keySet()) == persisted
+    assert result.materialize_s > 0
     assert result.budget is not None and result.budget.fits
     assert (result.budget.timeout_ms, result.budget.headroom_ms) == (30_000, 7_750)
     commit_prepared(result.committables, env.wire, ex.log, run="fast")
@@ -207,3 +211,26 @@ def test_a_write_slowed_by_the_broker_is_stopped_and_aborted_at_once(spark: Any,
     assert opened_and_aborted(env, ex.prefix) != []
     assert env.open_transactions(ex.prefix, settle_s=2) == []
     assert visible(env, topic, "throttled") == Counter()
+
+
+def test_a_reliable_checkpoint_directory_is_used_and_emptied(
+    spark: Any, kafka_cap30: KafkaEnv, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_kafka2pc.spark import job
+
+    env, ex = kafka_cap30, Exporter(kafka_cap30)
+    topic = env.topic(partitions=4)
+    seen: list[list[str]] = []
+    write = job._write
+
+    def write_and_look(*args: Any, **kwargs: Any) -> Any:
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))  # the stored rows, while writing
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(job, "_write", write_and_look)
+    result = ex.export(frame(spark, "reliable"), topic, window=WindowSettings(checkpoint_dir=str(tmp_path)))
+    assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].startswith("kafka2pc-"), seen
+    assert list(tmp_path.iterdir()) == []  # deleted after the export
+    commit_prepared(result.committables, env.wire, ex.log, run="reliable")
+    exactly_once(visible(env, topic, "reliable"))
+    assert env.open_transactions(ex.prefix) == []
