@@ -24,9 +24,8 @@ import pytest
 from airflow_provider_kafka2pc.spark.job import ExportResult, ExportSettings, export_dataframe
 from airflow_provider_kafka2pc.spark.window import ExecutorLostError
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import commit_prepared
-from tests.helpers.kafka import REPO, KafkaEnv
+from tests.helpers.kafka import REPO, KafkaEnv, abort_open_now
 from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
 
 pytestmark = pytest.mark.kafka
@@ -219,13 +218,14 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
     aborts: list[str] = []
     outcome: dict[str, BaseException] = {}
 
+    def abort_opened() -> bool:
+        done, last = abort_open_now(kafka, s.transactional_id_prefix, log)
+        aborts.append(last)
+        return done
+
     def export() -> None:
         try:
-            export_dataframe(
-                df,
-                s,
-                abort_opened=lambda: aborts.append(recover(kafka.wire, s.transactional_id_prefix, log).describe()),
-            )
+            export_dataframe(df, s, abort_opened=abort_opened)
         except BaseException as e:
             outcome["error"] = e
 
@@ -244,6 +244,7 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
     error = outcome.get("error")
     assert isinstance(error, ExecutorLostError), repr(error)
     message = str(error)
+    print(message)
     assert "an executor holding materialized partitions was lost during the write" in message
     assert "every transaction it opened was aborted at once: nothing of the run is visible" in message
     assert "checkpoint_dir" in message

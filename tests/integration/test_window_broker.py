@@ -19,10 +19,9 @@ import pytest
 from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 from airflow_provider_kafka2pc.spark.window import WindowSettings
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from airflow_provider_kafka2pc.txn.window import WindowExceededError, WindowRefusedError
-from tests.helpers.kafka import KafkaEnv
+from tests.helpers.kafka import KafkaEnv, abort_open_now
 from tests.helpers.stall import StallProbe
 
 pytestmark = pytest.mark.kafka
@@ -71,9 +70,9 @@ class Exporter:
         self.aborts: list[str] = []
 
     def abort_opened(self) -> bool:
-        result = recover(self.env.wire, self.prefix, self.log, run="window-test")
-        self.aborts.append(result.describe())
-        return result.done
+        done, last = abort_open_now(self.env, self.prefix, self.log)
+        self.aborts.append(last)
+        return done
 
     def export(self, df: Any, topic: str, window: WindowSettings | None = None, **settings: Any) -> Any:
         s = ExportSettings(self.prefix, {**self.env.config, **settings.pop("producer", {})}, topic, **settings)
