@@ -258,32 +258,27 @@ class Kafka2PCExportOperator(BaseOperator):
     def _abort_opened(self, hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None) -> bool:
         """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
         does), instead of leaving it open, stalling read_committed readers, until the abort task.
-        Two passes at least, a few seconds apart: a writer whose task was being killed may still have
-        sent a batch after the first. True when nothing of the exporter is left open."""
-        import time
+        True when nothing of the exporter is left open."""
+        from airflow_provider_kafka2pc.txn.recovery import recover_until_clear
 
-        deadline = time.monotonic() + 30
-        clean_passes = 0
-        while True:
-            try:
-                result = hook.recover(prefix, run, run_key)
-            except Exception as e:  # best effort: the abort task (and the next recovery) remain
-                self.log.warning(
-                    "kafka2pc could not abort the write job's transactions now (%s: %s); the abort task will",
-                    type(e).__name__,
-                    e,
-                )
-                return False
-            self.log.info("kafka2pc aborting the write job's open transactions of %s: %s", prefix, result.describe())
-            clean_passes = clean_passes + 1 if result.done else 0
-            if clean_passes >= 2:
-                return True
-            if time.monotonic() > deadline:
-                self.log.warning(
-                    "kafka2pc: transactions of %s still open after 30 s; the abort task will end them", prefix
-                )
-                return False
-            time.sleep(3.0 if result.done else 0.5)
+        try:
+            done, result = recover_until_clear(lambda: hook.recover(prefix, run, run_key))
+        except Exception as e:  # best effort: the abort task (and the next recovery) remain
+            self.log.warning(
+                "kafka2pc could not abort the write job's transactions now (%s: %s); the abort task will",
+                type(e).__name__,
+                e,
+            )
+            return False
+        if done:
+            self.log.info("kafka2pc aborted the write job's open transactions of %s: %s", prefix, result.describe())
+        else:
+            self.log.warning(
+                "kafka2pc: transactions of %s still open after 30 s (%s); the abort task will end them",
+                prefix,
+                result.describe(),
+            )
+        return done
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe

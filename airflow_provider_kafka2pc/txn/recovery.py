@@ -13,7 +13,8 @@ One pass:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn import naming
@@ -134,6 +135,21 @@ def recover(
     if raise_on_loss:
         result.raise_for_loss()
     return result
+
+
+def recover_until_clear(
+    one_pass: Callable[[], RecoveryResult], timeout_s: float = 30.0, settle_s: float = 3.0
+) -> tuple[bool, RecoveryResult]:
+    """Recovery passes until two clean ones ``settle_s`` apart (a writer whose task was being killed
+    may still send a batch after the first), or ``timeout_s``. Returns (nothing left open, the last
+    pass). The export's at-once abort after a failed or stopped write job."""
+    deadline, clean = time.monotonic() + timeout_s, 0
+    while True:
+        result = one_pass()
+        clean = clean + 1 if result.done else 0
+        if clean >= 2 or time.monotonic() > deadline:
+            return clean >= 2, result
+        time.sleep(settle_s if result.done else 0.5)
 
 
 def _of_run(tid: str, run_key: str | None) -> bool:

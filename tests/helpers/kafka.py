@@ -163,18 +163,12 @@ class KafkaEnv:
 
 
 def abort_open_now(env: KafkaEnv, prefix: str, decision_log: Any) -> tuple[bool, str]:
-    """What the export operator's at-once abort does (``Kafka2PCExportOperator._abort_opened``), for
-    tests that call ``export_dataframe`` directly: recovery passes of the exporter until two clean
-    passes 3 s apart, or 30 s. Returns (nothing left open, the last pass)."""
-    from airflow_provider_kafka2pc.txn.recovery import recover
+    """What the export operator's at-once abort does, for tests that call ``export_dataframe``
+    directly. Returns (nothing left open, the last pass)."""
+    from airflow_provider_kafka2pc.txn.recovery import recover, recover_until_clear
 
-    deadline, clean = time.monotonic() + 30, 0
-    while True:
-        result = recover(env.wire, prefix, decision_log, run="test-abort-now")
-        clean = clean + 1 if result.done else 0
-        if clean >= 2 or time.monotonic() > deadline:
-            return clean >= 2, result.describe()
-        time.sleep(3.0 if result.done else 0.5)
+    done, result = recover_until_clear(lambda: recover(env.wire, prefix, decision_log, run="test-abort-now"))
+    return done, result.describe()
 
 
 def prepare_in_subprocess(env: KafkaEnv, tid: str, spec: Any, timeout_ms: int | None = None) -> Committable:
