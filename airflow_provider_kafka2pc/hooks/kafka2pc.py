@@ -5,6 +5,7 @@ Nothing here builds a client at import or construction time; Kafka libraries loa
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,13 @@ from airflow_provider_kafka2pc.connection_form import (
     RELABELING,
     field_of_setting,
 )
-from airflow_provider_kafka2pc.txn.config import UnmappableConfigError, kafka_python_settings, redact
-from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.config import (
+    ClientConfigError,
+    UnmappableConfigError,
+    kafka_python_settings,
+    redact,
+)
+from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLogError
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.logs import quiet_third_party_logs
 
@@ -35,12 +41,14 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.recovery import RecoveryResult
     from airflow_provider_kafka2pc.txn.wire import WireClient
 
+log = logging.getLogger(__name__)
+
 # The official apache-kafka provider's connection type: its extra is the librdkafka config itself.
 KAFKA_CONN_TYPE = "kafka"
 _FIELDS = tuple(CONN_FIELDS)
 
 
-class Kafka2PCConfigError(ValueError):
+class Kafka2PCConfigError(ClientConfigError):
     """The connection cannot be turned into a Kafka client config; ``field`` is the form field to fix."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -119,6 +127,7 @@ class Kafka2PCHook(BaseHook):
         self.kafka2pc_conn_id = kafka2pc_conn_id
         # A trigger fetches the connection asynchronously and hands it in.
         self._conn: Connection | None = connection
+        self._connection_checked = False  # check_connection passed (once per hook)
 
     # -- the classic form methods (Airflow 3 reads conn-fields from the provider info first) --------
     @classmethod
@@ -186,14 +195,57 @@ class Kafka2PCHook(BaseHook):
     def get_conn(self) -> WireClient:
         return self.wire_client()
 
+    def check_connection(self, timeout_s: float = 30.0, contact_plaintext: bool = False) -> None:
+        """Before the first client: a refused login or TLS handshake is named at once.
+
+        The decision log's client (librdkafka) would otherwise wait its whole timeout and report
+        only "Broker transport failure". Raises ``KafkaAuthenticationError`` (``KafkaTlsError``
+        for a certificate problem) within a second, ``BrokerUnavailableError`` when nothing answers
+        within ``timeout_s``. Over PLAINTEXT nothing can be refused: no extra round trip unless
+        ``contact_plaintext``. Once per hook.
+        """
+        from airflow_provider_kafka2pc.txn.access import check_connection, needs_authentication
+
+        if self._connection_checked:
+            return
+        config = self.get_config()
+        if contact_plaintext or needs_authentication(config):
+            check_connection(config, timeout_s)
+        self._connection_checked = True
+
+    def check_decision_topic_access(self) -> None:
+        """The principal may Read, Write and DescribeConfigs the decision topic, when it exists
+        (docs/acls.md); otherwise ``KafkaAuthorizationError`` names the ACL and the ``kafka-acls``
+        command."""
+        from airflow_provider_kafka2pc.txn.access import check_decision_topic_access
+
+        check_decision_topic_access(self.get_config(), self.decision_topic)
+
+    def _raise_missing_acl(self, error: DecisionLogError) -> None:
+        """The decision log failed: ask the broker whether an ACL of the decision topic is missing,
+        and raise that named error (the decision log's own says only TOPIC_AUTHORIZATION_FAILED);
+        return when none is, so the caller re-raises ``error``. Asked only after a failure:
+        nothing is added to a run that works."""
+        from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+
+        try:
+            self.check_decision_topic_access()
+        except KafkaAuthorizationError as named:
+            raise named from error
+        except Exception:  # the broker could not say: the decision log's error stands
+            log.debug("could not check the decision topic's ACLs after %s", error, exc_info=True)
+
     def wire_client(self, bootstrap_timeout_ms: int = 30000) -> WireClient:
         from airflow_provider_kafka2pc.txn.wire import WireClient
 
-        return WireClient(self.get_config(), bootstrap_timeout_ms=bootstrap_timeout_ms)
+        wire = WireClient(self.get_config(), bootstrap_timeout_ms=bootstrap_timeout_ms)
+        self._connection_checked = True  # WireClient asks librdkafka first when SASL or TLS is on
+        return wire
 
     def decision_log(self) -> DecisionLog:
         from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 
+        self.check_connection()
         return DecisionLog(self.get_config(), topic=self.decision_topic)
 
     def recover(self, prefix: str, run: str, run_key: str | None = None) -> RecoveryResult:
@@ -204,6 +256,9 @@ class Kafka2PCHook(BaseHook):
         decision_log = self.decision_log()
         try:
             return recover(wire, prefix, decision_log, run=run, run_key=run_key)
+        except DecisionLogError as e:
+            self._raise_missing_acl(e)
+            raise
         finally:
             decision_log.close()
             wire.close()
@@ -220,6 +275,9 @@ class Kafka2PCHook(BaseHook):
         decision_log = self.decision_log()
         try:
             return decision_log.take_turn(Lease(prefix, dag_id, run_id, int(time.time() * 1000)), dag_run_is_live)
+        except DecisionLogError as e:  # e.g. appending the lease refused: name the missing ACL
+            self._raise_missing_acl(e)
+            raise
         finally:
             decision_log.close()
 
@@ -231,7 +289,7 @@ class Kafka2PCHook(BaseHook):
         the ``kafka-acls`` command; the transactional id's Write is refused by the first
         InitProducerId, which writes nothing (docs/acls.md).
         """
-        from airflow_provider_kafka2pc.txn.access import check_topic_access, principal_of
+        from airflow_provider_kafka2pc.txn.access import DECISION_TOPIC_OPERATIONS, check_topic_access, principal_of
         from airflow_provider_kafka2pc.txn.errors import MissingTopicError
 
         config = self.get_config()
@@ -250,7 +308,7 @@ class Kafka2PCHook(BaseHook):
         if topic is not None:
             needs[topic] = ["WRITE"]
         if self.decision_topic in existing:
-            needs[self.decision_topic] = ["READ", "WRITE", "DESCRIBE_CONFIGS"]
+            needs[self.decision_topic] = list(DECISION_TOPIC_OPERATIONS)
         check_topic_access(config, needs)
 
     def test_connection(self) -> tuple[bool, str]:
@@ -276,18 +334,20 @@ class Kafka2PCHook(BaseHook):
         )
 
 
-LIVE_DAG_RUN_STATES = frozenset({"queued", "running"})
+LIVE_DAG_RUN_STATES = ("queued", "running")
 
 
 def dag_run_is_live(lease: Lease) -> bool:
-    """Ask the scheduler (through the Task SDK, from a worker or the triggerer) about a DAG run."""
+    """Ask the scheduler (through the Task SDK, from a worker or the triggerer) about a DAG run.
+
+    A typed answer, never an error's text: the number of DAG runs with this id in a live state
+    (``get_dr_count``), 0 for a run that ended or was deleted. ``get_dagrun_state`` answers a
+    deleted run with an error whose text differs between the API server ("... was not found") and
+    ``dag.test()``'s in-process API ("Server returned error").
+    """
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    try:
-        state = RuntimeTaskInstance.get_dagrun_state(lease.dag_id, lease.run_id)
-    except Exception as e:  # a run that was deleted is not live; anything else is not known
-        if "not found" in str(e).lower():
-            return False
-        raise
-    # The SDK returns its DagRunState, a (str, Enum) whose str() is "DagRunState.RUNNING": compare values.
-    return str(getattr(state, "value", state)) in LIVE_DAG_RUN_STATES
+    count = RuntimeTaskInstance.get_dr_count(
+        dag_id=lease.dag_id, run_ids=[lease.run_id], states=list(LIVE_DAG_RUN_STATES)
+    )
+    return int(count) > 0

@@ -4,18 +4,20 @@ Both clients hide these causes by default: kafka-python retries a failed SASL ha
 bootstrap deadline ("Unable to bootstrap"), librdkafka reports it only through its error callback,
 and a transactional producer turns a broker's rejection into ``_PURGE_QUEUE`` for every queued
 record. ``check_authentication`` asks librdkafka directly (its error callback fires on the first
-refused handshake, ~0.3 s), and ``check_topic_access`` reads the operations the broker says this
-principal may perform (Metadata's authorized operations), so a missing ACL is named before anything
-is written. The ACLs an exporter needs are listed in ``docs/acls.md``.
+refused SASL or TLS handshake, ~0.3 s), and ``check_topic_access`` reads the operations the broker
+says this principal may perform (Metadata's authorized operations), so a missing ACL is named
+before anything is written. ``check_connection`` is the one call to make before a command's first
+client. The ACLs an exporter needs are listed in ``docs/acls.md``.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.config import connection_only
+from airflow_provider_kafka2pc.txn.config import connection_only, kafka_python_settings
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
 from airflow_provider_kafka2pc.txn.logs import with_log
 
@@ -34,8 +36,18 @@ _RESOURCE_FLAGS = {
 }
 
 
+# What the decision topic needs from the exporter's principal (docs/acls.md), in the order named
+# when the broker lets the principal see nothing of it.
+DECISION_TOPIC_OPERATIONS = ("READ", "WRITE", "DESCRIBE_CONFIGS")
+
+
 class KafkaAuthenticationError(Kafka2PCError):
     """The broker refused the client's credentials (never shows them)."""
+
+
+class KafkaTlsError(KafkaAuthenticationError):
+    """The TLS handshake failed for a reason no retry cures: the broker's certificate could not be
+    verified (wrong or missing ``ssl.ca.location``), or the broker refused the client's certificate."""
 
 
 class KafkaAuthorizationError(Kafka2PCError):
@@ -96,8 +108,9 @@ def describe_identity(config: Mapping[str, Any]) -> str:
 def check_authentication(config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
     """Connect with librdkafka and raise at the first refused handshake, or when nothing answers.
 
-    ``KafkaAuthenticationError`` names the mechanism and principal; ``BrokerUnavailableError``
-    carries librdkafka's last error (an SSL handshake failure, a refused connection, ...).
+    ``KafkaAuthenticationError`` names the mechanism and principal; ``KafkaTlsError`` (one of them)
+    the certificate problem, at the first failed TLS handshake; ``BrokerUnavailableError`` carries
+    librdkafka's last errors (a refused connection, ...) once ``timeout_s`` has passed.
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
@@ -120,10 +133,69 @@ def check_authentication(config: Mapping[str, Any], timeout_s: float = 10.0) -> 
                     f"authentication failed: {describe_identity(config)} at {config.get('bootstrap.servers')}: "
                     f"{_without_secrets(err.str(), config)}"
                 )
-    detail = "; ".join(dict.fromkeys(_without_secrets(e.str(), config) for e in errors)) or str(last)
+            if err.code() == KafkaError._SSL and not _transient_tls_failure(err.str()):
+                raise KafkaTlsError(_tls_message(config, _without_secrets(err.str(), config)))
+    seen = dict.fromkeys(_without_timing(_without_secrets(e.str(), config)) for e in errors)
+    detail = "; ".join(list(seen)[-3:]) or str(last)
     raise BrokerUnavailableError(
         f"cannot reach Kafka at {config.get('bootstrap.servers')} within {timeout_s:g} s "
         f"({describe_identity(config)}): {detail}"
+    )
+
+
+def check_connection(config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+    """Before a command's or task's first Kafka client: is the config usable, and does the broker
+    let this principal in? Returns once a broker has answered, and raises at once (not after
+    ``timeout_s``) for a mistake:
+
+    - ``config.ClientConfigError`` (a ``ValueError``): a setting kafka2pc cannot honour (turning
+      certificate verification off, GSSAPI, ...); Kafka was not contacted. A configuration mistake.
+    - ``KafkaAuthenticationError``: the broker refused the credentials (names mechanism and
+      principal); ``KafkaTlsError``, a subclass: the TLS handshake failed (names the certificate
+      problem and ``ssl.ca.location``).
+    - ``BrokerUnavailableError``: nothing answered within ``timeout_s`` (librdkafka's cause attached).
+    """
+    kafka_python_settings(config)  # pure: refuses what the commit side's client cannot honour
+    check_authentication(config, timeout_s)
+
+
+def needs_authentication(config: Mapping[str, Any]) -> bool:
+    """SASL or TLS: something the broker can refuse (over PLAINTEXT nothing can be)."""
+    return str(config.get("security.protocol", "PLAINTEXT")).upper() != "PLAINTEXT"
+
+
+_TIMING = re.compile(r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)")
+
+
+def _without_timing(text: str) -> str:
+    """librdkafka's "(after 9ms in state SSL_HANDSHAKE)" tail: repeated errors then read the same."""
+    return _TIMING.sub("", text)
+
+
+def _transient_tls_failure(text: str) -> bool:
+    """A handshake cut short by the network (a broker going down), not refused: worth another try."""
+    lowered = text.lower()
+    return "disconnected" in lowered or "connection reset" in lowered or "timed out" in lowered
+
+
+def _tls_message(config: Mapping[str, Any], text: str) -> str:
+    ca = config.get("ssl.ca.location")
+    if ca:
+        where = f"ssl.ca.location is {ca}"
+    elif config.get("ssl.ca.pem"):
+        where = "ssl.ca.pem is set"
+    else:
+        where = "ssl.ca.location is not set, so the system's CA certificates were used"
+    cause = _without_timing(text)
+    cause = cause.split("SSL handshake failed: ", 1)[-1]
+    fix = (
+        "set ssl.ca.location to the CA that signed the brokers' certificates"
+        if "certificate verify failed" in cause
+        else "check the TLS settings (ssl.*) against the broker's listener"
+    )
+    return (
+        f"SSL handshake failed with Kafka at {config.get('bootstrap.servers')} ({describe_identity(config)}): "
+        f"{cause}. {where}: {fix}"
     )
 
 
@@ -169,6 +241,49 @@ def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[s
         for op in needs[topic]:
             if op not in allowed:
                 raise KafkaAuthorizationError(principal, "Topic", topic, _operation_name(op))
+
+
+def check_decision_topic_access(config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> bool:
+    """Raise ``KafkaAuthorizationError`` unless the principal may Read, Write and DescribeConfigs the
+    decision topic (docs/acls.md); True when it exists, False when it does not (yet: the decision
+    log creates it, and a missing Create is named then).
+
+    One DescribeTopicPartitions request with the authorized operations. A topic the principal may
+    not even describe looks the same whether it exists or not: that is reported as the first
+    missing operation (Read), since the documented ACLs all imply Describe.
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(with_log(connection_only(config)))
+    [future] = admin.describe_topics(
+        TopicCollection([topic]), request_timeout=timeout_s, include_authorized_operations=True
+    ).values()
+    try:
+        description = future.result()
+    except KafkaException as e:
+        name = e.args[0].name()
+        if name == "UNKNOWN_TOPIC_OR_PART":
+            return False
+        if name == "TOPIC_AUTHORIZATION_FAILED":
+            raise KafkaAuthorizationError(
+                principal_of(config),
+                "Topic",
+                topic,
+                _operation_name(DECISION_TOPIC_OPERATIONS[0]),
+                detail=f"the broker said {name} for the decision topic",
+            ) from e
+        raise BrokerUnavailableError(
+            f"cannot describe the decision topic {topic!r} at {config.get('bootstrap.servers')}: {e}"
+        ) from e
+    if description.authorized_operations is not None:
+        allowed = {op.name for op in description.authorized_operations}
+        for op in DECISION_TOPIC_OPERATIONS:
+            if op not in allowed:
+                raise KafkaAuthorizationError(
+                    principal_of(config), "Topic", topic, _operation_name(op), detail="the decision topic"
+                )
+    return True
 
 
 def _operation_name(op: str) -> str:

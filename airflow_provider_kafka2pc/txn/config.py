@@ -110,13 +110,41 @@ class SecretRedactingFilter(logging.Filter):
 
 SECRET_FILTER = SecretRedactingFilter()
 
+# kafka-python's connection life cycle: ~4 WARNING/ERROR lines per failed attempt ("Connection
+# failed: 111 ECONNREFUSED", "Bootstrap ... not ready"), 18 in a 30 s outage. kafka2pc reports the
+# failure itself, once, so these are DEBUG detail.
+_CONNECTION_LOGGERS = (
+    "kafka.net.manager",
+    "kafka.net.connection",
+    "kafka.net.transport",
+    "kafka.net.inet",
+    "kafka.conn",
+)
+
+
+class ConnectionNoiseFilter(logging.Filter):
+    """Demotes kafka-python's connection-failure records (WARNING and ERROR, without a traceback) to
+    DEBUG: dropped unless the logger is enabled for DEBUG, where they then show as DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (logging.DEBUG < record.levelno < logging.CRITICAL) or record.exc_info:
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+CONNECTION_NOISE_FILTER = ConnectionNoiseFilter()
+
 
 def protect_kafka_python_logs(config: Mapping[str, Any]) -> None:
     """Install ``SECRET_FILTER`` on every kafka-python logger that exists now, knowing ``config``'s secrets.
 
     A logger's filters see only the records logged on that logger (not those propagated from its
-    children), so the filter goes on each ``kafka.*`` logger. Call it after importing kafka-python
-    and before building a client; calling it again is cheap and adds loggers created since.
+    children), so the filter goes on each ``kafka.*`` logger; kafka-python's connection loggers also
+    get ``CONNECTION_NOISE_FILTER``. Call it after importing kafka-python and before building a
+    client; calling it again is cheap and adds loggers created since.
     """
     SECRET_FILTER.add_secrets(str(v) for k, v in config.items() if is_secret_key(str(k)) and isinstance(v, str))
     manager = logging.Logger.manager
@@ -124,8 +152,12 @@ def protect_kafka_python_logs(config: Mapping[str, Any]) -> None:
         if name != "kafka" and not name.startswith("kafka."):
             continue
         logger = manager.loggerDict.get(name)
-        if isinstance(logger, logging.Logger) and SECRET_FILTER not in logger.filters:
+        if not isinstance(logger, logging.Logger):
+            continue
+        if SECRET_FILTER not in logger.filters:
             logger.addFilter(SECRET_FILTER)
+        if name in _CONNECTION_LOGGERS and CONNECTION_NOISE_FILTER not in logger.filters:
+            logger.addFilter(CONNECTION_NOISE_FILTER)
 
 
 # -- one connection, two clients --------------------------------------------------------------
@@ -167,7 +199,12 @@ _MECHANISMS = frozenset(SASL_MECHANISMS)
 _PROTOCOLS = frozenset(SECURITY_PROTOCOLS)
 
 
-class UnmappableConfigError(ValueError):
+class ClientConfigError(ValueError):
+    """A configuration mistake in the client settings, found before Kafka is contacted: report it as
+    one (the CLI's exit 2), never as "Kafka unreachable"."""
+
+
+class UnmappableConfigError(ClientConfigError):
     """A librdkafka connection setting the commit side's client (kafka-python) cannot honour."""
 
     def __init__(self, key: str, why: str) -> None:

@@ -259,6 +259,112 @@ def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporte
     ex.assert_exactly_once([])
 
 
+def _bad_connection(ex: Exporter, what: str) -> dict[str, Any]:
+    """The exporter's connection with one thing wrong: the password, the CA, or no CA at all."""
+    import certifi
+
+    connection = sasl_connection(ex.env, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD, ex.decision_topic)
+    if what == "wrong password":
+        connection["password"] = "not-" + SECURE_EXPORTER_PASSWORD[:8]
+    elif what == "wrong CA":  # a real CA bundle, but not the one that signed the broker's certificate
+        connection["extra"]["config"]["ssl.ca.location"] = certifi.where()
+    else:  # no CA: the system's CA certificates
+        del connection["extra"]["config"]["ssl.ca.location"]
+    return connection
+
+
+BAD_CONNECTIONS = {
+    "wrong password": "authentication failed: SASL SCRAM-SHA-512 as User:exporter",
+    "wrong CA": "SSL handshake failed with Kafka at",
+    "no CA": "SSL handshake failed with Kafka at",
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_CONNECTIONS))
+def test_the_first_task_names_a_refused_login_or_certificate_within_10_s(exporter: Exporter, what: str) -> None:
+    """The recovery sensor is a run's first task: its first Kafka call (POOLING: take_turn on the
+    decision log; INCREMENTING: recover) and the trigger that runs it in the triggerer, then the
+    commit/abort's first client, each fail within 10 s naming the cause, not "Broker transport failure"."""
+    import asyncio
+
+    from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError, KafkaTlsError
+
+    ex = exporter
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
+    expected = BAD_CONNECTIONS[what]
+    kind = KafkaAuthenticationError if what == "wrong password" else KafkaTlsError
+
+    def fails_fast(call: Any) -> str:
+        started = time.monotonic()
+        with pytest.raises(kind) as failed:
+            call(ex.hook(connection=_bad_connection(ex, what)))
+        took = time.monotonic() - started
+        message = str(failed.value)
+        assert took < 10 and message.startswith(expected), (took, message)
+        assert SECURE_EXPORTER_PASSWORD[:8] not in message
+        if kind is KafkaTlsError:
+            assert "certificate verify failed" in message and "ssl.ca.location" in message, message
+        return message
+
+    fails_fast(lambda hook: hook.take_turn(ex.prefix, "dag", "run1"))
+    fails_fast(lambda hook: hook.recover(ex.prefix, "dag/run1", run_key="run1"))
+    fails_fast(lambda hook: hook.decision_log())
+    fails_fast(lambda hook: hook.wire_client())
+
+    async def first_event() -> dict[str, Any]:
+        trigger = Kafka2PCRecoveryTrigger(ex.prefix, "dag/run1", ex.conn_id, turn=("dag", "run1"))
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("the trigger fired nothing")
+
+    ex.hook(connection=_bad_connection(ex, what))  # sets the connection's environment variable
+    started = time.monotonic()
+    event = asyncio.run(first_event())
+    took = time.monotonic() - started
+    assert event["status"] == "error" and took < 10, (took, event)
+    assert f"{kind.__name__}: {expected}" in event["message"], event
+    ex.assert_exactly_once([])
+
+
+def test_a_missing_decision_topic_write_is_named_by_the_first_task(exporter: Exporter) -> None:
+    """Without Write on the decision topic, the recovery sensor's first append (its POOLING lease, or
+    INCREMENTING recovery's ABORT of an undecided transaction) names principal, ACL and command."""
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+
+    ex = exporter
+    documented = set(ex.documented_acls())
+    set_acls(ex.env, PRINCIPAL, documented)
+    ex.export("warmup")
+    # An undecided transaction, left open as by a prepare that died.
+    writer = TransactionalWriter(
+        ex.hook().producer_config(), naming.transactional_id(ex.prefix, 0), TIMEOUT_MS, id_prefix=ex.prefix
+    ).open()
+    writer.produce(ex.topic, b"v", b"dead/0/0")
+    assert writer.prepare() is not None
+    (write,) = [a for a in documented if a.name == ex.decision_topic and a.operation == "Write"]
+    set_acls(ex.env, PRINCIPAL, documented - {write})
+
+    for first_call in (
+        lambda hook: hook.take_turn(ex.prefix, "dag", "run1"),
+        lambda hook: hook.recover(ex.prefix, "dag/run1"),
+    ):
+        started = time.monotonic()
+        with pytest.raises(KafkaAuthorizationError) as failed:
+            first_call(ex.hook())
+        message = str(failed.value)
+        assert time.monotonic() - started < 10, message
+        assert failed.value.resource_type == "Topic" and failed.value.resource == ex.decision_topic
+        assert failed.value.operation == "Write" and PRINCIPAL in message, message
+        assert f"--operation Write --topic {ex.decision_topic}" in message, message
+    assert ex.env.open_transactions(ex.prefix) != [], "nothing may be aborted without its ABORT decision"
+
+    set_acls(ex.env, PRINCIPAL, documented)  # the user's next step
+    assert ex.hook().recover(ex.prefix, "dag/run1").done
+    ex.assert_exactly_once(["warmup"])
+
+
 def test_debug_run_shows_the_password_nowhere(exporter: Exporter, capfd: pytest.CaptureFixture[str]) -> None:
     """Every logger at DEBUG (kafka-python's and ours), librdkafka's own debug output on stderr,
     the XCom payload and every decision record: no password."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -226,46 +226,63 @@ def test_hook_take_turn_queues_the_dag_run_and_asks_the_scheduler(monkeypatch: p
     assert closed == [True, True]
 
 
-def _state_is(monkeypatch: pytest.MonkeyPatch, answer: Callable[[str, str], Any]) -> None:
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+class DagRuns:
+    """The Task SDK's typed answer about DAG runs: ``get_dr_count`` over a table of (dag, run) -> state."""
 
-    monkeypatch.setattr(RuntimeTaskInstance, "get_dagrun_state", staticmethod(answer))
+    def __init__(self, states: dict[tuple[str, str], str]) -> None:
+        self.states = states
+        self.asked: list[dict[str, Any]] = []
 
+    def get_dr_count(
+        self,
+        dag_id: str,
+        logical_dates: Any = None,
+        run_ids: list[str] | None = None,
+        states: list[str] | None = None,
+    ) -> int:
+        self.asked.append({"dag_id": dag_id, "run_ids": run_ids, "states": states})
+        return sum(
+            1
+            for (dag, run), state in self.states.items()
+            if dag == dag_id and (run_ids is None or run in run_ids) and (states is None or state in states)
+        )
 
-def _states() -> Iterable[tuple[Any, bool]]:
-    # What the Task SDK hands back: its DagRunState enum (a str mixin whose str() is "DagRunState.X").
-    from airflow.sdk.api.datamodels._generated import DagRunState
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> DagRuns:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    return [
-        (DagRunState.QUEUED, True),
-        (DagRunState.RUNNING, True),
-        (DagRunState.SUCCESS, False),
-        (DagRunState.FAILED, False),
-        ("running", True),
-        ("success", False),
-    ]
+        def no_error_text(dag_id: str, run_id: str) -> str:
+            raise AssertionError("liveness must not be read from get_dagrun_state's error text")
+
+        monkeypatch.setattr(RuntimeTaskInstance, "get_dr_count", staticmethod(self.get_dr_count))
+        monkeypatch.setattr(RuntimeTaskInstance, "get_dagrun_state", staticmethod(no_error_text))
+        return self
 
 
 def test_a_dag_run_is_live_while_queued_or_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    for state, live in _states():
-
-        def answer(dag_id: str, run_id: str, s: Any = state) -> Any:
-            return s
-
-        _state_is(monkeypatch, answer)
+    for state, live in [("queued", True), ("running", True), ("success", False), ("failed", False)]:
+        runs = DagRuns({(DAG, "r1"): state, (DAG, "r2"): "running", ("other_dag", "r1"): "running"}).install(
+            monkeypatch
+        )
         assert dag_run_is_live(lease("r1")) is live, state
+        assert runs.asked == [{"dag_id": DAG, "run_ids": ["r1"], "states": ["queued", "running"]}]
 
 
-def test_a_deleted_dag_run_is_not_live_and_other_errors_are_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
-    def deleted(dag_id: str, run_id: str) -> str:
-        raise RuntimeError(f"API_SERVER_ERROR: Dag run with dag_id '{dag_id}' and run_id '{run_id}' was not found")
-
-    _state_is(monkeypatch, deleted)
+def test_a_deleted_dag_run_is_not_live_whatever_the_api_would_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under dag.test() a missing run's get_dagrun_state fails with "Server returned error", not "not
+    found": the count of live runs with that id is 0 in both, a typed answer."""
+    DagRuns({(DAG, "r2"): "running"}).install(monkeypatch)
     assert dag_run_is_live(lease("r1")) is False
+    assert dag_run_is_live(lease("r2")) is True
 
-    def down(dag_id: str, run_id: str) -> str:
-        raise ConnectionError("api server unreachable")
 
-    _state_is(monkeypatch, down)
-    with pytest.raises(ConnectionError):
+def test_an_unanswered_liveness_question_is_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
+    from airflow.sdk.execution_time.comms import ErrorResponse
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    def down(**kwargs: Any) -> int:
+        raise AirflowRuntimeError(ErrorResponse(error=ErrorType.API_SERVER_ERROR, detail={"status_code": 503}))
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_dr_count", staticmethod(down))
+    with pytest.raises(AirflowRuntimeError):
         dag_run_is_live(lease("r1"))
