@@ -217,9 +217,10 @@ class Kafka2PCExportOperator(BaseOperator):
         from airflow_provider_kafka2pc.txn.errors import TransactionLostError
         from airflow_provider_kafka2pc.txn.protocol import RunStatus
         from airflow_provider_kafka2pc.txn.resume import lost_of_run
+        from airflow_provider_kafka2pc.txn.visibility import of_run_record
 
         if status.status is RunStatus.LOST:
-            raise TransactionLostError(lost_of_run(status), visible="part")
+            raise TransactionLostError(lost_of_run(status), [of_run_record(status)])
         if status.status is RunStatus.ACKNOWLEDGED:
             self.log.warning(
                 "run %s of %s lost transactions and an operator acknowledged it: %s", run, prefix, status.note

@@ -73,15 +73,48 @@ class LostTransaction:
     run: str = ""
 
 
+@dataclass(frozen=True)
+class Visibility:
+    """How much of one exporter's run, decided COMMIT, a ``read_committed`` consumer sees: counted
+    from the broker's view of each transaction or from the run's final record, never assumed."""
+
+    prefix: str
+    run: str
+    transactions: int
+    records: int
+    visible_transactions: int
+    visible_records: int
+    lost_transactions: int
+    lost_records: int
+
+    @property
+    def pending_transactions(self) -> int:
+        """Still open under their own producer: they can still be committed."""
+        return self.transactions - self.visible_transactions - self.lost_transactions
+
+    @property
+    def partly_visible(self) -> bool:
+        return self.lost_transactions > 0 and self.visible_transactions > 0
+
+    def sentence(self) -> str:
+        pending = self.pending_transactions
+        return (
+            f"run {self.run} of exporter {self.prefix}: {self.visible_transactions} of {self.transactions} "
+            f"transaction(s) visible ({self.visible_records} of {self.records} records), {self.lost_transactions} "
+            f"lost ({self.lost_records} records)" + (f", {pending} still open" if pending else "")
+        )
+
+
 class TransactionLostError(Kafka2PCError):
     """Committed records are gone: the run cannot end exactly once without a repair.
 
-    Raised instead of dropping a committable silently.
+    Raised instead of dropping a committable silently. ``visibility`` says, per run, how much of it
+    is visible; a run missing there is told to look it up rather than guessed at.
     """
 
-    def __init__(self, lost: Sequence[LostTransaction], visible: str = "") -> None:
+    def __init__(self, lost: Sequence[LostTransaction], visibility: Sequence[Visibility] = ()) -> None:
         self.lost = tuple(lost)
-        self.visible = visible  # "part": the rest of the run is visible; "decided": nothing is, under a COMMIT
+        self.visibility = tuple(visibility)
         records = sum(t.records for t in self.lost)
         lines = [
             f"  {t.transactional_id} (producer id {t.producer_id}, epoch {t.producer_epoch}): "
@@ -90,7 +123,7 @@ class TransactionLostError(Kafka2PCError):
         ]
         super().__init__(
             f"{len(self.lost)} transaction(s) with {records} record(s) are lost and will never be "
-            "visible:\n" + "\n".join(lines) + _what_now(self.lost, visible)
+            "visible:\n" + "\n".join(lines) + _what_now(self.lost, self.visibility)
         )
 
 
@@ -99,23 +132,30 @@ def acknowledge_command(prefix: str, run: str) -> str:
     return f"kafka2pc acknowledge --prefix {shlex.quote(prefix)} --run {shlex.quote(run)}"
 
 
-def _what_now(lost: Sequence[LostTransaction], visible: str) -> str:
-    runs = sorted({(t.prefix, t.run) for t in lost if t.prefix and t.run})
-    commands = " and ".join(f"`{acknowledge_command(p, r)}`" for p, r in runs) or (
-        "`kafka2pc acknowledge` for the run that `kafka2pc list` shows LOST"
-    )
-    if visible == "part":
-        return (
-            "\nThe rest of the run, decided COMMIT before the loss, IS visible: the run is partly visible. "
-            f"Re-export the lost partitions, or acknowledge the loss with {commands} so that recovery stops "
-            "failing on it."
-        )
-    if visible == "decided":
-        return (
-            f"\nNothing of the run is visible, but it was decided COMMIT: acknowledge the loss with {commands}, then "
-            "start a new DAG run to export it again."
-        )
-    return ""
+def _what_now(lost: Sequence[LostTransaction], visibility: Sequence[Visibility]) -> str:
+    known = {(v.prefix, v.run): v for v in visibility}
+    runs = sorted({(t.prefix, t.run) for t in lost})
+    lines = []
+    for prefix, run in runs:
+        v = known.get((prefix, run))
+        ack = f"`{acknowledge_command(prefix, run)}`" if prefix and run else "`kafka2pc acknowledge`"
+        if v is None:
+            where = f"`kafka2pc list --prefix {shlex.quote(prefix)}`" if prefix else "`kafka2pc list` of its exporter"
+            lines.append(
+                f"The run was decided COMMIT; {where} shows how much of it is visible. Re-export the lost "
+                f"partitions, then acknowledge the loss with {ack} so that recovery stops failing on it."
+            )
+        elif v.visible_transactions:
+            lines.append(
+                f"The run is partly visible: {v.sentence()}. Re-export the lost partitions, then acknowledge the "
+                f"loss with {ack} so that recovery stops failing on it."
+            )
+        else:
+            lines.append(
+                f"Nothing of the run is visible, but it was decided COMMIT: {v.sentence()}. Acknowledge the loss "
+                f"with {ack}, then start a new DAG run to export it again."
+            )
+    return "".join("\n" + line for line in lines)
 
 
 class RunAbortedError(Kafka2PCError):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.errors import CoordinatorError
 from airflow_provider_kafka2pc.txn.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
 from airflow_provider_kafka2pc.txn.wire import (
@@ -23,6 +24,29 @@ log = logging.getLogger(__name__)
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 
 T = TypeVar("T")
+
+
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+
+
+def probe_id(prefix: str) -> str:
+    """An id under ``prefix`` that no exporter ever uses (a slot is a number): asking the broker about
+    it tells whether this principal may see the prefix's transactions at all."""
+    return f"{prefix}{naming.DELIMITER}probe"
+
+
+def not_allowed(wire: WireClient, transactional_id: str, prefix: str | None = None) -> KafkaAuthorizationError:
+    """Kafka answers a principal without Describe on a transactional id with an error where it can,
+    and leaves the id out of ListTransactions where it cannot: never read that as "nothing there"."""
+    return KafkaAuthorizationError(
+        getattr(wire, "principal", "") or "User:<this client>",
+        "TransactionalId",
+        prefix if prefix is not None else transactional_id,
+        "Describe",
+        "PREFIXED" if prefix is not None else "LITERAL",
+        "so its transactions cannot be listed or described; docs/acls.md grants Write on the prefix, "
+        "which implies Describe",
+    )
 
 
 class RetriableCoordinatorError(CoordinatorError):
@@ -63,6 +87,8 @@ class TransactionInspector:
             found = self.wire.find_transaction_coordinators(transactional_ids)
             for tid in transactional_ids:
                 c = found.get(tid)
+                if c is not None and c.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                    raise not_allowed(self.wire, tid)
                 if c is None or c.error_code:
                     code = c.error_code if c is not None else 15
                     raise RetriableCoordinatorError(code, f"FindCoordinator({tid!r})")
@@ -82,6 +108,8 @@ class TransactionInspector:
             for tid, s in self.wire.describe_transactions(tids).items():
                 if s.error_code == TRANSACTIONAL_ID_NOT_FOUND:
                     out[tid] = None
+                elif s.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                    raise not_allowed(self.wire, tid)
                 elif s.error_code in RETRIABLE:
                     raise RetriableCoordinatorError(s.error_code, f"DescribeTransactions({tid!r})")
                 elif s.error_code:
@@ -95,12 +123,21 @@ class TransactionInspector:
     def list_prefix(self, prefix: str, states: Sequence[str] = OPEN_STATES) -> list[TxnListing]:
         """Transactions of exactly this exporter's prefix: the broker filters by pattern where it can,
         and we always filter again, delimiter-aware."""
+        self.check_visible(prefix)
         pattern = naming.broker_pattern(prefix)
         listings = retry("ListTransactions", lambda: self.wire.list_transactions(states, pattern), self.timeout_s)
         return sorted(
             (t for t in listings if naming.belongs_to(t.transactional_id, prefix)),
             key=lambda t: t.transactional_id,
         )
+
+    def check_visible(self, prefix: str) -> None:
+        """Raise ``KafkaAuthorizationError`` if this principal may not see ``prefix``'s transactions:
+        ListTransactions would silently leave them out."""
+        try:
+            self.describe([probe_id(prefix)])
+        except KafkaAuthorizationError as e:
+            raise not_allowed(self.wire, e.resource, prefix) from None
 
     def describe_prefix(self, prefix: str, states: Sequence[str] = OPEN_STATES) -> list[TxnState]:
         described = self.describe([t.transactional_id for t in self.list_prefix(prefix, states)])

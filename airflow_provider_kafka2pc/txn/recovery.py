@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn import naming, visibility
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import LostTransaction, TransactionLostError
+from airflow_provider_kafka2pc.txn.errors import LostTransaction, TransactionLostError, Visibility
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, new_decision
@@ -29,8 +29,6 @@ from airflow_provider_kafka2pc.txn.resume import (
     abort_reopened,
     committed_in,
     covered_state,
-    lost_of_decisions,
-    lost_of_run,
     now_ms,
     obey,
     ref_of,
@@ -56,6 +54,7 @@ class RecoveryResult:
     plan: RecoveryPlan
     resolutions: tuple[Resolution, ...]
     lost: tuple[LostTransaction, ...] = ()  # decided COMMIT, never visible, not acknowledged
+    visibility: tuple[Visibility, ...] = ()  # per run with a loss: how much of it is visible
 
     @property
     def done(self) -> bool:
@@ -71,7 +70,7 @@ class RecoveryResult:
 
     def raise_for_loss(self) -> None:
         if self.lost:
-            raise TransactionLostError(self.lost, visible="part")
+            raise TransactionLostError(self.lost, self.visibility)
 
 
 def plan_recovery(open_states: Sequence[TxnState], state: LogState) -> RecoveryPlan:
@@ -130,8 +129,9 @@ def recover(
     ids = [d.decision_id for d in touching]
     resolutions = obey(decision_log, state, ids, resolver)
     resolutions += abort_reopened(resolver, state, plan.abort, resolutions)
-    lost = lost_of_decisions(state, ids) + [t for rec in state.lost_runs(prefix) for t in lost_of_run(rec)]
-    result = RecoveryResult(plan, tuple(resolutions), tuple({t.transactional_id: t for t in lost}.values()))
+    found = visibility.losses(state, prefix)
+    lost = {t.transactional_id: t for f in found for t in f.lost}
+    result = RecoveryResult(plan, tuple(resolutions), tuple(lost.values()), tuple(f.visibility for f in found))
     if raise_on_loss:
         result.raise_for_loss()
     return result

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from airflow_provider_kafka2pc.txn import visibility
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
@@ -416,7 +417,8 @@ def commit_prepared(
     resolutions = obey(decision_log, state, [did], decided.resolver)
     lost = lost_of_decisions(state, [did])
     if lost:
-        raise TransactionLostError(lost, visible="part" if state.outcome(did).committed else "decided")
+        seen = [visibility.of_decision(state, did, p)[0] for p in _prefixes(decided.decision)]
+        raise TransactionLostError(lost, seen)
     return CommitReport(tuple(resolutions), committed=all(r.outcome is Verdict.COMMITTED for r in resolutions))
 
 
@@ -494,6 +496,10 @@ def decide_commit(
     return Decided(state, mine, resolver)
 
 
+def _prefixes(d: DecisionRecord) -> list[str]:
+    return sorted(set(d.prefixes) | {p for c in d.txns if (p := prefix_of(c.transactional_id))})
+
+
 def _second_export(run: str, first: RunRecord, count: int) -> DecisionConflictError:
     return DecisionConflictError(
         f"run {run} already has a COMMIT decision ({first.decision_id}, {first.transactions} transactions, "
@@ -523,7 +529,7 @@ def _log_decision(decision: DecisionRecord, committables: Sequence[Committable],
 def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
-        raise TransactionLostError(lost, visible="part")
+        raise TransactionLostError(lost, [visibility.of_run_record(r) for r in records if r.status is RunStatus.LOST])
     note = "; ".join(_finished(r) for r in records)
     log.info("run %s is final in the decision log (%s); nothing to do", run, note)
     return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))

@@ -215,28 +215,50 @@ def test_loss_after_the_decision_fails_recovery_the_cli_and_the_export(
     sigkill(commit)
     time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what is left
     assert len(visible_keys(env, topic)) == 2000
+    lost_ids = sorted(c.transactional_id for c in cs[2:])
+
+    def read_only_commands(when: str) -> None:
+        """list, resolve --dry-run and describe see the loss from the broker, change nothing, exit 4."""
+        for command in (["list"], ["resolve", "--dry-run"], ["describe"]):
+            cli = subprocess.run(
+                [sys.executable, "-m", "airflow_provider_kafka2pc.cli", *command, "--prefix", prefix, "--json",
+                 "--bootstrap-servers", env.bootstrap, "--decision-topic", topic_log],
+                capture_output=True, text=True, cwd=REPO, timeout=120,
+            )  # fmt: skip
+            assert cli.returncode == 4, f"{when}: {command}: {cli.stdout}{cli.stderr}"
+            [loss] = json.loads(cli.stdout)["losses"]
+            assert (loss["run"], loss["transactions"], loss["records"]) == (run, 4, 4000), loss
+            assert (loss["visible_transactions"], loss["visible_records"], loss["lost_records"]) == (2, 2000, 2000)
+            assert loss["partly_visible"] and sorted(t["transactional_id"] for t in loss["lost"]) == lost_ids
+            assert all(t["partitions"] and t["records"] == 1000 for t in loss["lost"]), loss
+            print(f"{when}: kafka2pc {' '.join(command)}: exit 4, {loss['summary']}")
+        assert len(visible_keys(env, topic)) == 2000 and env.open_transactions(prefix) == []
+
+    read_only_commands("before any recovery")
     log = DecisionLog(env.config, topic=topic_log)
     for _ in range(2):  # every pass fails, not just the first
         with WireClient(env.config) as wire, pytest.raises(TransactionLostError) as e:
             recover(wire, prefix, log, run="next")
-        lost = sorted(t.transactional_id for t in e.value.lost)
-        assert lost == sorted(c.transactional_id for c in cs[2:])
+        assert sorted(t.transactional_id for t in e.value.lost) == lost_ids
         assert all(t.records == 1000 and t.topic_partitions for t in e.value.lost)
-        assert "partly visible" in str(e.value) and "kafka2pc acknowledge" in str(e.value)
+        assert "The run is partly visible: " in str(e.value) and "2 of 4 transaction(s) visible (2000 of 4000" in str(
+            e.value
+        )
+        assert f"kafka2pc acknowledge --prefix {prefix} --run {run}" in str(e.value)
     rec = log.read_for(prefix).runs[(prefix, run)]
     assert rec.status is RunStatus.LOST and len(rec.lost) == 2
-    # The CLI says so with exit status 4.
-    cli = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "list", "--prefix", prefix,
-         "--bootstrap-servers", env.bootstrap, "--decision-topic", topic_log],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
-    assert cli.returncode == 4, cli.stdout + cli.stderr
-    assert "LOST" in cli.stdout
+    read_only_commands("after recovery")
     # A retry of the commit is loud too, and says the other half is visible.
     with WireClient(env.config) as wire, pytest.raises(TransactionLostError, match="partly visible"):
         commit_prepared(cs, wire, log, run)
     assert env.open_transactions(prefix) == []
+    # Until acknowledged: then list says all clear, and the acknowledged loss stays on the record.
+    base = [sys.executable, "-m", "airflow_provider_kafka2pc.cli"]
+    where = ["--prefix", prefix, "--bootstrap-servers", env.bootstrap, "--decision-topic", topic_log]
+    ack = subprocess.run([*base, "acknowledge", *where, "--run", run], capture_output=True, text=True, cwd=REPO)
+    assert ack.returncode == 0, ack.stdout + ack.stderr
+    listed = subprocess.run([*base, "list", *where], capture_output=True, text=True, cwd=REPO)
+    assert listed.returncode == 0 and "LOST" not in listed.stdout, listed.stdout + listed.stderr
     log.close()
 
 

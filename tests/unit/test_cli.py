@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc import cli
+from airflow_provider_kafka2pc.cli import commands, render
+from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.inspect import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, probe_id
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol import (
     Covered,
@@ -76,7 +79,7 @@ def _restore_logging() -> Iterator[None]:
 
 @pytest.fixture
 def cli_clock(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> FakeClock:
-    monkeypatch.setattr(cli, "time", clock)
+    monkeypatch.setattr(commands, "time", clock)
     return clock
 
 
@@ -258,6 +261,7 @@ def test_list_shows_lost_runs_and_lost_transactions_of_decisions_in_flight(
             item(lost_outcome),
         ]
     )
+    broker.add(txn_state("orders-5", "CompleteCommit"))  # the broker shows the rest of run-3 committed
     conn = FakeConnection(broker, log)
     code, out, _ = run(conn, capsys, "list", "--prefix", "orders", "--json")
     assert code == cli.EXIT_LOST
@@ -276,16 +280,22 @@ def test_list_shows_lost_runs_and_lost_transactions_of_decisions_in_flight(
     ]
     assert [(x["decision_id"], x["run"]) for x in doc["lost_decisions"]] == [(in_flight.decision_id, "run-3")]
     assert [t["transactional_id"] for t in doc["lost_decisions"][0]["lost"]] == ["orders-4"]
+    [run_3] = doc["lost_decisions"]
+    assert (run_3["transactions"], run_3["visible_transactions"], run_3["lost_transactions"]) == (2, 1, 1)
+    assert run_3["partly_visible"] and not run_3["final"]
+    assert [(x["run"], x["final"]) for x in doc["losses"]] == [("run-2", True), ("run-3", False)]
 
     code, out, _ = run(conn, capsys, "list", "--prefix", "orders")
     assert code == cli.EXIT_LOST
     lines = out.splitlines()
     assert lines[1] == (
-        f"LOST: run run-2 of orders (decision {'d' * 32}): 1 of its 3 transaction(s) can never become visible"
+        "PARTLY VISIBLE: run run-2 of exporter orders: 2 of 3 transaction(s) visible (20 of 30 records), 1 lost "
+        "(10 records) (its run record)"
     )
     assert lines[3].split()[:5] == ["orders-1", "1000", "0", "10", "events-0"]
     assert lines[4].endswith("then: kafka2pc acknowledge --prefix orders --run run-2")
-    assert lines[5].startswith(f"LOST under COMMIT {in_flight.decision_id} of run run-3 (commit), still in flight")
+    assert lines[5].startswith("PARTLY VISIBLE: run run-3 of exporter orders: 1 of 2 transaction(s) visible")
+    assert lines[5].endswith(f"(COMMIT {in_flight.decision_id}, counted on the broker)")
     assert lines[7].split()[0] == "orders-4"
 
 
@@ -307,8 +317,9 @@ def test_describe_shows_decisions_touching_the_prefix_and_every_run_record_of_it
     )
     conn = FakeConnection(broker, log)
     code, out, _ = run(conn, capsys, "describe", "--prefix", "orders", "--json")
-    assert code == cli.EXIT_OK
+    assert code == cli.EXIT_LOST  # run-8 is LOST and not acknowledged
     doc = json.loads(out)
+    assert [(x["run"], x["final"]) for x in doc["losses"]] == [("run-8", True)]
     assert doc["claim_owner"] == "dag.export"
     got = {x["decision_id"]: x for x in doc["decisions"]}
     assert list(got) == [d["commit"].decision_id, d["late"].decision_id, d["abort"].decision_id]
@@ -377,7 +388,9 @@ def test_describe_shows_decisions_touching_the_prefix_and_every_run_record_of_it
     assert lines[10].split() == ["run-9", "COMMITTED", "3", "30", "2023-11-14T22:13:20Z", "-"]
     assert lines[11] == "run run-7: 1 lost transaction(s) (ACKNOWLEDGED):"
     assert lines[13].split()[0] == "orders-5"
-    assert lines[14] == "run run-8: 1 lost transaction(s) (LOST):"
+    assert lines[14].startswith("PARTLY VISIBLE: run run-8 of exporter orders: 2 of 3 transaction(s) visible")
+    assert lines[16].split()[0] == "orders-4"
+    assert lines[17].endswith("then: kafka2pc acknowledge --prefix orders --run run-8")
     assert "orders2" not in out
     assert broker.end_txn_calls == []
 
@@ -429,7 +442,7 @@ def test_resolve_rolls_forward_what_a_commit_rules_aborts_the_rest_and_waits_for
             super().sleep(seconds)
             broker.set_state("orders-2", "CompleteCommit")
 
-    monkeypatch.setattr(cli, "time", Completing())
+    monkeypatch.setattr(commands, "time", Completing())
     code, out, _ = run(FakeConnection(broker, log), capsys, "resolve", "--prefix", "orders", "--json")
     assert code == cli.EXIT_OK
     doc = json.loads(out)
@@ -506,11 +519,13 @@ def test_resolve_reports_a_loss_and_acknowledge_lets_recovery_pass_it(
     assert code == cli.EXIT_LOST
     lines = out.splitlines()
     assert lines[0] == "prefix orders: 0 committed, 0 aborted, 1 lost; 0 still open"
-    assert lines[1] == "LOST: 1 transaction(s) with 10 record(s) were decided COMMIT and can never become visible:"
+    assert lines[1] == (
+        "LOST: run dag/run-5 of exporter orders: 0 of 1 transaction(s) visible (0 of 10 records), 1 lost (10 records) "
+        "(its run record)"
+    )
     assert lines[3].split()[:5] == ["orders-0", "1000", "0", "10", "events-0"]
     assert lines[-1] == (
-        "run dag/run-5 of orders is LOST: once handled (re-export the lost partitions), acknowledge it with: "
-        "kafka2pc acknowledge --prefix orders --run dag/run-5"
+        "  handle it (re-export the lost partitions), then: kafka2pc acknowledge --prefix orders --run dag/run-5"
     )
     assert run(conn, capsys, "list", "--prefix", "orders")[0] == cli.EXIT_LOST
 
@@ -766,7 +781,7 @@ def test_an_unexpected_error_has_no_traceback_unless_debug(capsys: pytest.Captur
     [(None, "-"), (999, "0s"), (59_000, "59s"), (61_000, "1m01s"), (7_260_000, "2h01m"), (90_000_000, "1d01h")],
 )
 def test_durations(ms: int | None, text: str) -> None:
-    assert cli._duration(ms) == text
+    assert render.duration(ms) == text
 
 
 def test_the_cli_never_imports_airflow() -> None:
@@ -789,3 +804,36 @@ def test_the_cli_never_imports_airflow() -> None:
     assert proc.stdout.strip() == "ok"
     assert "cannot reach Kafka at 127.0.0.1:9" in proc.stderr
     assert "--conn-id needs Apache Airflow installed" in proc.stderr
+
+
+# -- what this principal may not see is never "nothing there" ------------------------------
+
+
+class HiddenTopic(FakeConnection):
+    def decision_topic_exists(self) -> bool:
+        raise KafkaAuthorizationError("User:ops", "Topic", "kafka2pc_decisions", "Describe")
+
+
+@pytest.mark.parametrize("command", [["list"], ["describe"], ["resolve", "--dry-run"], ["resolve"]])
+def test_a_decision_topic_the_principal_may_not_see_is_a_permission_error_and_nothing_is_aborted(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    broker.add(txn_state("orders-0", "Ongoing"))  # ruled by a COMMIT the principal cannot read
+    code, out, err = run(HiddenTopic(broker, MemoryDecisionLog()), capsys, *command, "--prefix", "orders")
+    assert code == cli.EXIT_FAILED
+    assert "principal User:ops may not Describe Topic 'kafka2pc_decisions'" in err
+    assert "no decisions" not in out
+    assert broker.end_txn_calls == [] and broker.state_of("orders-0") == "Ongoing"
+
+
+@pytest.mark.parametrize("command", [["list"], ["resolve", "--dry-run"], ["resolve"]])
+def test_transactions_the_principal_may_not_describe_are_a_permission_error_not_zero_open(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    broker.describe_errors[probe_id("orders")] = [TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
+    code, out, err = run(FakeConnection(broker, MemoryDecisionLog()), capsys, *command, "--prefix", "orders")
+    assert code == cli.EXIT_FAILED
+    assert "may not Describe TransactionalId 'orders' (prefix)" in err
+    assert "--transactional-id orders --resource-pattern-type prefixed" in err
+    assert "0 open transaction(s)" not in out
+    assert broker.end_txn_calls == []

@@ -251,7 +251,7 @@ def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytes
     lost = LostTransaction("orders-0", 7, 0, 10, ("events-0",), "aborted by the broker after its COMMIT")
 
     def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
-        raise TransactionLostError([lost], visible="part")
+        raise TransactionLostError([lost])
 
     monkeypatch.setattr(Kafka2PCHook, "recover", recover)
     [event] = run_trigger(monkeypatch)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.errors import (
     CoordinatorError,
@@ -180,8 +181,9 @@ def test_describe_retriable_errors_are_retried(broker: FakeBroker) -> None:
 def test_describe_fatal_error_fails_instead_of_guessing(broker: FakeBroker) -> None:
     [c] = prepared(broker, "orders-0")
     broker.describe_errors["orders-0"] = [TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
-    with pytest.raises(CoordinatorError, match="TransactionalIdAuthorizationFailed"):
+    with pytest.raises(KafkaAuthorizationError, match="may not Describe TransactionalId 'orders-0'") as info:
         resolve_one(broker, c)
+    assert info.value.principal == "User:<this client>"  # the fake wire does not know its principal
     assert broker.end_txn_calls == []
 
 
@@ -594,7 +596,10 @@ def test_once_decided_the_rest_is_rolled_forward_and_the_loss_reported(
     with pytest.raises(TransactionLostError) as info:
         commit_prepared([a, b], broker, decision_log, run="run-1")
     assert [t.transactional_id for t in info.value.lost] == ["orders-1"]
-    assert info.value.visible == "part"
+    [seen] = info.value.visibility
+    assert (seen.transactions, seen.visible_transactions, seen.lost_transactions) == (2, 1, 1)
+    assert seen.partly_visible
+    assert "The run is partly visible: run run-1 of exporter orders: 1 of 2 transaction(s) visible" in str(info.value)
     assert broker.commits_sent() == ["orders-0"]
     assert broker.aborts_sent() == []  # decided COMMIT: nothing is aborted
     rec = decision_log.read().run_status("orders", "run-1")

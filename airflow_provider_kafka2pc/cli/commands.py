@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -34,11 +33,12 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from airflow_provider_kafka2pc import __version__
-from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.cli import render
+from airflow_provider_kafka2pc.txn import naming, visibility
+from airflow_provider_kafka2pc.txn.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.config import connection_only, redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
@@ -46,12 +46,12 @@ from airflow_provider_kafka2pc.txn.errors import (
     InvalidPrefixError,
     Kafka2PCError,
     LostTransaction,
+    acknowledge_command,
 )
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.protocol import (
     DecisionRecord,
-    Kind,
     LogState,
     LostTxn,
     RunRecord,
@@ -103,21 +103,32 @@ class Connection:
         return self._log
 
     def decision_topic_exists(self) -> bool:
-        """Asked before reading, because DecisionLog.read() and append() create a missing topic."""
-        from confluent_kafka import KafkaException
+        """Asked before reading, because DecisionLog.read() and append() create a missing topic.
+
+        A topic this principal may not describe is hidden by Kafka exactly like a missing one in a
+        listing; DescribeTopics (which never creates a topic) tells them apart, and a topic we may not
+        see raises ``KafkaAuthorizationError``: "no decisions" would be a lie that aborts committed runs.
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
         # librdkafka logs every failed connect to stderr; we report the failure ourselves.
         conf: dict[str, Any] = {**connection_only(self.config), "logger": logging.getLogger(_LIBRDKAFKA_LOGGER)}
         admin = AdminClient(conf)
+        future = admin.describe_topics(TopicCollection([self.decision_topic]), request_timeout=self.timeout_s)
         try:
-            # All topics, not just ours: a metadata request naming a missing topic may auto-create it.
-            md = admin.list_topics(timeout=self.timeout_s)
+            future[self.decision_topic].result(timeout=self.timeout_s + 1)
         except KafkaException as e:
+            err = e.args[0]
+            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return False
+            named = authorization_error_of(err.name(), self.config, self.decision_topic, "Describe")
+            if named is not None:
+                raise named from None
             raise BrokerUnavailableError(
                 f"cannot reach Kafka at {self.config.get('bootstrap.servers')} within {self.timeout_s:g} s: {e}"
             ) from e
-        return self.decision_topic in md.topics
+        return True
 
     def close(self) -> None:
         if self._wire is not None:
@@ -299,11 +310,12 @@ def _read_properties(path: str) -> list[tuple[str, str]]:
     ]
 
 
-# -- reading the decision log ---------------------------------------------------------------
+# -- reading what there is -------------------------------------------------------------------
 
 
 def _read(conn: Connection, read: Callable[[DecisionLog], LogState]) -> tuple[LogState, bool]:
-    """The decision log without creating its topic: read-only commands must change nothing."""
+    """The decision log without creating its topic: read-only commands must change nothing. A topic
+    this principal may not see raises (``KafkaAuthorizationError``): never "no decisions"."""
     if not conn.decision_topic_exists():
         return LogState(), False
     return read(conn.decision_log()), True
@@ -313,23 +325,57 @@ def _touches(prefix: str) -> Callable[[str], bool]:
     return lambda tid: naming.belongs_to(tid, prefix)
 
 
-def _lost_decisions(state: LogState, prefix: str) -> list[DecisionRecord]:
-    """COMMIT decisions in force touching ``prefix`` with lost outcomes, not yet collapsed to a run record."""
-    return [
-        d
-        for d in state.decisions_touching(_touches(prefix))
-        if d.kind is Kind.COMMIT and state.outcome(d.decision_id).lost
-    ]
-
-
-def _losses(state: LogState, prefix: str) -> dict[str, Any]:
+def _losses(inspector: TransactionInspector, state: LogState, prefix: str) -> dict[str, Any]:
+    """The prefix's losses, counted from the broker (DescribeTransactions of every transaction a COMMIT
+    in force still rules) and the run records, before any recovery ran; read-only."""
+    unresolved = visibility.unresolved_commits(state, prefix)
+    found = visibility.losses(state, prefix, visibility.observe_broker(inspector, unresolved))
     return {
-        "lost_runs": [_run_json(r) for r in sorted(state.lost_runs(prefix), key=lambda r: (r.at_ms, r.run))],
+        "losses": [_loss_json(f) for f in found],
+        # The older two views of the same losses, kept for scripts that read them.
+        "lost_runs": [_loss_json(f) | _run_json(state.runs[(prefix, f.visibility.run)]) for f in found if f.final],
         "lost_decisions": [
-            _decision_ref_json(d) | {"lost": [_lost_txn_json(t) for t in state.outcome(d.decision_id).lost]}
-            for d in _lost_decisions(state, prefix)
+            _decision_ref_json(state.decisions[f.decision_id]) | _loss_json(f) for f in found if not f.final
         ],
     }
+
+
+def _loss_json(f: visibility.RunLoss) -> dict[str, Any]:
+    v = f.visibility
+    return {
+        "prefix": v.prefix,
+        "run": v.run,
+        "decision_id": f.decision_id,
+        "final": f.final,
+        "transactions": v.transactions,
+        "records": v.records,
+        "visible_transactions": v.visible_transactions,
+        "visible_records": v.visible_records,
+        "lost_transactions": v.lost_transactions,
+        "lost_records": v.lost_records,
+        "pending_transactions": v.pending_transactions,
+        "partly_visible": v.partly_visible,
+        "summary": v.sentence(),
+        "acknowledge": acknowledge_command(v.prefix, v.run),
+        "lost": [
+            _lost_json(t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason)
+            for t in f.lost
+        ],
+    }
+
+
+def _survey(conn: Connection, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """What ``list`` and ``resolve --dry-run`` report: the prefix's open transactions joined with the
+    decisions that rule them, the plan recovery would follow, and the losses; and the exit status."""
+    inspector = TransactionInspector(conn.wire(), args.timeout)  # first: the fastest way to find a broker down
+    states = inspector.describe_prefix(args.prefix)
+    state, exists = _read(conn, lambda log: log.read_for(args.prefix))
+    rows, plan = _plan_rows(states, state, _now_ms())
+    losses = _losses(inspector, state, args.prefix)
+    report = _header(args, exists) | {"transactions": rows, "plan": _plan_json(plan)} | losses
+    if losses["losses"]:
+        return report, EXIT_LOST
+    return report, EXIT_OK if plan.empty else EXIT_OPEN
 
 
 # -- list -----------------------------------------------------------------------------------
@@ -380,116 +426,14 @@ def _other_decision(state: LogState, s: TxnState, ruling: DecisionRecord | None)
     return None
 
 
-def _list_exit(plan: RecoveryPlan, losses: Mapping[str, Any]) -> int:
-    if losses["lost_runs"] or losses["lost_decisions"]:
-        return EXIT_LOST
-    return EXIT_OK if plan.empty else EXIT_OPEN
-
-
 def cmd_list(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
-    wire = conn.wire()  # first: the fastest way to find out that the broker is down
-    states = TransactionInspector(wire, args.timeout).describe_prefix(args.prefix)
-    state, exists = _read(conn, lambda log: log.read_for(args.prefix))
-    rows, plan = _plan_rows(states, state, _now_ms())
-    losses = _losses(state, args.prefix)
+    report, code = _survey(conn, args)
     if args.json:
-        _print_json(out, _header(args, exists) | {"transactions": rows, "plan": _plan_json(plan)} | losses)
+        render.print_json(out, report)
     else:
-        _print_open(out, args, rows, exists)
-        _print_losses(out, args, losses)
-    return _list_exit(plan, losses)
-
-
-def _print_open(out: TextIO, args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], exists: bool) -> None:
-    out.write(f"prefix {args.prefix}: {len(rows)} open transaction(s)\n")
-    if not exists:
-        out.write(f"decision topic {args.decision_topic} does not exist: no decisions\n")
-    if rows:
-        out.write(
-            _table(
-                [
-                    "TRANSACTIONAL ID",
-                    "STATE",
-                    "PRODUCER ID",
-                    "EPOCH",
-                    "PARTITIONS",
-                    "AGE",
-                    "DECISION",
-                    "RUN",
-                    "ACTOR",
-                    "ACTION",
-                ],
-                [
-                    [
-                        r["transactional_id"],
-                        r["state"],
-                        str(r["producer_id"]),
-                        str(r["producer_epoch"]),
-                        _partitions(r["partitions"]),
-                        _duration(r["age_ms"]),
-                        _decision_cell(r),
-                        r["decision"]["run"] if r["decision"] else "-",
-                        r["decision"]["actor"] if r["decision"] else "-",
-                        "wait (broker completing)" if r["action"] == "wait" else r["action"],
-                    ]
-                    for r in rows
-                ],
-            )
-        )
-
-
-def _decision_cell(row: Mapping[str, Any]) -> str:
-    d = row["decision"]
-    if d is not None:
-        return f"{d['kind']} {_short(d['decision_id'])}"
-    other = row["other_decision"]
-    if other is None:
-        return "none"
-    what = (
-        f"void: {other['void']}"
-        if other["void"]
-        and (other["producer_id"], other["producer_epoch"]) == (row["producer_id"], row["producer_epoch"])
-        else f"for producer {other['producer_id']} epoch {other['producer_epoch']}"
-    )
-    return f"none (log: {other['kind']} {_short(other['decision_id'])} {what})"
-
-
-def _print_losses(out: TextIO, args: argparse.Namespace, losses: Mapping[str, Any]) -> None:
-    for r in losses["lost_runs"]:
-        out.write(
-            f"LOST: run {r['run']} of {args.prefix} (decision {r['decision_id'] or '?'}): "
-            f"{len(r['lost'])} of its {r['transactions']} transaction(s) can never become visible\n"
-        )
-        out.write(_lost_table(r["lost"]))
-        out.write(
-            f"  handle it (re-export the lost partitions), then: kafka2pc acknowledge --prefix {args.prefix} "
-            f"--run {r['run']}\n"
-        )
-    for d in losses["lost_decisions"]:
-        out.write(
-            f"LOST under {d['kind']} {d['decision_id']} of run {d['run']} ({d['actor']}), still in flight: "
-            f"{len(d['lost'])} transaction(s) can never become visible\n"
-        )
-        out.write(_lost_table(d["lost"]))
-
-
-def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:
-    return _indent(
-        _table(
-            ["TRANSACTIONAL ID", "PRODUCER ID", "EPOCH", "RECORDS", "PARTITIONS", "REASON"],
-            [
-                [
-                    t["transactional_id"],
-                    str(t["producer_id"]),
-                    str(t["producer_epoch"]),
-                    str(t["records"]),
-                    ",".join(t["partitions"]) or "-",
-                    t["reason"],
-                ]
-                for t in lost
-            ],
-        )
-    )
+        render.open_transactions(out, report)
+        render.losses(out, report)
+    return code
 
 
 # -- describe -------------------------------------------------------------------------------
@@ -499,100 +443,64 @@ def cmd_describe(conn: Connection, args: argparse.Namespace, out: TextIO) -> int
     prefix = args.prefix
     # Every run record of the prefix, the COMMITTED ones too: describe is where they are looked up.
     state, exists = _read(conn, lambda log: log.read(keep_run=lambda p, _r, _raw: p == prefix))
+    inspector = TransactionInspector(conn.wire(), args.timeout)
+    losses = _losses(inspector, state, prefix) if exists else {"losses": [], "lost_runs": [], "lost_decisions": []}
+    seen = {(f["decision_id"], f["run"]): f for f in losses["losses"] if not f["final"]}
     touches = _touches(prefix)
     decisions = [
-        _decision_json(state, d, prefix)
+        _decision_json(state, d, prefix, seen.get((did, d.run)))
         for did, d in state.decisions.items()
         if any(touches(c.transactional_id) for c in d.txns)
     ]
-    owner = state.claims.get(prefix)
     runs = sorted((r for (p, _), r in state.runs.items() if p == prefix), key=lambda r: (r.at_ms, r.run))
+    report = _header(args, exists) | {
+        "claim_owner": state.claims.get(prefix),
+        "decisions": decisions,
+        "runs": [_run_json(r) for r in runs],
+        "losses": losses["losses"],
+    }
     if args.json:
-        body: dict[str, Any] = {"claim_owner": owner, "decisions": decisions, "runs": [_run_json(r) for r in runs]}
-        _print_json(out, _header(args, exists) | body)
-        return EXIT_OK
-    out.write(f"prefix {prefix}: {'claimed by ' + owner if owner else 'not claimed'}\n")
-    if not exists:
-        out.write(f"decision topic {args.decision_topic} does not exist: no decisions\n")
-        return EXIT_OK
-    void = sum(1 for d in decisions if not d["in_force"])
-    out.write(
-        f"{len(decisions) - void} decision(s) in force and {void} void touching {prefix} "
-        f"in decision log {args.decision_topic}\n"
-    )
-    if decisions:
-        out.write(
-            _table(
-                [
-                    "KIND",
-                    "DECISION ID",
-                    "RUN",
-                    "ACTOR",
-                    "TIME",
-                    "TXNS",
-                    "COMMITTED",
-                    "ABORTED",
-                    "LOST",
-                    "PENDING",
-                    "STATUS",
-                ],
-                [
-                    [
-                        d["kind"],
-                        d["decision_id"],
-                        d["run"],
-                        d["actor"],
-                        d["time"],
-                        str(d["transactions"]),
-                        str(d["outcome"]["committed"]),
-                        str(d["outcome"]["aborted"]),
-                        str(d["outcome"]["lost"]),
-                        str(d["outcome"]["pending"]),
-                        "in force" if d["in_force"] else f"void: {d['void']}",
-                    ]
-                    for d in decisions
-                ],
-            )
-        )
-    if runs:
-        out.write(f"{len(runs)} run record(s) of {prefix}:\n")
-        out.write(
-            _table(
-                ["RUN", "STATUS", "TRANSACTIONS", "RECORDS", "TIME", "NOTE"],
-                [
-                    [r.run, r.status.value, str(r.transactions), str(r.records), _iso(r.at_ms), r.note or "-"]
-                    for r in runs
-                ],
-            )
-        )
-        for r in runs:
-            if r.lost:
-                out.write(f"run {r.run}: {len(r.lost)} lost transaction(s) ({r.status.value}):\n")
-                out.write(_lost_table([_lost_txn_json(t) for t in r.lost]))
-    return EXIT_OK
+        render.print_json(out, report)
+    else:
+        render.decisions_and_runs(out, report)
+        render.losses(out, report)
+    return EXIT_LOST if losses["losses"] else EXIT_OK
 
 
-def _decision_json(state: LogState, d: DecisionRecord, prefix: str) -> dict[str, Any]:
+def _decision_json(
+    state: LogState, d: DecisionRecord, prefix: str, seen: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A decision and its outcome as recorded; for a COMMIT with a loss the broker showed (``seen``),
+    the prefix's counts from the broker instead, so that "pending" never hides a loss."""
     did = d.decision_id
     outcome = state.outcome(did)
+    counts = {
+        "committed": len(outcome.committed),
+        "aborted": len(outcome.aborted),
+        "lost": len(outcome.lost),
+        "pending": len(state.unresolved(did)) if state.in_force(did) else 0,
+    }
+    if seen is not None:
+        counts = {
+            "committed": seen["visible_transactions"],
+            "aborted": 0,
+            "lost": seen["lost_transactions"],
+            "pending": seen["pending_transactions"],
+        }
     return _decision_ref_json(d) | {
         "in_force": state.in_force(did),
         "void": state.void.get(did),
         "voided_by": state.voided_by.get(did),
         "prefixes": list(d.prefixes),
         "at_ms": d.at_ms,
-        "time": _iso(d.at_ms) if d.at_ms > 0 else "-",
+        "time": render.iso(d.at_ms) if d.at_ms > 0 else "-",
         "appended_ms": state.appended_ms.get(did),
         "transactions": len(d.txns),
         "transactions_of_prefix": sum(1 for c in d.txns if naming.belongs_to(c.transactional_id, prefix)),
         "records": sum(c.records for c in d.txns),
-        "outcome": {
-            "committed": len(outcome.committed),
-            "aborted": len(outcome.aborted),
-            "lost": len(outcome.lost),
-            "pending": len(state.unresolved(did)) if state.in_force(did) else 0,
-        },
-        "lost": [_lost_txn_json(t) for t in outcome.lost],
+        "outcome": counts,
+        "counted_from": "broker" if seen is not None else "decision log",
+        "lost": seen["lost"] if seen is not None else [_lost_txn_json(t) for t in outcome.lost],
     }
 
 
@@ -600,21 +508,17 @@ def _decision_json(state: LogState, d: DecisionRecord, prefix: str) -> dict[str,
 
 
 def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
-    wire = conn.wire()
     if args.dry_run:
-        states = TransactionInspector(wire, args.timeout).describe_prefix(args.prefix)
-        state, exists = _read(conn, lambda log: log.read_for(args.prefix))
-        rows, plan = _plan_rows(states, state, _now_ms())
-        losses = _losses(state, args.prefix)
+        report, code = _survey(conn, args)
         if args.json:
-            body = {"dry_run": True, "transactions": rows, "plan": _plan_json(plan)} | losses
-            _print_json(out, _header(args, exists) | body)
+            render.print_json(out, report | {"dry_run": True})
         else:
             out.write("dry run: nothing is changed\n")
-            _print_open(out, args, rows, exists)
-            _print_losses(out, args, losses)
-        return _list_exit(plan, losses)
+            render.open_transactions(out, report)
+            render.losses(out, report)
+        return code
 
+    wire = conn.wire()
     if not conn.decision_topic_exists() and not args.allow_missing_decision_topic:
         # A mistyped topic name would otherwise abort transactions that have a COMMIT decision.
         raise UsageError(
@@ -624,15 +528,16 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
     decision_log = conn.decision_log()
     passes = _recover_until_settled(wire, args, decision_log)
     still_open = TransactionInspector(wire, args.timeout).list_prefix(args.prefix)
-    report = _resolve_report(passes, still_open)
-    # Which runs to acknowledge: read only when there is a loss to explain.
-    report["lost_runs"] = (
-        _losses(decision_log.read_for(args.prefix), args.prefix)["lost_runs"] if report["lost"] else []
-    )
-    if args.json:
-        _print_json(out, _header(args, True) | {"dry_run": False} | report)
+    report = _header(args, True) | {"dry_run": False} | _resolve_report(passes, still_open)
+    # How much of each run with a loss is visible, and which runs to acknowledge.
+    if report["lost"]:
+        report |= _losses(TransactionInspector(wire, args.timeout), decision_log.read_for(args.prefix), args.prefix)
     else:
-        _print_resolved(out, args, report)
+        report |= {"losses": [], "lost_runs": [], "lost_decisions": []}
+    if args.json:
+        render.print_json(out, report)
+    else:
+        render.resolved(out, report)
     if report["lost"]:
         return EXIT_LOST
     return EXIT_OPEN if still_open else EXIT_OK
@@ -673,8 +578,7 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
             "transactional_id": r.ref.transactional_id,
             "producer_id": r.ref.producer_id,
             "producer_epoch": r.ref.producer_epoch,
-            # Not open when listed (a decision finished by this call): what its outcome shows.
-            "action": intents.get(r.ref) or (_ACTIONS["abort"] if r.outcome is Verdict.ABORTED else _ACTIONS["commit"]),
+            "action": _action(intents.get(r.ref), r.outcome),
             "outcome": r.outcome.value,
             "observation": r.observation.value,
             "detail": r.detail,
@@ -697,49 +601,15 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
     }
 
 
-def _print_resolved(out: TextIO, args: argparse.Namespace, report: Mapping[str, Any]) -> None:
-    resolutions = report["resolutions"]
-    counts = {v.value: sum(1 for r in resolutions if r["outcome"] == v.value) for v in _DONE}
-    out.write(
-        f"prefix {args.prefix}: "
-        + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f", {len(report['lost'])} lost; {len(report['still_open'])} still open\n"
-    )
-    if resolutions:
-        out.write(
-            _table(
-                ["TRANSACTIONAL ID", "PRODUCER ID", "EPOCH", "ACTION", "OUTCOME", "DETAIL"],
-                [
-                    [
-                        r["transactional_id"],
-                        str(r["producer_id"]),
-                        str(r["producer_epoch"]),
-                        r["action"],
-                        r["outcome"],
-                        r["detail"],
-                    ]
-                    for r in resolutions
-                ],
-            )
-        )
-    for t in report["still_open"]:
-        out.write(f"still open: {t['transactional_id']} ({t['state']})\n")
-    lost = report["lost"]
-    if lost:
-        records = sum(t["records"] for t in lost)
-        out.write(
-            f"LOST: {len(lost)} transaction(s) with {records} record(s) were decided COMMIT and can never "
-            "become visible:\n"
-        )
-        out.write(_lost_table(lost))
-    for r in report["lost_runs"]:
-        out.write(
-            f"run {r['run']} of {args.prefix} is LOST: once handled (re-export the lost partitions), "
-            f"acknowledge it with: kafka2pc acknowledge --prefix {args.prefix} --run {r['run']}\n"
-        )
-
-
-_DONE = (Verdict.COMMITTED, Verdict.ABORTED)
+def _action(intent: str | None, outcome: Verdict) -> str:
+    """What was done, never contradicting the outcome: an abort that found the transaction committed
+    (committed data cannot be taken back) did nothing. ``intent`` is None for what was not open when
+    listed (a decision finished by this call): its outcome shows the action."""
+    if outcome is Verdict.COMMITTED and intent == _ACTIONS["abort"]:
+        return "none (already committed)"
+    if outcome is Verdict.ABORTED:
+        return _ACTIONS["abort"]
+    return intent or _ACTIONS["commit"]
 
 
 # -- acknowledge ----------------------------------------------------------------------------
@@ -765,7 +635,7 @@ def cmd_acknowledge(conn: Connection, args: argparse.Namespace, out: TextIO) -> 
     lost_records = sum(t.covered.records for t in acked.lost)
     if args.json:
         body = {"previous_status": rec.status.value, "offset": position.offset} | _run_json(acked)
-        _print_json(out, _header(args, True) | body)
+        render.print_json(out, _header(args, True) | body)
     else:
         out.write(
             f"run {run} of {prefix}: LOST acknowledged ({len(acked.lost)} lost transaction(s), {lost_records} "
@@ -822,30 +692,11 @@ def _run_json(r: RunRecord) -> dict[str, Any]:
         "transactions": r.transactions,
         "records": r.records,
         "at_ms": r.at_ms,
-        "time": _iso(r.at_ms),
+        "time": render.iso(r.at_ms),
         "decision_id": r.decision_id,
         "note": r.note,
         "lost": [_lost_txn_json(t) for t in r.lost],
     }
-
-
-def _short(decision_id: str) -> str:
-    """A uuid decision id cut like a git hash; JSON output has it whole."""
-    return decision_id[:12] if len(decision_id) == 32 else decision_id
-
-
-def _indent(text: str, by: str = "  ") -> str:
-    return "".join(by + line for line in text.splitlines(keepends=True))
-
-
-def _print_json(out: TextIO, obj: Mapping[str, Any]) -> None:
-    out.write(json.dumps(obj, indent=2) + "\n")
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [headers, *rows]]
-    return "\n".join(lines) + "\n"
 
 
 def _id_order(tid: str) -> tuple[str, int, str]:
@@ -856,30 +707,6 @@ def _id_order(tid: str) -> tuple[str, int, str]:
 
 def _ref_order(r: TxnRef) -> tuple[tuple[str, int, str], int, int]:
     return _id_order(r.transactional_id), r.producer_id, r.producer_epoch
-
-
-def _partitions(parts: Iterable[Mapping[str, Any]]) -> str:
-    by_topic: dict[str, list[int]] = {}
-    for p in parts:
-        by_topic.setdefault(str(p["topic"]), []).append(int(p["partition"]))
-    return " ".join(f"{t}[{','.join(map(str, sorted(ps)))}]" for t, ps in sorted(by_topic.items())) or "-"
-
-
-def _duration(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    s = max(0, ms) // 1000
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _now_ms() -> int:

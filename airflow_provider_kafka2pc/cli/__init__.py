@@ -1,0 +1,17 @@
+"""``kafka2pc``: look at and resolve one exporter's transactions from a shell, without Airflow.
+
+``commands`` reads Kafka and the decision log and builds each command's report; ``render`` prints it.
+"""
+
+from airflow_provider_kafka2pc.cli.commands import (
+    ENV_BOOTSTRAP,
+    EXIT_FAILED,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_OPEN,
+    EXIT_USAGE,
+    Connection,
+    main,
+)
+
+__all__ = ["ENV_BOOTSTRAP", "EXIT_FAILED", "EXIT_LOST", "EXIT_OK", "EXIT_OPEN", "EXIT_USAGE", "Connection", "main"]

@@ -1,0 +1,241 @@
+"""How the ``kafka2pc`` commands print their reports as text; ``--json`` prints the same reports whole.
+
+Every function here takes a report the commands built and only formats it: what is true is decided
+in ``commands`` (and in ``txn``), never while printing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+
+def print_json(out: TextIO, report: Mapping[str, Any]) -> None:
+    out.write(json.dumps(report, indent=2) + "\n")
+
+
+def open_transactions(out: TextIO, report: Mapping[str, Any]) -> None:
+    rows = report["transactions"]
+    out.write(f"prefix {report['prefix']}: {len(rows)} open transaction(s)\n")
+    if not report["decision_topic_exists"]:
+        out.write(f"decision topic {report['decision_topic']} does not exist: no decisions\n")
+    if rows:
+        out.write(
+            _table(
+                [
+                    "TRANSACTIONAL ID",
+                    "STATE",
+                    "PRODUCER ID",
+                    "EPOCH",
+                    "PARTITIONS",
+                    "AGE",
+                    "DECISION",
+                    "RUN",
+                    "ACTOR",
+                    "ACTION",
+                ],
+                [
+                    [
+                        r["transactional_id"],
+                        r["state"],
+                        str(r["producer_id"]),
+                        str(r["producer_epoch"]),
+                        _partitions(r["partitions"]),
+                        duration(r["age_ms"]),
+                        _decision_cell(r),
+                        r["decision"]["run"] if r["decision"] else "-",
+                        r["decision"]["actor"] if r["decision"] else "-",
+                        "wait (broker completing)" if r["action"] == "wait" else r["action"],
+                    ]
+                    for r in rows
+                ],
+            )
+        )
+
+
+def _decision_cell(row: Mapping[str, Any]) -> str:
+    d = row["decision"]
+    if d is not None:
+        return f"{d['kind']} {_short(d['decision_id'])}"
+    other = row["other_decision"]
+    if other is None:
+        return "none"
+    what = (
+        f"void: {other['void']}"
+        if other["void"]
+        and (other["producer_id"], other["producer_epoch"]) == (row["producer_id"], row["producer_epoch"])
+        else f"for producer {other['producer_id']} epoch {other['producer_epoch']}"
+    )
+    return f"none (log: {other['kind']} {_short(other['decision_id'])} {what})"
+
+
+def losses(out: TextIO, report: Mapping[str, Any]) -> None:
+    """Every run with a loss: how much of it is visible, what is lost, and the command that follows."""
+    for f in report["losses"]:
+        where = "its run record" if f["final"] else f"COMMIT {f['decision_id']}, counted on the broker"
+        state = "PARTLY VISIBLE" if f["partly_visible"] else "LOST"
+        out.write(f"{state}: {f['summary']} ({where})\n")
+        out.write(_lost_table(f["lost"]))
+        if f["pending_transactions"]:
+            out.write(
+                f"  {f['pending_transactions']} transaction(s) of it are still open under the COMMIT: "
+                f"`kafka2pc resolve --prefix {f['prefix']}` commits them\n"
+            )
+        out.write(f"  handle it (re-export the lost partitions), then: {f['acknowledge']}\n")
+
+
+def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:
+    return _indent(
+        _table(
+            ["TRANSACTIONAL ID", "PRODUCER ID", "EPOCH", "RECORDS", "PARTITIONS", "REASON"],
+            [
+                [
+                    t["transactional_id"],
+                    str(t["producer_id"]),
+                    str(t["producer_epoch"]),
+                    str(t["records"]),
+                    ",".join(t["partitions"]) or "-",
+                    t["reason"],
+                ]
+                for t in lost
+            ],
+        )
+    )
+
+
+def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
+    prefix, owner = report["prefix"], report["claim_owner"]
+    out.write(f"prefix {prefix}: {'claimed by ' + owner if owner else 'not claimed'}\n")
+    if not report["decision_topic_exists"]:
+        out.write(f"decision topic {report['decision_topic']} does not exist: no decisions\n")
+        return
+    decisions = report["decisions"]
+    void = sum(1 for d in decisions if not d["in_force"])
+    out.write(
+        f"{len(decisions) - void} decision(s) in force and {void} void touching {prefix} "
+        f"in decision log {report['decision_topic']}\n"
+    )
+    if decisions:
+        out.write(
+            _table(
+                [
+                    "KIND",
+                    "DECISION ID",
+                    "RUN",
+                    "ACTOR",
+                    "TIME",
+                    "TXNS",
+                    "COMMITTED",
+                    "ABORTED",
+                    "LOST",
+                    "PENDING",
+                    "STATUS",
+                ],
+                [
+                    [
+                        d["kind"],
+                        d["decision_id"],
+                        d["run"],
+                        d["actor"],
+                        d["time"],
+                        str(d["transactions"]),
+                        str(d["outcome"]["committed"]),
+                        str(d["outcome"]["aborted"]),
+                        str(d["outcome"]["lost"]),
+                        str(d["outcome"]["pending"]),
+                        "in force" if d["in_force"] else f"void: {d['void']}",
+                    ]
+                    for d in decisions
+                ],
+            )
+        )
+    runs = report["runs"]
+    if runs:
+        out.write(f"{len(runs)} run record(s) of {prefix}:\n")
+        out.write(
+            _table(
+                ["RUN", "STATUS", "TRANSACTIONS", "RECORDS", "TIME", "NOTE"],
+                [
+                    [r["run"], r["status"], str(r["transactions"]), str(r["records"]), r["time"], r["note"] or "-"]
+                    for r in runs
+                ],
+            )
+        )
+        for r in runs:
+            if r["lost"] and r["status"] != "LOST":  # a LOST one is shown with the losses below
+                out.write(f"run {r['run']}: {len(r['lost'])} lost transaction(s) ({r['status']}):\n")
+                out.write(_lost_table(r["lost"]))
+
+
+def resolved(out: TextIO, report: Mapping[str, Any]) -> None:
+    resolutions = report["resolutions"]
+    counts = {v: sum(1 for r in resolutions if r["outcome"] == v) for v in ("committed", "aborted")}
+    out.write(
+        f"prefix {report['prefix']}: "
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + f", {len(report['lost'])} lost; {len(report['still_open'])} still open\n"
+    )
+    if resolutions:
+        out.write(
+            _table(
+                ["TRANSACTIONAL ID", "PRODUCER ID", "EPOCH", "ACTION", "OUTCOME", "DETAIL"],
+                [
+                    [
+                        r["transactional_id"],
+                        str(r["producer_id"]),
+                        str(r["producer_epoch"]),
+                        r["action"],
+                        r["outcome"],
+                        r["detail"],
+                    ]
+                    for r in resolutions
+                ],
+            )
+        )
+    for t in report["still_open"]:
+        out.write(f"still open: {t['transactional_id']} ({t['state']})\n")
+    if report["lost"] and not report["losses"]:  # lost in this call, and retired from the log since
+        out.write(f"LOST: {len(report['lost'])} transaction(s) decided COMMIT can never become visible:\n")
+        out.write(_lost_table(report["lost"]))
+    losses(out, report)
+
+
+def _short(decision_id: str) -> str:
+    """A uuid decision id cut like a git hash; JSON output has it whole."""
+    return decision_id[:12] if len(decision_id) == 32 else decision_id
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "".join(by + line for line in text.splitlines(keepends=True))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [headers, *rows]]
+    return "\n".join(lines) + "\n"
+
+
+def _partitions(parts: Iterable[Mapping[str, Any]]) -> str:
+    by_topic: dict[str, list[int]] = {}
+    for p in parts:
+        by_topic.setdefault(str(p["topic"]), []).append(int(p["partition"]))
+    return " ".join(f"{t}[{','.join(map(str, sorted(ps)))}]" for t, ps in sorted(by_topic.items())) or "-"
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    s = max(0, ms) // 1000
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
