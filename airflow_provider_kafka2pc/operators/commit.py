@@ -12,7 +12,7 @@ from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
 from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -68,11 +68,8 @@ class _PhaseTwo(BaseOperator):
                     f"export task {task_id!r} prepared on connection {p.conn_id!r}, but {self.task_id!r} uses "
                     f"{self.kafka2pc_conn_id!r}: one decision needs one Kafka cluster and one decision log"
                 )
-            strategy = naming.NamingStrategy(p.naming_strategy)
-            run_key = (
-                naming.sanitize_run_key(context["run_id"]) if strategy is naming.NamingStrategy.INCREMENTING else None
-            )
-            naming.check_members((c.transactional_id for c in p.committables), p.prefix, strategy, run_key)
+            # Early, before connecting; the core checks the same again before it decides anything.
+            naming.check_members((c.transactional_id for c in p.committables), [members_of(p, context)])
         return payloads
 
     def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
@@ -91,6 +88,15 @@ class _PhaseTwo(BaseOperator):
             )
         self.log.info("%s: %s", verb, counts)
         return counts
+
+
+def members_of(payload: ExportPayload, context: Context) -> naming.Members:
+    """The ids the payload's exporter writes for this run, by its naming strategy."""
+    strategy = naming.NamingStrategy(payload.naming_strategy)
+    incrementing = strategy is naming.NamingStrategy.INCREMENTING
+    return naming.Members(
+        payload.prefix, strategy, naming.sanitize_run_key(context["run_id"]) if incrementing else None
+    )
 
 
 class Kafka2PCCommitOperator(_PhaseTwo):
@@ -141,7 +147,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
-        report = self.resolve(committables, [p.prefix for p in present], hook, decision_run(context))
+        report = self.resolve(committables, [members_of(p, context) for p in present], hook, decision_run(context))
         self._log_window(present, decision_run(context))
         if report.note:
             self.log.info("commit of %s: %s", decision_run(context), report.note)
@@ -201,7 +207,11 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self.log.info("asset event for %s: %s", asset.uri, extra)
 
     def resolve(
-        self, committables: Sequence[Committable], prefixes: Sequence[str], hook: Kafka2PCHook, run: str
+        self,
+        committables: Sequence[Committable],
+        prefixes: Sequence[str | naming.Members],
+        hook: Kafka2PCHook,
+        run: str,
     ) -> CommitReport:
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
 
@@ -259,13 +269,30 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         failed = [t for t, p in payloads.items() if p is None and ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) is None]
         if not failed:
             raise AirflowSkipException("every export of this run succeeded or was skipped: nothing to abort")
-        self.log.info("export task(s) %s failed: aborting the run", failed)
+        never_ran = self._never_ran(context, failed)
+        if len(never_ran) == len(failed) and all(p is None for p in payloads.values()):
+            # No prepare of this run started: it opened nothing, so there is nothing of it to end.
+            raise AirflowSkipException(
+                f"nothing to abort: export task(s) {sorted(never_ran)} never ran ({_states(never_ran)}), so this run "
+                "prepared nothing; what an earlier run left open is ended by the exporter's next recovery"
+            )
+        ran = [t for t in failed if t not in never_ran]
+        why = [f"export task(s) {ran} failed"] if ran else []
+        if never_ran:
+            why.append(f"export task(s) {sorted(never_ran)} never ran ({_states(never_ran)})")
+        self.log.info("%s: aborting the run", ", ".join(why))
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         refs: dict[str, TxnRef] = {}
         for p in payloads.values():
             if p is not None:
                 refs.update((c.transactional_id, ref_of(c)) for c in p.committables)
-        wire = hook.wire_client()
+        try:  # a bounded first contact: an unreachable broker is one line after 10 s, not 30 s of retries
+            wire = hook.wire_client(bootstrap_timeout_ms=ABORT_CONNECT_TIMEOUT_MS)
+        except BrokerUnavailableError as e:
+            raise BrokerUnavailableError(
+                f"abort of run {decision_run(context)}: {e}. Nothing was aborted: clear this task once Kafka is "
+                "back, or let the exporter's next recovery end what this run left open"
+            ) from None
         decision_log = hook.decision_log()
         try:
             run_key = (
@@ -292,3 +319,27 @@ class Kafka2PCAbortOperator(_PhaseTwo):
             decision_log.close()
             wire.close()
         return self.log_report("abort", report)
+
+    def _never_ran(self, context: Context, task_ids: Sequence[str]) -> dict[str, str]:
+        """Which of ``task_ids`` never ran in this DAG run (upstream_failed, skipped, removed), with
+        their states, as the scheduler says (Task SDK ``get_task_states``); empty when it cannot say."""
+        try:
+            states = context["ti"].get_task_states(
+                dag_id=self.dag_id, task_ids=list(task_ids), run_ids=[context["run_id"]]
+            )
+            of_run = dict(states.get(context["run_id"]) or {})
+        except Exception as e:  # unknown: treat them as failed, as before (abort what is there)
+            self.log.debug("cannot read the export tasks' states: %s", e)
+            return {}
+        named = {t: str(getattr(of_run.get(t), "value", of_run.get(t))) for t in task_ids}
+        return {t: state for t, state in named.items() if state in NEVER_RAN_STATES}
+
+
+# An export task in one of these states did not run in this DAG run: it prepared nothing.
+NEVER_RAN_STATES = frozenset({"upstream_failed", "skipped", "removed"})
+# The abort's first contact with Kafka: an unreachable broker fails the task after this, in one line.
+ABORT_CONNECT_TIMEOUT_MS = 10_000
+
+
+def _states(tasks: dict[str, str]) -> str:
+    return ", ".join(sorted(set(tasks.values())))
