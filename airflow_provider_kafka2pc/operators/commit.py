@@ -68,11 +68,8 @@ class _PhaseTwo(BaseOperator):
                     f"export task {task_id!r} prepared on connection {p.conn_id!r}, but {self.task_id!r} uses "
                     f"{self.kafka2pc_conn_id!r}: one decision needs one Kafka cluster and one decision log"
                 )
-            strategy = naming.NamingStrategy(p.naming_strategy)
-            run_key = (
-                naming.sanitize_run_key(context["run_id"]) if strategy is naming.NamingStrategy.INCREMENTING else None
-            )
-            naming.check_members((c.transactional_id for c in p.committables), p.prefix, strategy, run_key)
+            # Early, before connecting; the core checks the same again before it decides anything.
+            naming.check_members((c.transactional_id for c in p.committables), [members_of(p, context)])
         return payloads
 
     def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
@@ -91,6 +88,15 @@ class _PhaseTwo(BaseOperator):
             )
         self.log.info("%s: %s", verb, counts)
         return counts
+
+
+def members_of(payload: ExportPayload, context: Context) -> naming.Members:
+    """The ids the payload's exporter writes for this run, by its naming strategy."""
+    strategy = naming.NamingStrategy(payload.naming_strategy)
+    incrementing = strategy is naming.NamingStrategy.INCREMENTING
+    return naming.Members(
+        payload.prefix, strategy, naming.sanitize_run_key(context["run_id"]) if incrementing else None
+    )
 
 
 class Kafka2PCCommitOperator(_PhaseTwo):
@@ -141,7 +147,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
-        report = self.resolve(committables, [p.prefix for p in present], hook, decision_run(context))
+        report = self.resolve(committables, [members_of(p, context) for p in present], hook, decision_run(context))
         self._log_window(present, decision_run(context))
         if report.note:
             self.log.info("commit of %s: %s", decision_run(context), report.note)
@@ -201,7 +207,11 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self.log.info("asset event for %s: %s", asset.uri, extra)
 
     def resolve(
-        self, committables: Sequence[Committable], prefixes: Sequence[str], hook: Kafka2PCHook, run: str
+        self,
+        committables: Sequence[Committable],
+        prefixes: Sequence[str | naming.Members],
+        hook: Kafka2PCHook,
+        run: str,
     ) -> CommitReport:
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
 

@@ -37,6 +37,12 @@ class ForeignCommittableError(MalformedCommittableError):
     """A committable whose transactional id is not one of the exporter's ids for this run."""
 
 
+class StaleCommittableError(MalformedCommittableError):
+    """A committable whose producer id or epoch is not what the broker holds for its id: edited, or
+    another producer's. (An older epoch of the same producer is the broker's timeout or a newer run
+    fencing it: that is not this error, the run is aborted as a whole.)"""
+
+
 class MissingTopicError(Kafka2PCError):
     """The export's default topic does not exist (or cannot be seen); kafka2pc never creates data topics."""
 

@@ -98,23 +98,44 @@ def broker_pattern(prefix: str) -> str:
     return f"^{re.escape(prefix)}{re.escape(DELIMITER)}.*"
 
 
-def check_members(transactional_ids: Iterable[str], prefix: str, strategy: NamingStrategy, run_key: str | None) -> None:
-    """Every id must be one this exporter writes for this run, each once: a committable of another
-    exporter or run in a payload must never reach a decision."""
+@dataclass(frozen=True)
+class Members:
+    """The transactional ids one exporter writes for one run: ``{prefix}-{slot}`` (POOLING) or
+    ``{prefix}-{run_key}-{slot}`` (INCREMENTING). Without a strategy, any id of the prefix."""
+
+    prefix: str
+    strategy: NamingStrategy | None = None
+    run_key: str | None = None
+
+    def owns(self, tid: str) -> bool:
+        parsed = parse_transactional_id(tid)
+        if parsed is None or parsed.prefix != self.prefix:
+            return False
+        if self.strategy is None:
+            return True
+        return parsed.run_key == (None if self.strategy is NamingStrategy.POOLING else self.run_key)
+
+    def describe(self) -> str:
+        if self.strategy is None:
+            return f"exporter {self.prefix!r} (ids like {self.prefix + DELIMITER + '<slot>'!r} or with a run key)"
+        shape = (
+            self.prefix + DELIMITER + ("" if self.strategy is NamingStrategy.POOLING else f"{self.run_key}{DELIMITER}")
+        )
+        return f"exporter {self.prefix!r} ({self.strategy.value} ids of this run look like {shape + '<slot>'!r})"
+
+
+def check_members(transactional_ids: Iterable[str], exporters: Iterable[Members]) -> None:
+    """Every id must be one the given exporters write for this run, each once: a committable of
+    another exporter or run must never reach a decision. The commit and abort call this before
+    deciding anything; the commit operator calls it too, per export task, before connecting."""
+    members = list(exporters)
     seen: set[str] = set()
     for tid in transactional_ids:
-        parsed = parse_transactional_id(tid)
-        expected = (
-            f"{prefix}{DELIMITER}<slot>"
-            if strategy is NamingStrategy.POOLING
-            else f"{prefix}{DELIMITER}{run_key}{DELIMITER}<slot>"
-        )
-        want_run = None if strategy is NamingStrategy.POOLING else run_key
-        if parsed is None or parsed.prefix != prefix or parsed.run_key != want_run:
+        if not any(m.owns(tid) for m in members):
             raise ForeignCommittableError(
-                f"committable {tid!r} does not belong to exporter {prefix!r} ({strategy.value} ids of this run look "
-                f"like {expected!r}): it is another exporter's or another run's transaction. Nothing was decided; "
-                "check the XCom of the export task, or clear the whole DAG run to export again"
+                f"committable {tid!r} does not belong to {' or '.join(m.describe() for m in members)}: it is another "
+                "exporter's or another run's transaction. Nothing was decided; check the XCom of the export task, "
+                "or clear the whole DAG run to export again"
             )
         if tid in seen:
             raise ForeignCommittableError(f"transactional id {tid!r} appears twice in the export's committables")

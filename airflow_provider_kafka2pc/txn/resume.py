@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from airflow_provider_kafka2pc.txn import visibility
+from airflow_provider_kafka2pc.txn import naming, visibility
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
@@ -24,6 +24,7 @@ from airflow_provider_kafka2pc.txn.errors import (
     LostTransaction,
     MalformedCommittableError,
     RunAbortedError,
+    StaleCommittableError,
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.inspect import RetriableCoordinatorError, TransactionInspector, retry
@@ -385,7 +386,7 @@ def commit_prepared(
     decision_log: DecisionLog,
     run: str,
     max_workers: int = 16,
-    prefixes: Sequence[str] = (),
+    prefixes: Sequence[str | naming.Members] = (),
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
 ) -> CommitReport:
@@ -428,16 +429,21 @@ def decide_commit(
     decision_log: DecisionLog,
     run: str,
     max_workers: int = 16,
-    prefixes: Sequence[str] = (),
+    prefixes: Sequence[str | naming.Members] = (),
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
     _check_unique(refs)
+    exporters = _members(prefixes)
+    if exporters:  # before anything is read or decided: another exporter's committable is never decided
+        naming.check_members((r.transactional_id for r in refs), exporters)
     by_tid = {c.transactional_id: c for c in committables}
     # Every run gets a run record per exporter, derived from the ids if the caller named none.
-    run_prefixes = sorted(set(prefixes) | {p for c in committables if (p := prefix_of(c.transactional_id))})
+    run_prefixes = sorted(
+        {m.prefix for m in exporters} | {p for c in committables if (p := prefix_of(c.transactional_id))}
+    )
     keep = decision_log.keep_run_of(run_prefixes, run)
     state = decision_log.read(keep_run=keep, history={run_key(p, run) for p in run_prefixes})
     finished = [f for p in run_prefixes if (f := state.runs.get((p, run))) is not None]
@@ -458,6 +464,7 @@ def decide_commit(
     if mine is None:
         ruled = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) is not None}
         observed = resolver.observe_all(refs)
+        check_current_producers(refs, observed, run_prefixes)
         decided = [st for p in run_prefixes if (st := state.run_status(p, run)) is not None]
         if decided:  # the run is decided with other transactions: these are a second export of it
             _abort_run(decision_log, resolver, refs, observed, run, by_tid)
@@ -498,6 +505,31 @@ def decide_commit(
 
 def _prefixes(d: DecisionRecord) -> list[str]:
     return sorted(set(d.prefixes) | {p for c in d.txns if (p := prefix_of(c.transactional_id))})
+
+
+def _members(prefixes: Sequence[str | naming.Members]) -> list[naming.Members]:
+    return [p if isinstance(p, naming.Members) else naming.Members(naming.validate_prefix(p)) for p in prefixes]
+
+
+def check_current_producers(
+    refs: Sequence[TxnRef], observed: Mapping[str, tuple[Observation, TxnState | None]], prefixes: Sequence[str]
+) -> None:
+    """Refuse, before any decision, a committable the broker knows under another producer id or an
+    older epoch than the committable claims: it was edited, or is another producer's. An older epoch
+    of the same producer id is not this: the broker's timeout or a newer run of the id moved it on,
+    and the run is aborted whole (``RunAbortedError``)."""
+    for ref in refs:
+        s = observed[ref.transactional_id][1]
+        if s is None or (s.producer_id == ref.producer_id and s.producer_epoch >= ref.producer_epoch):
+            continue
+        where = " or ".join(f"`kafka2pc resolve --prefix {p}`" for p in prefixes) or "`kafka2pc resolve`"
+        raise StaleCommittableError(
+            f"committable {ref.transactional_id!r} names producer id {ref.producer_id}, epoch {ref.producer_epoch}, "
+            f"but the broker's producer of that id is {s.producer_id}, epoch {s.producer_epoch}: the committable was "
+            "edited, or it is another producer's. Nothing was decided. The run's own open transactions are aborted "
+            f"by the next run's recovery task, or now by {where}; check the export task's XCom, then clear the whole "
+            "DAG run to export again"
+        )
 
 
 def _second_export(run: str, first: RunRecord, count: int) -> DecisionConflictError:
@@ -669,16 +701,23 @@ def abort_prepared(
     run: str,
     max_workers: int = 16,
     actor: str = "abort",
+    prefixes: Sequence[str | naming.Members] = (),
 ) -> CommitReport:
     """Phase two, ABORT: append ABORT for what has no decision yet, read back, obey the first
-    decision of each transaction. One whose first decision is COMMIT is rolled forward, never aborted."""
+    decision of each transaction. One whose first decision is COMMIT is rolled forward, never aborted.
+    With ``prefixes``, a committable of another exporter (or run) is refused before anything is
+    decided, as is one the broker knows under another producer (``check_current_producers``)."""
     refs = [_as_ref(c) for c in committables]
     _check_unique(refs)
+    exporters = _members(prefixes)
+    if exporters:
+        naming.check_members((r.transactional_id for r in refs), exporters)
     state = decision_log.read(history=())
     resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers)
     undecided = [r for r in refs if r not in state.ruling]
     if undecided:
         observed = resolver.observe_all(undecided)
+        check_current_producers(undecided, observed, [m.prefix for m in exporters])
         known = {_as_ref(c).transactional_id: c for c in committables}
         decision = new_decision(
             Kind.ABORT,

@@ -6,6 +6,7 @@ transactions left open after the user's obvious next step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -24,12 +25,13 @@ from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, UnsafeDecisi
 from airflow_provider_kafka2pc.txn.errors import (
     ForeignCommittableError,
     MalformedCommittableError,
+    StaleCommittableError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.naming import NamingStrategy, check_members
+from airflow_provider_kafka2pc.txn.naming import Members, NamingStrategy, check_members
 from airflow_provider_kafka2pc.txn.protocol import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import commit_prepared
+from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.wire import WireClient
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import REPO, KafkaEnv
@@ -331,9 +333,41 @@ def test_foreign_committable_in_the_payload_is_refused_before_any_decision(
     assert kafka.open_transactions(a) == [c.transactional_id for c in mine]
     assert kafka.open_transactions(b) == [c.transactional_id for c in theirs]
     with pytest.raises(ForeignCommittableError):
-        check_members([mine[0].transactional_id, mine[0].transactional_id], a, NamingStrategy.POOLING, None)
+        check_members([mine[0].transactional_id] * 2, [Members(a, NamingStrategy.POOLING)])
     log = DecisionLog(kafka.config, topic=topic_log)
     assert log.read().decisions == {}
+    for p in (a, b):  # the next run's recovery cleans up
+        settle(kafka, p, log)
+        assert kafka.open_transactions(p) == []
+    assert visible_keys(kafka, topic) == []
+    log.close()
+
+
+@pytest.mark.parametrize("entry", ["commit_prepared", "abort_prepared"])
+def test_core_refuses_a_foreign_or_edited_committable_before_any_decision(kafka: KafkaEnv, entry: str) -> None:
+    """The core API itself, not only the operator: another exporter's id, and a right id with another
+    producer's id and epoch (an edited XCom), are refused before anything is written to the log."""
+    topic_log = _new("decisions_core_foreign_")
+    a, b, topic = _new("ca"), _new("cb"), kafka.topic(2)
+    mine, theirs = prepare(kafka, a, 2, topic), prepare(kafka, b, 2, topic)
+    log = DecisionLog(kafka.config, topic=topic_log)
+    log.ensure_topic()
+    before = log.read().end_offset
+    edited = dataclasses.replace(mine[1], producer_id=theirs[1].producer_id, producer_epoch=theirs[1].producer_epoch)
+    with WireClient(kafka.config) as wire:
+        act = commit_prepared if entry == "commit_prepared" else abort_prepared
+        with pytest.raises(
+            ForeignCommittableError, match=rf"{theirs[1].transactional_id}.*does not belong to exporter"
+        ):
+            act([mine[0], theirs[1]], wire, log, "run-1", prefixes=[a])
+        with pytest.raises(
+            StaleCommittableError, match=rf"{mine[1].transactional_id}.*broker's producer of that id is "
+        ):
+            act([mine[0], edited], wire, log, "run-1", prefixes=[a])
+    assert log.read().end_offset == before  # nothing was decided
+    assert visible_keys(kafka, topic) == []
+    assert kafka.open_transactions(a) == [c.transactional_id for c in mine]
+    assert kafka.open_transactions(b) == [c.transactional_id for c in theirs]
     for p in (a, b):  # the next run's recovery cleans up
         settle(kafka, p, log)
         assert kafka.open_transactions(p) == []

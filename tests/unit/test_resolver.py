@@ -17,12 +17,14 @@ from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.errors import (
     CoordinatorError,
+    ForeignCommittableError,
     MalformedCommittableError,
     RunAbortedError,
+    StaleCommittableError,
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.naming import broker_pattern
+from airflow_provider_kafka2pc.txn.naming import Members, NamingStrategy, broker_pattern
 from airflow_provider_kafka2pc.txn.outcome import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -717,3 +719,42 @@ def test_abort_of_what_an_abort_already_rules_decides_nothing_new(
     abort_prepared([c], broker, decision_log, run="run-1")
     assert decision_log.decisions("orders-0") == [Kind.ABORT]
     assert broker.aborts_sent() == ["orders-0"]
+
+
+# -- membership: the core refuses what is not the exporter's, before any decision -----------
+
+
+@pytest.mark.parametrize("act", [commit_prepared, abort_prepared])
+def test_core_refuses_another_exporters_committable_before_deciding(
+    broker: FakeBroker, decision_log: MemoryDecisionLog, act: Callable[..., object]
+) -> None:
+    mine, theirs = prepared(broker, "orders-0", "payments-1")
+    with pytest.raises(ForeignCommittableError, match="'payments-1' does not belong to exporter 'orders'"):
+        act([mine, theirs], broker, decision_log, "run-1", prefixes=["orders"])
+    run_key_wrong = Members("orders", NamingStrategy.INCREMENTING, "run_2")
+    with pytest.raises(ForeignCommittableError, match="INCREMENTING ids of this run look like 'orders-run_2-<slot>'"):
+        act([mine], broker, decision_log, "run-1", prefixes=[run_key_wrong])
+    assert decision_log.read().decisions == {} and broker.end_txn_calls == []
+
+
+@pytest.mark.parametrize("act", [commit_prepared, abort_prepared])
+def test_core_refuses_a_committable_the_broker_knows_under_another_producer(
+    broker: FakeBroker, decision_log: MemoryDecisionLog, act: Callable[..., object]
+) -> None:
+    a, b = prepared(broker, "orders-0", "orders-1")
+    edited = dataclasses.replace(b, producer_id=4242)
+    with pytest.raises(StaleCommittableError, match="'orders-1' names producer id 4242, epoch 0, but the broker's"):
+        act([a, edited], broker, decision_log, "run-1", prefixes=["orders"])
+    future = dataclasses.replace(b, producer_epoch=5)  # an epoch the broker never gave out
+    with pytest.raises(StaleCommittableError, match="`kafka2pc resolve --prefix orders`"):
+        act([a, future], broker, decision_log, "run-1", prefixes=["orders"])
+    assert decision_log.read().decisions == {} and broker.end_txn_calls == []
+
+
+def test_an_older_epoch_of_the_same_producer_is_a_timeout_not_an_edited_committable(
+    broker: FakeBroker, decision_log: MemoryDecisionLog
+) -> None:
+    a, b = prepared(broker, "orders-0", "orders-1")
+    broker.time_out("orders-1")
+    with pytest.raises(RunAbortedError):
+        commit_prepared([a, b], broker, decision_log, "run-1", prefixes=["orders"])
