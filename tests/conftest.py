@@ -67,6 +67,8 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv
 # The secured broker's SCRAM user and OIDC client for the exporter; made per test session, never committed.
 SECURE_EXPORTER = "exporter"
 SECURE_EXPORTER_PASSWORD = secrets.token_hex(16)
+SECURE_OPERATOR = "ops"  # a second principal: an operations account with fewer ACLs than the exporter
+SECURE_OPERATOR_PASSWORD = secrets.token_hex(16)
 OIDC_CLIENT = "oauth-exporter"
 OIDC_SECRET = secrets.token_hex(16)
 
@@ -83,7 +85,7 @@ def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]
             1,
             oidc_url=idp.url,
             security="sasl_ssl",
-            scram_users={SECURE_EXPORTER: SECURE_EXPORTER_PASSWORD},
+            scram_users={SECURE_EXPORTER: SECURE_EXPORTER_PASSWORD, SECURE_OPERATOR: SECURE_OPERATOR_PASSWORD},
             oauth_jwks_url=f"{idp.url}/jwks",
             oauth_issuer=idp.url,
         )
