@@ -76,3 +76,37 @@ def test_example_dag_twice_with_exactly_the_documented_acls(kafka_secure: KafkaE
         assert SECURE_EXPORTER_PASSWORD.encode() not in decisions
     finally:
         set_acls(kafka_secure, PRINCIPAL, set())
+
+
+@pytest.mark.parametrize("what", ["wrong password", "wrong CA"])
+def test_a_refused_login_or_certificate_fails_the_first_task_at_once_naming_it(
+    kafka_secure: KafkaEnv, dag_tester: DagTester, what: str
+) -> None:
+    """The recovery sensor is the run's first task: it fails within seconds naming the cause (not 30 s
+    of "Broker transport failure"); the prepare never runs and the abort says so in one line."""
+    import certifi
+
+    connection = sasl_connection(kafka_secure, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD)
+    if what == "wrong password":
+        connection["password"] = "not-" + SECURE_EXPORTER_PASSWORD[:8]
+        cause = "authentication failed: SASL SCRAM-SHA-512 as User:exporter"
+    else:  # a real CA bundle, but not the one that signed the broker's certificate
+        connection["extra"]["config"]["ssl.ca.location"] = certifi.where()
+        cause = "SSL handshake failed with Kafka at"
+    env = {"AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps(connection)}
+    result = dag_tester.run(EXAMPLE_DAG, "kafka2pc_example", {"rows": 10, "partitions": 1}, env)
+    assert result.state == "failed"
+    assert result.tasks == {
+        "orders.recover": "failed",
+        "orders.prepare": "upstream_failed",
+        "orders.commit": "upstream_failed",
+        "orders.abort": "skipped",
+    }
+    log = result.log.read_text(errors="replace")
+    assert cause in log, log[-5000:]
+    if what == "wrong CA":
+        assert "certificate verify failed" in log
+    assert "Broker transport failure" not in log and "ECONNREFUSED" not in log
+    assert "nothing to abort: export task(s) ['orders.prepare'] never ran (upstream_failed)" in log, log[-5000:]
+    assert result.seconds < 30, result.seconds  # was 30 s in recover alone, then 30 s in the abort
+    assert SECURE_EXPORTER_PASSWORD[:8] not in log
