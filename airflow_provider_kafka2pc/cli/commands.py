@@ -25,19 +25,18 @@ Only the transaction core is imported: no Airflow, and Kafka clients only when a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
-from airflow_provider_kafka2pc.txn import naming, visibility
+from airflow_provider_kafka2pc.txn import naming, survey
 from airflow_provider_kafka2pc.txn.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.config import connection_only, redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
@@ -46,20 +45,15 @@ from airflow_provider_kafka2pc.txn.errors import (
     InvalidPrefixError,
     Kafka2PCError,
     LostTransaction,
-    acknowledge_command,
 )
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.protocol import (
-    DecisionRecord,
     LogState,
-    LostTxn,
-    RunRecord,
-    RunStatus,
 )
-from airflow_provider_kafka2pc.txn.recovery import RecoveryPlan, RecoveryResult, plan_recovery, recover
-from airflow_provider_kafka2pc.txn.resume import Resolution, ref_of
-from airflow_provider_kafka2pc.txn.wire import TxnListing, TxnState, WireClient
+from airflow_provider_kafka2pc.txn.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
+from airflow_provider_kafka2pc.txn.resume import Resolution
+from airflow_provider_kafka2pc.txn.wire import TxnListing, WireClient
 
 EXIT_OK = 0
 EXIT_OPEN = 1
@@ -321,109 +315,18 @@ def _read(conn: Connection, read: Callable[[DecisionLog], LogState]) -> tuple[Lo
     return read(conn.decision_log()), True
 
 
-def _touches(prefix: str) -> Callable[[str], bool]:
-    return lambda tid: naming.belongs_to(tid, prefix)
-
-
-def _losses(inspector: TransactionInspector, state: LogState, prefix: str) -> dict[str, Any]:
-    """The prefix's losses, counted from the broker (DescribeTransactions of every transaction a COMMIT
-    in force still rules) and the run records, before any recovery ran; read-only."""
-    unresolved = visibility.unresolved_commits(state, prefix)
-    found = visibility.losses(state, prefix, visibility.observe_broker(inspector, unresolved))
-    return {
-        "losses": [_loss_json(f) for f in found],
-        # The older two views of the same losses, kept for scripts that read them.
-        "lost_runs": [_loss_json(f) | _run_json(state.runs[(prefix, f.visibility.run)]) for f in found if f.final],
-        "lost_decisions": [
-            _decision_ref_json(state.decisions[f.decision_id]) | _loss_json(f) for f in found if not f.final
-        ],
-    }
-
-
-def _loss_json(f: visibility.RunLoss) -> dict[str, Any]:
-    v = f.visibility
-    return {
-        "prefix": v.prefix,
-        "run": v.run,
-        "decision_id": f.decision_id,
-        "final": f.final,
-        "transactions": v.transactions,
-        "records": v.records,
-        "visible_transactions": v.visible_transactions,
-        "visible_records": v.visible_records,
-        "lost_transactions": v.lost_transactions,
-        "lost_records": v.lost_records,
-        "pending_transactions": v.pending_transactions,
-        "partly_visible": v.partly_visible,
-        "summary": v.sentence(),
-        "acknowledge": acknowledge_command(v.prefix, v.run),
-        "lost": [
-            _lost_json(t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason)
-            for t in f.lost
-        ],
-    }
-
-
 def _survey(conn: Connection, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
-    """What ``list`` and ``resolve --dry-run`` report: the prefix's open transactions joined with the
-    decisions that rule them, the plan recovery would follow, and the losses; and the exit status."""
+    """What ``list`` and ``resolve --dry-run`` report, and the exit status."""
     inspector = TransactionInspector(conn.wire(), args.timeout)  # first: the fastest way to find a broker down
     states = inspector.describe_prefix(args.prefix)
     state, exists = _read(conn, lambda log: log.read_for(args.prefix))
-    rows, plan = _plan_rows(states, state, _now_ms())
-    losses = _losses(inspector, state, args.prefix)
-    report = _header(args, exists) | {"transactions": rows, "plan": _plan_json(plan)} | losses
-    if losses["losses"]:
+    report = _header(args, exists) | survey.exporter_report(inspector, states, state, args.prefix)
+    if report["losses"]:
         return report, EXIT_LOST
-    return report, EXIT_OK if plan.empty else EXIT_OPEN
+    return report, EXIT_OK if not report["transactions"] else EXIT_OPEN
 
 
 # -- list -----------------------------------------------------------------------------------
-
-_ACTIONS = {"commit": "roll forward", "abort": "abort", "wait": "wait"}
-
-
-def _plan_rows(states: Sequence[TxnState], state: LogState, now_ms: int) -> tuple[list[dict[str, Any]], RecoveryPlan]:
-    plan = plan_recovery(states, state)
-    action = {r.transactional_id: _ACTIONS["commit"] for r in plan.commit}
-    action.update({r.transactional_id: _ACTIONS["abort"] for r in plan.abort})
-    action.update({tid: _ACTIONS["wait"] for tid in plan.wait})
-    rows = []
-    for s in sorted(states, key=lambda s: _id_order(s.transactional_id)):
-        ruling = state.ruled_by(ref_of(s))
-        rows.append(
-            {
-                "transactional_id": s.transactional_id,
-                "state": s.state,
-                "producer_id": s.producer_id,
-                "producer_epoch": s.producer_epoch,
-                "partitions": [{"topic": t, "partition": p} for t, p in s.topic_partitions],
-                "start_time_ms": s.start_time_ms if s.start_time_ms > 0 else None,
-                "age_ms": now_ms - s.start_time_ms if s.start_time_ms > 0 else None,
-                "timeout_ms": s.timeout_ms,
-                # Only a decision for the same (id, producer id, epoch) rules it; another one in
-                # the log for the id (another epoch, or void) is shown too, so it explains itself.
-                "decision": _decision_ref_json(ruling) if ruling is not None else None,
-                "other_decision": _other_decision(state, s, ruling),
-                "action": action[s.transactional_id],
-            }
-        )
-    return rows, plan
-
-
-def _other_decision(state: LogState, s: TxnState, ruling: DecisionRecord | None) -> dict[str, Any] | None:
-    """The newest live decision naming this id that does not rule this transaction, if any."""
-    for did, d in reversed(state.decisions.items()):
-        if ruling is not None and did == ruling.decision_id:
-            continue
-        for c in d.txns:
-            if c.transactional_id == s.transactional_id:
-                return _decision_ref_json(d) | {
-                    "producer_id": c.producer_id,
-                    "producer_epoch": c.producer_epoch,
-                    "void": state.void.get(did),
-                }
-    return None
 
 
 def cmd_list(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
@@ -444,64 +347,13 @@ def cmd_describe(conn: Connection, args: argparse.Namespace, out: TextIO) -> int
     # Every run record of the prefix, the COMMITTED ones too: describe is where they are looked up.
     state, exists = _read(conn, lambda log: log.read(keep_run=lambda p, _r, _raw: p == prefix))
     inspector = TransactionInspector(conn.wire(), args.timeout)
-    losses = _losses(inspector, state, prefix) if exists else {"losses": [], "lost_runs": [], "lost_decisions": []}
-    seen = {(f["decision_id"], f["run"]): f for f in losses["losses"] if not f["final"]}
-    touches = _touches(prefix)
-    decisions = [
-        _decision_json(state, d, prefix, seen.get((did, d.run)))
-        for did, d in state.decisions.items()
-        if any(touches(c.transactional_id) for c in d.txns)
-    ]
-    runs = sorted((r for (p, _), r in state.runs.items() if p == prefix), key=lambda r: (r.at_ms, r.run))
-    report = _header(args, exists) | {
-        "claim_owner": state.claims.get(prefix),
-        "decisions": decisions,
-        "runs": [_run_json(r) for r in runs],
-        "losses": losses["losses"],
-    }
+    report = _header(args, exists) | survey.describe_report(inspector, state, prefix)
     if args.json:
         render.print_json(out, report)
     else:
         render.decisions_and_runs(out, report)
         render.losses(out, report)
-    return EXIT_LOST if losses["losses"] else EXIT_OK
-
-
-def _decision_json(
-    state: LogState, d: DecisionRecord, prefix: str, seen: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """A decision and its outcome as recorded; for a COMMIT with a loss the broker showed (``seen``),
-    the prefix's counts from the broker instead, so that "pending" never hides a loss."""
-    did = d.decision_id
-    outcome = state.outcome(did)
-    counts = {
-        "committed": len(outcome.committed),
-        "aborted": len(outcome.aborted),
-        "lost": len(outcome.lost),
-        "pending": len(state.unresolved(did)) if state.in_force(did) else 0,
-    }
-    if seen is not None:
-        counts = {
-            "committed": seen["visible_transactions"],
-            "aborted": 0,
-            "lost": seen["lost_transactions"],
-            "pending": seen["pending_transactions"],
-        }
-    return _decision_ref_json(d) | {
-        "in_force": state.in_force(did),
-        "void": state.void.get(did),
-        "voided_by": state.voided_by.get(did),
-        "prefixes": list(d.prefixes),
-        "at_ms": d.at_ms,
-        "time": render.iso(d.at_ms) if d.at_ms > 0 else "-",
-        "appended_ms": state.appended_ms.get(did),
-        "transactions": len(d.txns),
-        "transactions_of_prefix": sum(1 for c in d.txns if naming.belongs_to(c.transactional_id, prefix)),
-        "records": sum(c.records for c in d.txns),
-        "outcome": counts,
-        "counted_from": "broker" if seen is not None else "decision log",
-        "lost": seen["lost"] if seen is not None else [_lost_txn_json(t) for t in outcome.lost],
-    }
+    return EXIT_LOST if report["losses"] else EXIT_OK
 
 
 # -- resolve --------------------------------------------------------------------------------
@@ -531,7 +383,9 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
     report = _header(args, True) | {"dry_run": False} | _resolve_report(passes, still_open)
     # How much of each run with a loss is visible, and which runs to acknowledge.
     if report["lost"]:
-        report |= _losses(TransactionInspector(wire, args.timeout), decision_log.read_for(args.prefix), args.prefix)
+        report |= survey.losses_report(
+            TransactionInspector(wire, args.timeout), decision_log.read_for(args.prefix), args.prefix
+        )
     else:
         report |= {"losses": [], "lost_runs": [], "lost_decisions": []}
     if args.json:
@@ -569,8 +423,8 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
     last: dict[TxnRef, Resolution] = {}  # a later pass may finish what an earlier one waited for
     lost: dict[TxnRef, LostTransaction] = {}
     for p in passes:
-        intents.update({r: _ACTIONS["commit"] for r in p.plan.commit})
-        intents.update({r: _ACTIONS["abort"] for r in p.plan.abort})
+        intents.update({r: survey.ACTIONS["commit"] for r in p.plan.commit})
+        intents.update({r: survey.ACTIONS["abort"] for r in p.plan.abort})
         last.update({r.ref: r for r in p.resolutions})
         lost.update({TxnRef(t.transactional_id, t.producer_id, t.producer_epoch): t for t in p.lost})
     resolutions = [
@@ -584,19 +438,21 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
             "detail": r.detail,
             "end_txn_codes": list(r.end_txn_codes),
         }
-        for _, r in sorted(last.items(), key=lambda kv: _ref_order(kv[0]))
+        for _, r in sorted(last.items(), key=lambda kv: survey.ref_order(kv[0]))
     ]
     return {
-        "plan": _plan_json(passes[0].plan),
+        "plan": survey.plan_json(passes[0].plan),
         "passes": len(passes),
         "resolutions": resolutions,
         "lost": [
-            _lost_json(t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason)
-            for _, t in sorted(lost.items(), key=lambda kv: _ref_order(kv[0]))
+            survey.lost_json(
+                t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason
+            )
+            for _, t in sorted(lost.items(), key=lambda kv: survey.ref_order(kv[0]))
         ],
         "still_open": [
             {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id}
-            for t in sorted(still_open, key=lambda t: _id_order(t.transactional_id))
+            for t in sorted(still_open, key=lambda t: survey.id_order(t.transactional_id))
         ],
     }
 
@@ -605,11 +461,11 @@ def _action(intent: str | None, outcome: Verdict) -> str:
     """What was done, never contradicting the outcome: an abort that found the transaction committed
     (committed data cannot be taken back) did nothing. ``intent`` is None for what was not open when
     listed (a decision finished by this call): its outcome shows the action."""
-    if outcome is Verdict.COMMITTED and intent == _ACTIONS["abort"]:
+    if outcome is Verdict.COMMITTED and intent == survey.ACTIONS["abort"]:
         return "none (already committed)"
     if outcome is Verdict.ABORTED:
-        return _ACTIONS["abort"]
-    return intent or _ACTIONS["commit"]
+        return survey.ACTIONS["abort"]
+    return intent or survey.ACTIONS["commit"]
 
 
 # -- acknowledge ----------------------------------------------------------------------------
@@ -621,20 +477,13 @@ def cmd_acknowledge(conn: Connection, args: argparse.Namespace, out: TextIO) -> 
         raise UsageError(
             f"decision topic {args.decision_topic!r} does not exist: run {run!r} of {prefix!r} has no record"
         )
-    decision_log = conn.decision_log()
-    state = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run)
-    rec = state.runs.get((prefix, run))
-    if rec is None or rec.status is not RunStatus.LOST:
-        status = "has no run record" if rec is None else f"is {rec.status.value}"
-        raise UsageError(
-            f"run {run!r} of prefix {prefix!r} {status} in decision log {args.decision_topic}; only a LOST run "
-            f"can be acknowledged (`kafka2pc list --prefix {prefix}` shows the LOST ones)"
-        )
-    acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, at_ms=_now_ms(), note=args.note)
-    position = decision_log.append([(acked.key, acked.to_json())])[0]
+    try:
+        rec, acked, position = acknowledge_loss(conn.decision_log(), prefix, run, args.note)
+    except NotLostError as e:
+        raise UsageError(str(e)) from None
     lost_records = sum(t.covered.records for t in acked.lost)
     if args.json:
-        body = {"previous_status": rec.status.value, "offset": position.offset} | _run_json(acked)
+        body = {"previous_status": rec.status.value, "offset": position} | survey.run_json(acked)
         render.print_json(out, _header(args, True) | body)
     else:
         out.write(
@@ -653,64 +502,6 @@ def _header(args: argparse.Namespace, decision_topic_exists: bool) -> dict[str, 
         "decision_topic": args.decision_topic,
         "decision_topic_exists": decision_topic_exists,
     }
-
-
-def _plan_json(plan: RecoveryPlan) -> dict[str, list[str]]:
-    return {
-        "roll_forward": sorted((r.transactional_id for r in plan.commit), key=_id_order),
-        "abort": sorted((r.transactional_id for r in plan.abort), key=_id_order),
-        "wait": sorted(plan.wait, key=_id_order),
-    }
-
-
-def _decision_ref_json(d: DecisionRecord) -> dict[str, Any]:
-    return {"kind": d.kind.value, "decision_id": d.decision_id, "run": d.run, "actor": d.actor}
-
-
-def _lost_json(
-    tid: str, producer_id: int, producer_epoch: int, records: int, partitions: Iterable[str], reason: str
-) -> dict[str, Any]:
-    return {
-        "transactional_id": tid,
-        "producer_id": producer_id,
-        "producer_epoch": producer_epoch,
-        "records": records,
-        "partitions": list(partitions),
-        "reason": reason,
-    }
-
-
-def _lost_txn_json(t: LostTxn) -> dict[str, Any]:
-    c = t.covered
-    return _lost_json(c.transactional_id, c.producer_id, c.producer_epoch, c.records, c.partitions, t.reason)
-
-
-def _run_json(r: RunRecord) -> dict[str, Any]:
-    return {
-        "run": r.run,
-        "status": r.status.value,
-        "transactions": r.transactions,
-        "records": r.records,
-        "at_ms": r.at_ms,
-        "time": render.iso(r.at_ms),
-        "decision_id": r.decision_id,
-        "note": r.note,
-        "lost": [_lost_txn_json(t) for t in r.lost],
-    }
-
-
-def _id_order(tid: str) -> tuple[str, int, str]:
-    """Slot 10 after slot 9, not after slot 1."""
-    parsed = naming.parse_transactional_id(tid)
-    return (parsed.run_key or "", parsed.slot, tid) if parsed is not None else ("", -1, tid)
-
-
-def _ref_order(r: TxnRef) -> tuple[tuple[str, int, str], int, int]:
-    return _id_order(r.transactional_id), r.producer_id, r.producer_epoch
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # -- secrets, logging, errors ---------------------------------------------------------------

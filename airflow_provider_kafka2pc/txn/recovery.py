@@ -12,6 +12,7 @@ One pass:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn import naming, visibility
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import LostTransaction, TransactionLostError, Visibility
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, LostTransaction, TransactionLostError, Visibility
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, new_decision
+from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, RunRecord, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.resume import (
     Resolution,
     TransactionResolver,
@@ -155,3 +156,25 @@ def recover_until_clear(
 def _of_run(tid: str, run_key: str | None) -> bool:
     parsed = naming.parse_transactional_id(tid)
     return run_key is None or (parsed is not None and parsed.run_key == run_key)
+
+
+class NotLostError(Kafka2PCError):
+    """Only a LOST run can be acknowledged."""
+
+
+def acknowledge_loss(decision_log: DecisionLog, prefix: str, run: str, note: str) -> tuple[RunRecord, RunRecord, int]:
+    """Mark the LOST run ``run`` of ``prefix`` ACKNOWLEDGED (a person dealt with it): recovery stops
+    failing on it; its lost records stay lost and the record keeps them. Returns the record as it
+    was, as it is now, and the offset written. The CLI and the Airflow UI both acknowledge here."""
+    state = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run)
+    rec = state.runs.get((prefix, run))
+    if rec is None or rec.status is not RunStatus.LOST:
+        status = "has no run record" if rec is None else f"is {rec.status.value}"
+        raise NotLostError(
+            f"run {run!r} of prefix {prefix!r} {status} in decision log {decision_log.topic}; only a LOST run "
+            f"can be acknowledged (`kafka2pc list --prefix {prefix}` shows the LOST ones)"
+        )
+    acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, at_ms=now_ms(), note=note)
+    position = decision_log.append([(acked.key, acked.to_json())])[0]
+    log.warning("run %s of %s: LOST acknowledged (%s)", run, prefix, note or "no note")
+    return rec, acked, position.offset
