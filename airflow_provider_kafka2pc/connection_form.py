@@ -16,35 +16,47 @@ EXTRA_SASL_MECHANISM = "sasl_mechanism"
 EXTRA_DECISION_TOPIC = "decision_topic"
 EXTRA_CONFIG = "config"
 
-# Airflow 3's UI renders these (JSON schema ``enum`` → a drop-down); the classic form is built
-# from the same entries by Kafka2PCHook.get_connection_form_widgets.
+# Airflow 3's UI renders these (JSON schema ``enum`` -> a drop-down); the classic form is built
+# from the same entries by Kafka2PCHook.get_connection_form_widgets. Airflow 3's form saves every
+# field's value into the extra, null included, and offers a "null" choice for an enum that lists
+# None; so no field is nullable and each has a default: an unset SASL mechanism is the explicit ""
+# choice "none" (the hook ignores empty values), the librdkafka settings default to {}.
+NO_SASL = ""
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     EXTRA_SECURITY_PROTOCOL: {
         "label": "Security protocol",
         "description": "How clients reach the brokers",
-        "schema": {"type": ["string", "null"], "enum": [*SECURITY_PROTOCOLS, None], "default": "PLAINTEXT"},
+        "schema": {"type": "string", "enum": list(SECURITY_PROTOCOLS), "default": "PLAINTEXT"},
     },
     EXTRA_SASL_MECHANISM: {
         "label": "SASL mechanism",
         "description": "With SASL_PLAINTEXT or SASL_SSL; OAUTHBEARER takes its sasl.oauthbearer.* settings below",
-        "schema": {"type": ["string", "null"], "enum": [*SASL_MECHANISMS, None]},
+        "schema": {
+            "type": "string",
+            "enum": [NO_SASL, *SASL_MECHANISMS],
+            "values_display": {NO_SASL: "none (PLAINTEXT or SSL)"},
+            "default": NO_SASL,
+        },
     },
     EXTRA_DECISION_TOPIC: {
         "label": "Decision topic",
         "description": "Compacted topic holding the commit decisions (created if missing)",
-        "schema": {"type": ["string", "null"], "default": DEFAULT_DECISION_TOPIC},
+        "schema": {"type": "string", "default": DEFAULT_DECISION_TOPIC},
     },
     EXTRA_CONFIG: {
         "label": "librdkafka settings",
         "description": 'Further client settings, e.g. {"ssl.ca.location": "/etc/ssl/ca.pem"}',
-        "schema": {"type": ["object", "null"]},
+        "schema": {"type": "object", "default": {}},
     },
 }
 
-# Port is folded into the host ("broker:9092"), schema means nothing to Kafka.
-HIDDEN_FIELDS = ["schema", "port"]
-RELABELING = {"host": "Bootstrap servers", "login": "SASL username", "password": "SASL password"}
-PLACEHOLDERS = {"host": "broker1:9092,broker2:9092"}
+# Schema means nothing to Kafka. Port is shown, as the Spark provider's form shows it: the port of
+# every bootstrap host that names none. Airflow 3.3.2's row Test button sends ``port: 0`` for a
+# connection stored without a port and then refuses to test it ("The host or port to test differs
+# from the stored connection"); a connection made in the form with its Port tests fine.
+HIDDEN_FIELDS = ["schema"]
+RELABELING = {"host": "Bootstrap servers", "port": "Port", "login": "SASL username", "password": "SASL password"}
+PLACEHOLDERS = {"host": "broker1.example.com,broker2.example.com", "port": "9092"}
 
 # librdkafka setting -> the form field a mistake in it is fixed in.
 _FIELD_OF_SETTING: dict[str, str] = {

@@ -23,6 +23,7 @@ from airflow_provider_kafka2pc.connection_form import (
     RELABELING,
     field_of_setting,
 )
+from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.config import (
     ClientConfigError,
     UnmappableConfigError,
@@ -80,10 +81,7 @@ def client_config(
             )
         config = dict(nested)
         if host:
-            servers = host.strip()
-            if port and "," not in servers and ":" not in servers:
-                servers = f"{servers}:{port}"
-            config["bootstrap.servers"] = servers
+            config["bootstrap.servers"] = bootstrap_servers(host, port)
         for field, key in ((EXTRA_SECURITY_PROTOCOL, "security.protocol"), (EXTRA_SASL_MECHANISM, "sasl.mechanism")):
             if extra.get(field):
                 config[key] = extra[field]
@@ -105,6 +103,21 @@ def client_config(
     except UnmappableConfigError as e:
         raise Kafka2PCConfigError(field_of_setting(e.key, official), str(e)) from e
     return config
+
+
+def bootstrap_servers(host: str, port: int | None) -> str:
+    """The connection's Host, each entry without a port given the connection's Port (the form's
+    Port field: "broker1,broker2" and 9092 make "broker1:9092,broker2:9092")."""
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    if not port:
+        return ",".join(hosts)
+    return ",".join(h if _has_port(h) else f"{h}:{port}" for h in hosts)
+
+
+def _has_port(host: str) -> bool:
+    if host.startswith("["):  # [::1]:9092
+        return "]:" in host
+    return ":" in host
 
 
 class Kafka2PCHook(BaseHook):
@@ -154,10 +167,12 @@ class Kafka2PCHook(BaseHook):
         widgets: dict[str, Any] = {}
         for name, field in CONN_FIELDS.items():
             label = lazy_gettext(field["label"])
-            choices = [c for c in field["schema"].get("enum", ()) if c is not None]
+            schema = field["schema"]
+            choices = [c for c in schema.get("enum", ()) if c]
             if choices:  # a choice, not free text: a typo cannot reach the clients
+                empty = schema.get("values_display", {}).get("", "")
                 widgets[name] = SelectField(
-                    label, choices=[("", ""), *((c, c) for c in choices)], default="", widget=Select2Widget()
+                    label, choices=[("", empty), *((c, c) for c in choices)], default="", widget=Select2Widget()
                 )
             else:
                 widgets[name] = StringField(label, widget=BS3TextFieldWidget())
@@ -259,6 +274,14 @@ class Kafka2PCHook(BaseHook):
         except DecisionLogError as e:
             self._raise_missing_acl(e)
             raise
+        except KafkaAuthorizationError as e:
+            if e.resource_type != "TransactionalId":
+                raise
+            # The exporter's own principal: recovery needs Describe, its writers Write (which
+            # implies Describe). Name the one ACL docs/acls.md grants, not half of it.
+            raise KafkaAuthorizationError(
+                e.principal, "TransactionalId", prefix, "Write", "PREFIXED", "the exporter's transactional ids"
+            ) from None
         finally:
             decision_log.close()
             wire.close()

@@ -344,9 +344,15 @@ def test_provider_info_matches_airflows_schema_and_points_at_real_classes() -> N
     assert (conn["connection-type"], hook.default_conn_name) == ("kafka2pc", "kafka2pc_default")
     assert set(conn["conn-fields"]) == {"security_protocol", "sasl_mechanism", "decision_topic", "config"}
     assert set(hook.get_ui_field_behaviour()["relabeling"]) == set(conn["ui-field-behaviour"]["relabeling"])
-    # Choices, not free text; Port and Schema hidden in both forms.
+    # Choices, not free text, and never a "null" choice or a null saved into the extra (Airflow 3's
+    # form saves every field's value); Schema hidden in both forms, Port shown (its row Test button
+    # refuses a connection stored without a port on Airflow 3.3.2).
     fields = conn["conn-fields"]
     assert "SASL_SSL" in fields["security_protocol"]["schema"]["enum"]
     assert "SCRAM-SHA-512" in fields["sasl_mechanism"]["schema"]["enum"]
-    assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"schema", "port"}
+    for field in fields.values():
+        schema = field["schema"]
+        assert "null" not in schema["type"] and None not in schema.get("enum", ()), field
+        assert schema.get("default") is not None, field
+    assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"schema"}
     assert hook.get_ui_field_behaviour()["hidden_fields"] == conn["ui-field-behaviour"]["hidden-fields"]
