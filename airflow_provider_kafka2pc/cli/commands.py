@@ -37,8 +37,8 @@ from typing import Any, TextIO
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.txn import naming, survey
-from airflow_provider_kafka2pc.txn.access import authorization_error_of
-from airflow_provider_kafka2pc.txn.config import connection_only, redact
+from airflow_provider_kafka2pc.txn.access import authorization_error_of, check_connection, needs_authentication
+from airflow_provider_kafka2pc.txn.config import ClientConfigError, connection_only, redact
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
     BrokerUnavailableError,
@@ -84,6 +84,12 @@ class Connection:
         self.timeout_s = timeout_s
         self._wire: WireClient | None = None
         self._log: DecisionLog | None = None
+
+    def check(self) -> None:
+        """Name a refused login or TLS handshake at once, before a command waits out its timeout (over
+        PLAINTEXT nothing can be refused; a broker that is down is reported by the command itself)."""
+        if needs_authentication(self.config):
+            check_connection(self.config, self.timeout_s)
 
     def wire(self) -> WireClient:
         if self._wire is None:
@@ -566,11 +572,12 @@ def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> in
         _setup_logging(args.debug, config)
         conn = connect(config, args.decision_topic, args.timeout)
         try:
+            conn.check()
             handler: Callable[[Connection, argparse.Namespace, TextIO], int] = args.handler
             return handler(conn, args, sys.stdout)
         finally:
             conn.close()
-    except (UsageError, InvalidPrefixError) as e:
+    except (UsageError, InvalidPrefixError, ClientConfigError) as e:  # a mistake of ours to fix, not Kafka's
         return _fail(EXIT_USAGE, str(e), config)
     except KeyboardInterrupt:
         return _fail(130, "interrupted", config)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.committable import Committable
     from airflow_provider_kafka2pc.txn.outcome import TxnRef
     from airflow_provider_kafka2pc.txn.resume import CommitReport
+    from airflow_provider_kafka2pc.txn.status import CommitProgress
 
 
 # The alias the commit reports its topics' assets through (a topic is only known at run time).
@@ -146,11 +147,19 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         if not committables:
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
+        from airflow_provider_kafka2pc.txn.status import CommitProgress
+
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
-        report = self.resolve(committables, [members_of(p, context) for p in present], hook, decision_run(context))
-        self._log_window(present, decision_run(context))
-        if report.note:
-            self.log.info("commit of %s: %s", decision_run(context), report.note)
+        run = decision_run(context)
+        progress = CommitProgress.of(run, [p.prefix for p in present], committables)
+        try:
+            report = self.resolve(committables, [members_of(p, context) for p in present], hook, run, progress)
+        except Exception as e:
+            # Last, so that it is the line a user reads first: the run's state and what to click.
+            self.log.error("kafka2pc: %s", progress.failure_line(e))
+            raise
+        if not report.note:  # a finished run (a clear) said so first, in the core's own line
+            self._log_window(present, run)
         counts = self.log_report("commit", report)
         counts["records"] = sum(c.records for c in committables)
         if report.committed:
@@ -212,6 +221,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         prefixes: Sequence[str | naming.Members],
         hook: Kafka2PCHook,
         run: str,
+        progress: CommitProgress | None = None,
     ) -> CommitReport:
         from airflow_provider_kafka2pc.txn.resume import commit_prepared
 
@@ -225,6 +235,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 max_workers=self.max_workers,
                 prefixes=prefixes,
                 headroom_ms=self.commit_headroom_ms,
+                progress=progress,
             )
         finally:
             decision_log.close()

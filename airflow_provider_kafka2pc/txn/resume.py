@@ -54,6 +54,7 @@ from airflow_provider_kafka2pc.txn.protocol import (
     prefix_of,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.status import CommitProgress
 from airflow_provider_kafka2pc.txn.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient, error_name
 
@@ -389,8 +390,10 @@ def commit_prepared(
     prefixes: Sequence[str | naming.Members] = (),
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
+    progress: CommitProgress | None = None,
 ) -> CommitReport:
-    """Phase two, COMMIT, by the protocol of DESIGN §3a.
+    """Phase two, COMMIT, by the protocol of DESIGN §3a. ``progress`` records how far it got, for
+    the line a failed commit task ends with (``txn.status``).
 
     1. The run's own record says it is final → answer from it ("already committed", or the loss),
        writing nothing: a clear of an old run never writes over newer runs' state. Only handed
@@ -410,12 +413,14 @@ def commit_prepared(
        A transaction lost after the decision raises ``TransactionLostError``.
     """
     decided = decide_commit(
-        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms
+        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms, progress
     )
     if isinstance(decided, CommitReport):
         return decided
     state, did = decided.state, decided.decision.decision_id
     resolutions = obey(decision_log, state, [did], decided.resolver)
+    if progress is not None:
+        progress.committed = sum(1 for r in resolutions if r.outcome is Verdict.COMMITTED)
     lost = lost_of_decisions(state, [did])
     if lost:
         seen = [visibility.of_decision(state, did, p)[0] for p in _prefixes(decided.decision)]
@@ -432,6 +437,7 @@ def decide_commit(
     prefixes: Sequence[str | naming.Members] = (),
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
+    progress: CommitProgress | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
@@ -464,6 +470,8 @@ def decide_commit(
     if mine is None:
         ruled = {r: state.ruled_by(r) for r in refs if state.ruled_by(r) is not None}
         observed = resolver.observe_all(refs)
+        if progress is not None:
+            progress.saw_deadlines(deadline_of(s) for _, s in observed.values())
         check_current_producers(refs, observed, run_prefixes)
         decided = [st for p in run_prefixes if (st := state.run_status(p, run)) is not None]
         if decided:  # the run is decided with other transactions: these are a second export of it
@@ -491,13 +499,19 @@ def decide_commit(
             now_ms(),
         )
         log.info("appending the COMMIT decision for run %s (%d transaction(s))", run, len(refs))
+        if progress is not None:
+            progress.decision_sent = True
         state = decision_log.decide(decision, keep_run=keep)
         # A twin of this task (a zombie, a concurrent retry) may have decided the same run first: obey it.
         mine = decision if state.in_force(decision.decision_id) else state.commit_of_run(run, refs)
+        if progress is not None:
+            progress.decision_sent, progress.decision_id = False, mine.decision_id if mine is not None else None
         if mine is None:
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, void=decision)
         _log_decision(mine, committables, state, "" if mine is decision else "appended first by a twin of this task")
     else:
+        if progress is not None:
+            progress.decision_id = mine.decision_id
         _log_decision(mine, committables, state, "appended by an earlier try")
     resolver.committed_in_log = committed_in(state)
     return Decided(state, mine, resolver)
@@ -563,7 +577,7 @@ def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitRe
     if lost:
         raise TransactionLostError(lost, [visibility.of_run_record(r) for r in records if r.status is RunStatus.LOST])
     note = "; ".join(_finished(r) for r in records)
-    log.info("run %s is final in the decision log (%s); nothing to do", run, note)
+    log.info("run %s: %s; nothing to do", run, note)
     return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))
 
 
@@ -575,7 +589,11 @@ def _finished(rec: RunRecord) -> str:
             f"exporter {rec.prefix}: its loss was acknowledged ({rec.note or 'no note'}): {rec.records - lost} of "
             f"{rec.records} records are visible, {lost} were lost"
         )
-    return f"exporter {rec.prefix}: already {rec.status.value.lower()}, {rec.records} records"
+    decided = f", final at {_iso(rec.at_ms)}" if rec.at_ms > 0 else ""  # when its run record was written
+    return (
+        f"already {rec.status.value.lower()}: {rec.records} records in {rec.transactions} transactions of exporter "
+        f"{rec.prefix}{decided} (decision {rec.decision_id or 'of 0.1.0'})"
+    )
 
 
 def _doomed(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,3 +98,15 @@ def test_a_principal_that_may_not_see_is_told_so_and_aborts_nothing(ex: Exporter
     assert done.returncode == 0, done.stdout + done.stderr
     keys = ex.keys()
     assert len(keys) == len(set(keys)) == RECORDS and ex.env.open_transactions(ex.prefix) == []
+
+
+@pytest.mark.parametrize("command", ["describe", "list"])
+def test_a_wrong_password_is_named_within_seconds_by_the_cli(ex: Exporter, tmp_path: Path, command: str) -> None:
+    started = time.monotonic()
+    done = cli(ex, tmp_path, "exporter", "not-the-password", command)
+    took = time.monotonic() - started
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "authentication failed: SASL SCRAM-SHA-512 as User:exporter" in done.stderr, done.stderr
+    assert "not-the-password" not in done.stdout + done.stderr
+    assert took < 10, took
+    print(f"kafka2pc {command} with a wrong password: exit 3 after {took:.1f} s")

@@ -837,3 +837,21 @@ def test_transactions_the_principal_may_not_describe_are_a_permission_error_not_
     assert "--transactional-id orders --resource-pattern-type prefixed" in err
     assert "0 open transaction(s)" not in out
     assert broker.end_txn_calls == []
+
+
+def test_turning_certificate_verification_off_is_a_usage_error_and_kafka_is_not_contacted(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Checked(FakeConnection):
+        def __call__(self, config: Mapping[str, Any], topic: str, timeout_s: float) -> FakeConnection:
+            self.config = dict(config)  # check() looks at the settings given, as the real one does
+            return super().__call__(config, topic, timeout_s)
+
+    conn = Checked(broker, MemoryDecisionLog())
+    code, _, err = run(
+        conn, capsys, "list", "--prefix", "orders",
+        "--config", "security.protocol=SSL", "--config", "enable.ssl.certificate.verification=false",
+    )  # fmt: skip
+    assert code == cli.EXIT_USAGE, err
+    assert "enable.ssl.certificate.verification" in err
+    assert broker.describe_calls == []
