@@ -280,7 +280,13 @@ class Kafka2PCHook(BaseHook):
             # The exporter's own principal: recovery needs Describe, its writers Write (which
             # implies Describe). Name the one ACL docs/acls.md grants, not half of it.
             raise KafkaAuthorizationError(
-                e.principal, "TransactionalId", prefix, "Write", "PREFIXED", "the exporter's transactional ids"
+                e.principal,
+                "TransactionalId",
+                prefix,
+                "Write",
+                "PREFIXED",
+                "the exporter's transactional ids",
+                bootstrap=e.bootstrap,
             ) from None
         finally:
             decision_log.close()

@@ -61,24 +61,29 @@ class KafkaAuthorizationError(Kafka2PCError):
         operation: str,
         pattern: str = "LITERAL",
         detail: str = "",
+        *,
+        bootstrap: str,
     ) -> None:
         self.principal, self.resource_type, self.resource = principal, resource_type, resource
-        self.operation, self.pattern = operation, pattern
+        self.operation, self.pattern, self.bootstrap = operation, pattern, bootstrap
         super().__init__(
             f"authorization failed: principal {principal} may not {operation} {resource_type} "
             f"{resource!r}{' (prefix)' if pattern == 'PREFIXED' else ''}{f' ({detail})' if detail else ''}. "
-            f"Grant it: {acl_command(principal, resource_type, resource, operation, pattern)}"
+            f"Grant it: {acl_command(principal, resource_type, resource, operation, pattern, bootstrap=bootstrap)}"
         )
 
 
-def acl_command(principal: str, resource_type: str, resource: str, operation: str, pattern: str = "LITERAL") -> str:
-    """The ``kafka-acls`` command that grants one ACL (docs/acls.md has the full set)."""
+def acl_command(
+    principal: str, resource_type: str, resource: str, operation: str, pattern: str = "LITERAL", *, bootstrap: str
+) -> str:
+    """The ``kafka-acls`` command that grants one ACL (docs/acls.md has the full set), ready to paste
+    for the cluster at ``bootstrap``, run with an administrator's client settings (admin.properties)."""
     flag = _RESOURCE_FLAGS[resource_type]
     target = flag if resource_type == "Cluster" else f"{flag} {resource}"
     if pattern == "PREFIXED":
         target += " --resource-pattern-type prefixed"
     return (
-        "kafka-acls --bootstrap-server BROKERS --command-config admin.properties --add "
+        f"kafka-acls --bootstrap-server {bootstrap} --command-config admin.properties --add "
         f"--allow-principal {principal} --operation {operation} {target}"
     )
 
@@ -232,7 +237,12 @@ def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[s
             name = e.args[0].name()
             if name in ("TOPIC_AUTHORIZATION_FAILED", "UNKNOWN_TOPIC_OR_PART"):
                 raise KafkaAuthorizationError(
-                    principal, "Topic", topic, _operation_name(needs[topic][0]), detail=f"the broker said {name}"
+                    principal,
+                    "Topic",
+                    topic,
+                    _operation_name(needs[topic][0]),
+                    detail=f"the broker said {name}",
+                    bootstrap=_bootstrap(config),
                 ) from e
             raise
         if description.authorized_operations is None:
@@ -240,7 +250,9 @@ def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[s
         allowed = {op.name for op in description.authorized_operations}
         for op in needs[topic]:
             if op not in allowed:
-                raise KafkaAuthorizationError(principal, "Topic", topic, _operation_name(op))
+                raise KafkaAuthorizationError(
+                    principal, "Topic", topic, _operation_name(op), bootstrap=_bootstrap(config)
+                )
 
 
 def check_decision_topic_access(config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> bool:
@@ -272,6 +284,7 @@ def check_decision_topic_access(config: Mapping[str, Any], topic: str, timeout_s
                 topic,
                 _operation_name(DECISION_TOPIC_OPERATIONS[0]),
                 detail=f"the broker said {name} for the decision topic",
+                bootstrap=_bootstrap(config),
             ) from e
         raise BrokerUnavailableError(
             f"cannot describe the decision topic {topic!r} at {config.get('bootstrap.servers')}: {e}"
@@ -281,7 +294,12 @@ def check_decision_topic_access(config: Mapping[str, Any], topic: str, timeout_s
         for op in DECISION_TOPIC_OPERATIONS:
             if op not in allowed:
                 raise KafkaAuthorizationError(
-                    principal_of(config), "Topic", topic, _operation_name(op), detail="the decision topic"
+                    principal_of(config),
+                    "Topic",
+                    topic,
+                    _operation_name(op),
+                    detail="the decision topic",
+                    bootstrap=_bootstrap(config),
                 )
     return True
 
@@ -300,7 +318,13 @@ def authorization_error_of(
         return None
     if resource_type == "Cluster":
         resource = "kafka-cluster"
-    return KafkaAuthorizationError(principal_of(config), resource_type, resource, operation, pattern)
+    return KafkaAuthorizationError(
+        principal_of(config), resource_type, resource, operation, pattern, bootstrap=_bootstrap(config)
+    )
+
+
+def _bootstrap(config: Mapping[str, Any]) -> str:
+    return str(config.get("bootstrap.servers", ""))
 
 
 def topic_config_value(config: Mapping[str, Any], topic: str, key: str, timeout_s: float = 10.0) -> str | None:

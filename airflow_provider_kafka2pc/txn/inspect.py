@@ -46,6 +46,7 @@ def not_allowed(wire: WireClient, transactional_id: str, prefix: str | None = No
         "PREFIXED" if prefix is not None else "LITERAL",
         "so its transactions cannot be listed or described; docs/acls.md grants Write on the prefix, "
         "which implies Describe",
+        bootstrap=getattr(wire, "bootstrap", "") or "the-brokers:9092",
     )
 
 

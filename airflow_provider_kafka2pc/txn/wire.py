@@ -99,7 +99,8 @@ class WireClient:
         from airflow_provider_kafka2pc.txn.access import check_authentication, principal_of
 
         cfg, pems = kafka_python_settings(config)
-        self.principal = principal_of(config)  # named in permission errors
+        self.principal = principal_of(config)  # named in permission errors, with the cluster
+        self.bootstrap = str(config.get("bootstrap.servers", ""))
         cfg.setdefault("client_id", "kafka2pc")
         # kafka-python retries a refused SASL or TLS handshake until its bootstrap deadline and then
         # says only "Unable to bootstrap"; librdkafka tells at the first refusal, so ask it first.

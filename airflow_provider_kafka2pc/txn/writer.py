@@ -509,5 +509,6 @@ def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: floa
             "DescribeConfigs",
             detail="to read transaction.max.timeout.ms; or set transaction_timeout_ms (producer setting "
             "transaction.timeout.ms) and no cluster ACL is needed",
+            bootstrap=str(config.get("bootstrap.servers", "")),
         ) from e
     return int(entries["transaction.max.timeout.ms"].value)

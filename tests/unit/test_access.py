@@ -41,14 +41,14 @@ def test_principal_and_identity_never_show_a_secret(config: dict[str, str], prin
 
 
 def test_acl_commands_as_docs_acls_md_writes_them() -> None:
-    assert acl_command("User:x", "Topic", "orders_out", "Write") == (
-        "kafka-acls --bootstrap-server BROKERS --command-config admin.properties --add "
+    assert acl_command("User:x", "Topic", "orders_out", "Write", bootstrap="b1:9093,b2:9093") == (
+        "kafka-acls --bootstrap-server b1:9093,b2:9093 --command-config admin.properties --add "
         "--allow-principal User:x --operation Write --topic orders_out"
     )
-    assert acl_command("User:x", "TransactionalId", "orders", "Write", "PREFIXED").endswith(
+    assert acl_command("User:x", "TransactionalId", "orders", "Write", "PREFIXED", bootstrap="b:1").endswith(
         "--operation Write --transactional-id orders --resource-pattern-type prefixed"
     )
-    assert acl_command("User:x", "Cluster", "kafka-cluster", "DescribeConfigs").endswith(
+    assert acl_command("User:x", "Cluster", "kafka-cluster", "DescribeConfigs", bootstrap="b:1").endswith(
         "--operation DescribeConfigs --cluster"
     )
 

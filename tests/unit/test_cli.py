@@ -811,7 +811,7 @@ def test_the_cli_never_imports_airflow() -> None:
 
 class HiddenTopic(FakeConnection):
     def decision_topic_exists(self) -> bool:
-        raise KafkaAuthorizationError("User:ops", "Topic", "kafka2pc_decisions", "Describe")
+        raise KafkaAuthorizationError("User:ops", "Topic", "kafka2pc_decisions", "Describe", bootstrap="b1:9092")
 
 
 @pytest.mark.parametrize("command", [["list"], ["describe"], ["resolve", "--dry-run"], ["resolve"]])
