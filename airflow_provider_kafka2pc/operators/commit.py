@@ -10,6 +10,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
+from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
@@ -43,6 +44,7 @@ def _task_ids(export_task_ids: str | Sequence[str]) -> list[str]:
 class _PhaseTwo(BaseOperator):
     """What commit and abort share: the export payloads of this run and the Kafka clients."""
 
+    operator_extra_links = (Kafka2PCExportersLink(),)
     template_fields: Sequence[str] = ("export_task_ids",)
     ui_color = "#fdf3e1"
 

@@ -9,6 +9,7 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import redact
@@ -112,6 +113,7 @@ class Kafka2PCExportOperator(BaseOperator):
     :param write_bytes_per_s: bytes per second and task slot the window budget assumes at least.
     """
 
+    operator_extra_links = (Kafka2PCExportersLink(),)
     template_fields: Sequence[str] = (
         "transactional_id_prefix",
         "topic",

@@ -1,0 +1,1 @@
+"""Airflow UI plugins of kafka2pc (Airflow 3.1+): the exporters page."""
