@@ -230,6 +230,8 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
     run's prepare failed on it): retriable errors are waited out, any other is raised."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+    from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+
     class Consumer:
         def __init__(self, failures: int, error: int) -> None:
             self.failures, self.error = failures, error
@@ -243,7 +245,7 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
     log = DecisionLog({"bootstrap.servers": "127.0.0.1:1"}, topic="decisions", timeout_s=5)
     tp = TopicPartition("decisions", 0)
     assert log._end_offset(Consumer(2, getattr(KafkaError, code)), tp) == 42
-    with pytest.raises(KafkaException):
+    with pytest.raises(Kafka2PCError, match="may not Read Topic 'decisions'"):  # never a raw KafkaException
         log._end_offset(Consumer(1, KafkaError.TOPIC_AUTHORIZATION_FAILED), tp)
 
 
@@ -260,5 +262,8 @@ def test_a_leader_down_past_the_budget_is_named_not_raw() -> None:
     log = DecisionLog({"bootstrap.servers": "127.0.0.1:1"}, topic="decisions", timeout_s=0.5)
     with pytest.raises(DecisionLogUnavailableError) as info:
         log._end_offset(Down(), TopicPartition("decisions", 0))
-    assert str(info.value).startswith("decision topic 'decisions' (partition 0) answered no end offset for 0.5 s")
-    assert "nothing was decided or ended by this call" in str(info.value)
+    assert str(info.value).startswith(
+        "decision log unavailable: partition 0 of decision topic 'decisions' (Kafka at 127.0.0.1:1) did not answer "
+        "for 1 s while asking for its end offset; last error _TIMED_OUT: Failed to get watermark offsets"
+    )
+    assert "Nothing was decided or ended by this call" in str(info.value)
