@@ -3,6 +3,9 @@
 It knows only what the harness promised (each run's tag, its record count and what the tools
 reported) and what Kafka shows: a read_committed consumer of the data topic, and Kafka's own
 TransactionsCommand (``list`` and ``find-hanging``).
+
+It also judges what users are told (``told``): the ``kafka2pc list --json`` and ``describe --json``
+answers (exit status and losses) against that truth from Kafka alone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 class Violation:
     run: str
     what: str
+    kind: str = "exactly-once"  # or "truth": a tool told the user something Kafka contradicts
 
 
 def committed_keys(bootstrap: str, topic: str) -> Counter[str]:
@@ -122,3 +126,117 @@ def judge(
             if line.strip():
                 violations.append(Violation("-", f"hanging on broker {b}: {line.strip()}"))
     return violations, dict(outcomes)
+
+
+# kafka2pc's CLI exit statuses (its README): the contract under test, not its code.
+CLI_OK, CLI_OPEN, CLI_LOST = 0, 1, 4
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What Kafka alone shows now: each run's visible records (by tag) and the prefix's open
+    transactions (``transactional_id state``)."""
+
+    visible: Mapping[str, int]
+    open: tuple[str, ...]
+
+
+def truth(bootstrap: str, topic: str, prefix: str) -> Truth:
+    keys = committed_keys(bootstrap, topic)
+    return Truth(dict(Counter(k.split("/")[0] for k in keys)), tuple(open_transactions(bootstrap, prefix)))
+
+
+Answer = tuple[int, Any, str]  # a CLI command's exit status, its JSON (None if it printed none), its stderr
+
+
+def told(
+    t: Truth, runs: Sequence[Mapping[str, Any]], listed: Answer, described: Answer, prefix: str
+) -> list[Violation]:
+    """What ``kafka2pc list --json`` and ``describe --json`` said against the truth ``t``.
+
+    A run partly visible with nothing of the prefix open (some of a decided run's records visible,
+    the rest can never be) must be in ``losses`` with the visible and lost counts Kafka shows, and
+    the status 4, until acknowledged; so must a run a tool reported lost with nothing visible. A run
+    fully visible, or invisible and never reported lost, or acknowledged, must not be. Partly visible
+    with transactions open: what is missing may still be pending (a commit died after its decision).
+    No loss reported: 1 if something is open, else 0. The open transactions listed are Kafka's;
+    ``describe`` agrees with ``list`` on the losses and the status 4.
+    """
+    code, report, err = listed
+    if code not in (CLI_OK, CLI_OPEN, CLI_LOST) or not isinstance(report, dict):
+        return [Violation("-", f"list failed: exit {code}: {err.strip()[-600:]}", "truth")]
+    out: list[Violation] = []
+
+    def lie(run: str, what: str) -> None:
+        out.append(Violation(run, what, "truth"))
+
+    losses = [x for x in report.get("losses", []) if x.get("prefix") == prefix]
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for x in losses:
+        by_run.setdefault(str(x.get("run")), []).append(x)
+    open_ids = sorted(line.split()[0] for line in t.open)
+    must_report = False
+    known = set()
+    for r in runs:
+        run, tag, want = str(r["run"]), str(r["tag"]), int(r["expected"])
+        known.add(run)
+        seen, entries = t.visible.get(tag, 0), by_run.get(run, [])
+        said = "; ".join(_loss_text(x) for x in entries)
+        if r.get("acknowledged"):
+            if entries:
+                lie(run, f"acknowledged, still reported lost: {said}")
+            continue
+        if 0 < seen < want and not t.open:
+            must_report = True
+            if len(entries) != 1:
+                lie(
+                    run,
+                    f"{seen} of {want} records visible, nothing open: list reports it {len(entries)} time(s) {said}",
+                )
+                continue
+            x = entries[0]
+            counts = (x.get("records"), x.get("visible_records"), x.get("lost_records"), x.get("partly_visible"))
+            if counts != (want, seen, want - seen, True):
+                lie(run, f"{seen} of {want} records visible, {want - seen} lost; list says {said}")
+        elif 0 < seen < want:  # something open: the missing records may be pending
+            per_txn = -(-want // max(1, int(r.get("count") or 1)))
+            for x in entries:
+                if x.get("visible_records") != seen or x.get("records") != want:
+                    lie(run, f"{seen} of {want} records visible ({len(t.open)} open); list says {_loss_text(x)}")
+            lost = sum(int(x.get("lost_records") or 0) for x in entries)
+            if want - seen - lost > len(t.open) * per_txn:
+                lie(run, f"{seen} of {want} visible, only {len(t.open)} transaction(s) open, list reports {lost} lost")
+            must_report |= lost > 0
+        elif seen == 0 and r.get("loss_reported"):
+            must_report = True
+            if len(entries) != 1 or (entries[0].get("visible_records"), entries[0].get("lost_records")) != (0, want):
+                lie(run, f"reported lost by a tool, nothing visible of {want}: list says {said or 'no loss'}")
+        elif entries:  # all visible, or nothing and never reported lost
+            lie(run, f"{seen} of {want} records visible ({len(t.open)} open), yet list reports a loss: {said}")
+    for run, entries in by_run.items():
+        if run not in known:
+            lie(run, f"list reports a loss of a run no run of the soak is: {'; '.join(map(_loss_text, entries))}")
+    want_code = CLI_LOST if losses else CLI_OPEN if t.open else CLI_OK
+    if code != want_code or (must_report and code != CLI_LOST):
+        lie("-", f"list exit {code}, expected {CLI_LOST if must_report else want_code} ({len(losses)} loss(es), "
+                 f"{len(t.open)} open)")  # fmt: skip
+    listed_ids = sorted(str(x.get("transactional_id")) for x in report.get("transactions", []))
+    if listed_ids != open_ids:
+        lie("-", f"list shows open {listed_ids}, Kafka {list(t.open)}")
+    d_code, d_report, d_err = described
+    if d_code not in (CLI_OK, CLI_LOST) or not isinstance(d_report, dict):
+        lie("-", f"describe failed: exit {d_code}: {d_err.strip()[-600:]}")
+    else:
+        d_losses = sorted((str(x.get("run")), str(x.get("decision_id"))) for x in d_report.get("losses", []))
+        l_losses = sorted((str(x.get("run")), str(x.get("decision_id"))) for x in losses)
+        if (d_code == CLI_LOST) != (code == CLI_LOST) or d_losses != l_losses:
+            lie("-", f"describe exit {d_code} losses {d_losses}; list exit {code} losses {l_losses}")
+    return out
+
+
+def _loss_text(x: Mapping[str, Any]) -> str:
+    return (
+        f"[{x.get('run')} decision {x.get('decision_id')} final={x.get('final')}: {x.get('visible_records')} of "
+        f"{x.get('records')} visible, {x.get('lost_records')} lost, {x.get('pending_transactions')} pending, "
+        f"partly_visible={x.get('partly_visible')}]"
+    )

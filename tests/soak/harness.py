@@ -5,7 +5,7 @@ own (``tests/helpers/phase_two.py``, the exporter's Spark job in ``spark_actor.p
 ``kafka2pc`` CLI). Each run draws a ``Plan`` of faults at the points where they can strike (the
 ``KINDS``); then the user's obvious next step runs (retry, abort, the next run's recovery,
 acknowledging a reported loss). An independent checker (``checker.py``) judges everything from
-Kafka alone.
+Kafka alone, and after every run what ``kafka2pc list`` and ``describe`` tell the user against it.
 
     python -m tests.soak.harness --runs 450 --enough 300:100 --airflow 8 --seed 1   # long: >= 100 of every kind
     python -m tests.soak.harness --runs 8 --seed 7 --short   # what CI runs: every kind and variant
@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from typing import Any
 
 from tests.helpers.kafka import REPO, kafka_local
 from tests.soak.airflow_soak import AIRFLOW_SHORT_PLANS, AirflowPlan, AirflowRuns
-from tests.soak.checker import Violation, judge, open_transactions
+from tests.soak.checker import CLI_LOST, Answer, Violation, judge, open_transactions, told, truth
 from tests.soak.spark_actor import kill_all, python_workers
 
 PREFIX = "soak"
@@ -54,8 +55,16 @@ KINDS = (
     "concurrent_resolve",  # an operator's `kafka2pc resolve` during the prepare or the commit
     "clear",  # a clear of an earlier run's commit task, or of the whole earlier run
     "timeout",  # the broker's transaction timeout: before the commit, or after its decision
+    # SIGKILL of the broker leading the decision topic's partition 0, then its restart, during:
+    "leader_kill_commit",  # a commit (then its retry, if it failed, once the broker is back)
+    "leader_kill_recover",  # a recovery (then the sensor's next pass)
+    "leader_kill_prepare",  # a prepare (then the commit, or the abort if it failed)
 )
 EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
+# A commit struck by a leader kill gets either the soak's short budgets (the decision log gives up
+# after 2 x 2 s: DecisionLogUnavailableError, then the retry) or these, which outlast an election.
+PATIENT_COMMIT = ["--decision-timeout", "10", "--end-txn-timeout", "20"]
+LEADER_MARKER = {"commit": "appending the COMMIT decision"}  # the moment a "during" kill of a commit waits for
 TIMEOUT_MS = {"timeout": 4_000, "timeout_after_decision": 10_000}  # the prepare's transaction.timeout.ms
 
 
@@ -77,6 +86,8 @@ class Plan:
     commit_end: str = ""  # "" | "kill_after_decision" | "timeout" | "timeout_after_decision"
     broker_in_commit: bool = False
     clear: str = ""  # "" | "commit" | "run"
+    leader_kill: str = ""  # "" | "recover" | "prepare" | "commit": the decision topic's leader killed then
+    leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
 
     @classmethod
     def draw(cls, rng: random.Random) -> Plan:
@@ -94,15 +105,18 @@ class Plan:
             commit_end=rng.choices(["", "kill_after_decision", "timeout", "timeout_after_decision"], [2, 5, 7, 6])[0],
             broker_in_commit=r() < 0.4,
             clear=rng.choice(["commit", "run"]) if r() < 0.35 else "",
+            # One leader kill in most runs: each of the three kinds in about 29% of them.
+            leader_kill=rng.choice(["recover", "prepare", "commit"]) if r() < 0.88 else "",
+            leader_at=rng.choice(["start", "during"]),
         )
 
 
 # The short mode (CI): every kind and every variant at least once, in a few runs.
 SHORT_PLANS = (
     Plan(kill_recover=True, kill_prepare="abort", kill_abort=True),
-    Plan(kill_prepare="retry", broker_in_prepare=True),
-    Plan(spark=True, kill_commit_before=True),
-    Plan(commit_end="kill_after_decision", clear="commit"),
+    Plan(kill_prepare="retry", broker_in_prepare=True, leader_kill="commit"),
+    Plan(spark=True, kill_commit_before=True, leader_kill="prepare"),
+    Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover"),
     Plan(broker_in_commit=True, resolve_in="commit"),
     Plan(commit_end="timeout"),
     Plan(commit_end="timeout_after_decision"),
@@ -121,6 +135,66 @@ class Run:
     faults: list[str] = field(default_factory=list)  # kind:variant, as injected
     notes: list[str] = field(default_factory=list)
     acknowledged: bool = False
+    loss_reported: bool = False  # a tool (commit, recovery, the operator's resolve) reported a loss
+
+
+class LeaderKill:
+    """SIGKILL of the broker leading the decision topic's partition 0 around one actor, then its restart.
+
+    ``at`` "start": killed just before the actor starts (it meets a dead leader at once; the
+    issue's scenario); "during": on a thread, after ``delay_s`` or once the actor's stderr shows its
+    marker, counted only if the actor still runs. The broker stays down until the actor ends or
+    ``down_s`` has passed, then starts again and its replicas catch up; ``join`` waits for that, so
+    the user's next step (a retry) meets the brokers back.
+    """
+
+    def __init__(self, soak: Soak, r: Run, phase: str, at: str, delay_s: float, down_s: float) -> None:
+        self.soak, self.r, self.kind, self.at = soak, r, f"leader_kill_{phase}", at
+        self.marker = LEADER_MARKER.get(phase)
+        self.delay_s, self.down_s = delay_s, down_s
+        self.node: int | None = None
+        self.thread: threading.Thread | None = None
+
+    def before(self) -> None:
+        if self.at == "start":
+            self._kill(lambda: True)
+
+    def around(self, running: Callable[[], bool], err: Path | None = None) -> None:
+        """The actor has started: strike now (``during``) on a thread, then restart the broker."""
+
+        def strike() -> None:
+            if self.at == "during":
+                deadline = time.monotonic() + (60 if self.marker and err else self.delay_s)
+                while time.monotonic() < deadline and running():
+                    if self.marker and err is not None and self.marker in err.read_text():
+                        break
+                    time.sleep(0.02)
+                self._kill(running)
+            if self.node is not None:
+                deadline = time.monotonic() + self.down_s
+                while running() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.soak.restart_node(self.node)
+
+        self.thread = threading.Thread(target=strike, daemon=True)
+        self.thread.start()
+
+    def _kill(self, running: Callable[[], bool]) -> None:
+        self.soak.broker_lock.acquire()  # released by restart_node: one broker down at a time
+        leader = self.soak.decision_leader()
+        if leader is None or not running():
+            self.soak.broker_lock.release()
+            self.r.notes.append(f"{self.kind}: {'no leader yet' if leader is None else 'the actor had ended'}")
+            return
+        self.soak.kill_node(leader)
+        self.node = leader
+        self.soak.inject(self.r, self.kind, self.at)
+
+    def join(self) -> bool:
+        """Wait until the broker is back; whether the kill struck."""
+        if self.thread is not None:
+            self.thread.join()
+        return self.node is not None
 
 
 class Soak:
@@ -147,6 +221,12 @@ class Soak:
         # Broken promises seen as they happen: a successful run that left something open, a clear
         # that did not end as its run had.
         self.broken: list[Violation] = []
+        self.told: list[Violation] = []  # what list/describe said against Kafka's truth ("truth" kind)
+        self.truth_checks = Counter[str]()  # checks, and those where list reported a loss (exit 4)
+        self.truth_s = 0.0
+        self.broker_lock = threading.Lock()  # one broker down at a time (2 of 3 down: no KRaft quorum)
+        self.leader_outcomes: Counter[str] = Counter()  # how the actor struck by a leader kill ended
+        self._admin: Any = None
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -193,13 +273,19 @@ class Soak:
 
     # -- the user's steps ----------------------------------------------------------------
     def recover(self, r: Run) -> None:
-        """The recovery sensor: passes until done; a reported loss is acknowledged, then go on."""
+        """The recovery sensor: passes until done; a reported loss is acknowledged, then go on.
+
+        The soak's truth check ran before (after the run that lost): read-only commands saw the loss
+        before any recovery; once acknowledged, ``list`` must no longer report it (checked here)."""
+        acknowledged: list[str] = []
         for _ in range(60):
             p = self.call(self.cmd("recover", "--run", f"{r.run}/recover"))
             if p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1])["done"]:
+                if acknowledged:
+                    self.check_truth(f"after acknowledging {', '.join(acknowledged)}")
                 return
             if p.returncode == EXIT_LOST:
-                pending = [x for x in self.runs if x.status == "lost" and not x.acknowledged]
+                pending = [x for x in self.runs if (x.status == "lost" or x.loss_reported) and not x.acknowledged]
                 if not pending:  # no tool told the user of this loss when its run ended
                     raise UnexpectedLoss(p.stderr.strip()[-1500:])
                 for lost in pending:
@@ -207,6 +293,7 @@ class Soak:
                     if a.returncode != 0:
                         raise RuntimeError(f"acknowledge {lost.run}: exit {a.returncode}: {a.stdout} {a.stderr}")
                     lost.acknowledged = True
+                    acknowledged.append(lost.run)
             time.sleep(0.5)
         raise RuntimeError(f"recovery never finished: {p.stderr[-2000:]}")
 
@@ -220,6 +307,7 @@ class Soak:
         r.status = "failed"
 
     def report(self, r: Run, code: int, stderr: str) -> None:
+        r.loss_reported |= code == EXIT_LOST
         if code == 0:
             r.status = "success"
         elif code == EXIT_LOST and "partly visible" in stderr:
@@ -234,14 +322,111 @@ class Soak:
 
     def restart_broker(self, r: Run, variant: str) -> None:
         node = self.broker_rng.randint(1, self.brokers)  # not self.rng: this runs on a fault's thread
-        self.kl.stop_node(self.dir / "kafka", node)
-        self.inject(r, "broker_restart", variant)
-        self.kl.start_node(self.dir / "kafka", node)
+        self.broker_lock.acquire()  # released by restart_node
+        try:
+            self.kl.stop_node(self.dir / "kafka", node)
+            self.inject(r, "broker_restart", variant)
+        finally:
+            self.restart_node(node)
+
+    def restart_node(self, node: int) -> None:
+        """Start a stopped or killed broker, wait until its replicas are back in sync (so that the next
+        fault leaves every partition its min.insync.replicas), and let the next broker fault go."""
+        try:
+            self.kl.start_node(self.dir / "kafka", node)
+            self.wait_in_sync()
+        finally:
+            self.broker_lock.release()
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            # Quiet: its connections to a killed broker are expected, and the harness prints a table.
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        return self._admin
+
+    def decision_leader(self, timeout_s: float = 30.0) -> int | None:
+        """The broker leading the decision topic's partition 0 (a metadata call); None before the
+        first recovery created the topic."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                md = self.admin().list_topics(self.decisions, timeout=10).topics[self.decisions]
+                if md.error is not None:
+                    return None
+                leader = int(md.partitions[0].leader)
+                if leader >= 0:
+                    return leader
+            time.sleep(0.2)
+        return None
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL one broker's JVM (a crash: no controlled shutdown) and mark it stopped."""
+        kl, root = self.kl, (self.dir / "kafka").resolve()
+        with kl._locked(root / ".kafka-local.lock"):
+            state = kl.load_state(root)
+            entry = kl._node(state, node)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(entry["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while kl._alive(entry) and time.monotonic() < deadline:  # _alive reaps our own child
+                time.sleep(0.01)
+            entry["pid"] = entry["pid_start_ticks"] = None
+            kl._write_json(root / kl.STATE_FILE, state)
+
+    def wait_in_sync(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lagging = self.lagging([self.topic, self.decisions, "__transaction_state"])
+            except Exception as e:  # a metadata call during an election: ask again
+                lagging = [f"metadata: {e}"]
+            if not lagging:
+                return
+            if time.monotonic() > deadline:
+                print(f"replicas not in sync after {timeout_s:g} s: {lagging}", flush=True)
+                return
+            time.sleep(0.2)
+
+    def lagging(self, topics: Sequence[str]) -> list[str]:
+        """Partitions without a leader or with a replica out of sync (a topic not created yet has none)."""
+        out = []
+        for name in topics:
+            md = self.admin().list_topics(name, timeout=10).topics[name]
+            if md.error is None:
+                out += [
+                    f"{name}[{p.id}] isr {p.isrs} of {p.replicas}"
+                    for p in md.partitions.values()
+                    if p.leader < 0 or sorted(p.isrs) != sorted(p.replicas)
+                ]
+        return out
+
+    def leader_kill(self, r: Run, plan: Plan, phase: str) -> LeaderKill | None:
+        """The plan's leader kill for this phase; its moments drawn here (a seed replays them)."""
+        if plan.leader_kill != phase:
+            return None
+        delay_s, down_s = self.rng.uniform(0.2, 1.5), self.rng.uniform(1.0, 12.0)
+        return LeaderKill(self, r, phase, plan.leader_at, delay_s, down_s)
+
+    def leader_outcome(self, lk: LeaderKill | None, code: int | None, err: Path | str | None) -> None:
+        """How the actor struck by a leader kill ended (rode it out, or the error it failed with),
+        once the broker is back."""
+        if lk is None or not lk.join():
+            return
+        what = "rode it out" if code == 0 else f"exit {code}"
+        if code != 0 and err is not None:
+            text = err.read_text() if isinstance(err, Path) else err
+            # The exception a traceback ends with, or the one phase_two or the Spark actor printed.
+            names = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)):", text[-5000:], re.MULTILINE)
+            what = names[-1] if names else what
+        self.leader_outcomes[f"{lk.kind} {lk.at}: {what}"] += 1
+        lk.r.notes.append(f"{lk.kind} {lk.at}: {what}")
 
     def operator_resolves(self, r: Run, variant: str) -> None:
         p = self.call(self.cli("resolve", "--run", "operator"))
         self.inject(r, "concurrent_resolve", variant)
-        if p.returncode == EXIT_LOST:
+        if p.returncode == CLI_LOST:
             r.notes.append("the operator's resolve reported a loss")
 
     def at_random(self, within_s: float, fault: Callable[[Run, str], None], r: Run, variant: str) -> threading.Thread:
@@ -273,6 +458,12 @@ class Soak:
             time.sleep(self.rng.uniform(0.3, 1.5))
             self.kill(proc)
             self.inject(r, "kill_recover")
+        if (lk := self.leader_kill(r, plan, "recover")) is not None:  # one pass meets it, then the sensor's next
+            lk.before()
+            proc, err = self.spawn(self.cmd("recover", "--run", f"{r.run}/recover"))
+            lk.around(lambda: proc.poll() is None)
+            code = proc.wait(300)
+            self.leader_outcome(lk, code, err)
         self.recover(r)
         if self.judge_each_run:  # after this recovery, every earlier run has reached its end
             self.first_violations = self.first_violations or self.check(open_checks=False, runs=self.runs[:-1])[0]
@@ -323,12 +514,18 @@ class Soak:
         err = self.dir / "unused.log"  # the raw prepare's stderr, once spawned
         workers: list[int] = []
         spark = self.spark_actor() if plan.spark else None
+        lk = self.leader_kill(r, plan, "prepare") if faults else None
+        answered = threading.Event()  # the Spark prepare's answer came
+        if lk is not None:
+            lk.before()
         if spark is not None:
             assert spark.stdin is not None and spark.stdout is not None
             request = {"count": r.count, "records": r.records, "tag": r.tag, "topic": self.topic, "prefix": PREFIX,
                        "slow_s": 1.0}  # fmt: skip
             spark.stdin.write(json.dumps(request) + "\n")
             spark.stdin.flush()
+            if lk is not None:
+                lk.around(lambda: not answered.is_set())
             delay = self.rng.uniform(0.2, 0.6)  # a worker killed before it reports to Spark is just forked again
             workers = self.python_workers(spark.pid)
             if workers:  # every task under way fails (a first row takes 1 s); Spark retries them
@@ -341,6 +538,8 @@ class Soak:
             if faults and plan.kill_prepare:  # transactions held open half-way, so the kill lands in them
                 args += ["--hold-ms", str(self.rng.randint(1000, 2500))]
             proc, err = self.spawn(self.cmd("prepare", *args))
+            if lk is not None:
+                lk.around(lambda: proc is not None and proc.poll() is None)
         # Faults at random moments, each on a thread of its own, so that they overlap as they would.
         during = []
         if faults and plan.broker_in_prepare:
@@ -350,6 +549,8 @@ class Soak:
         if spark is not None:
             assert spark.stdout is not None
             answer = json.loads(spark.stdout.readline())
+            answered.set()
+            self.leader_outcome(lk, 0 if "error" not in answer else 1, str(answer.get("error", ""))[:300])
             if answer.get("retried"):  # the killed worker's task failed and Spark retried it
                 self.inject(r, "spark_task_failure")
             elif workers:
@@ -373,6 +574,7 @@ class Soak:
             self.kill(proc)
         out = proc.stdout.read() if proc.stdout else ""
         code = proc.wait(300)
+        self.leader_outcome(lk, code, err)
         for t in during:
             t.join()
         if code != 0 and not plan.kill_prepare:
@@ -394,6 +596,8 @@ class Soak:
 
     def commit_phase(self, r: Run, plan: Plan, file: Path) -> None:
         commit = self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS)
+        lk = self.leader_kill(r, plan, "commit")  # strikes the first commit that is not itself killed early
+        patient = lk is not None and self.rng.random() < 0.5
         if plan.kill_commit_before:
             proc, _ = self.spawn(commit)
             # Within the commit process's life: start-up and imports, then a commit that takes
@@ -406,9 +610,14 @@ class Soak:
             # Decided, k EndTxns done, killed; no retry.
             low = 1 if plan.commit_end == "timeout_after_decision" else 0
             argv = [*commit, "--stall-after-ends", str(self.rng.randint(low, r.count - 1))]
+            if lk is not None:
+                lk.before()
             proc, err = self.spawn(argv)
+            if lk is not None:
+                lk.around(lambda: proc.poll() is None and "stalled" not in err.read_text(), err)
             self.wait_for(proc, err, "stalled")
             stalled = "stalled" in err.read_text()
+            self.leader_outcome(lk, 0 if stalled else proc.poll(), err)  # the broker is back
             if stalled and plan.resolve_in == "commit":  # the operator resolves while the commit hangs
                 self.operator_resolves(r, "commit")
             self.kill(proc)
@@ -422,20 +631,29 @@ class Soak:
                 return
             self.inject(r, "timeout", "after-decision")
             time.sleep(TIMEOUT_MS["timeout_after_decision"] / 1000 + 3)
+            # The broker has aborted the rest under a COMMIT in force: read-only commands must say so
+            # before any recovery ran.
+            self.check_truth(f"{r.run}: expired after its decision, before any recovery")
             p = self.call(self.cmd("recover", "--run", f"{r.run}/after"))
             r.status = "lost" if p.returncode == EXIT_LOST else "success"
+            r.loss_reported |= p.returncode == EXIT_LOST
             r.notes.append(f"recovery after the timeout: exit {p.returncode}")
             return
         if plan.commit_end == "timeout":
             time.sleep(5)  # the prepare's 4 s transaction timeout has passed; the broker aborts it
             self.inject(r, "timeout", "before-commit")
-        proc, err = self.spawn(commit)
+        if lk is not None:
+            lk.before()
+        proc, err = self.spawn([*commit[: -len(COMMIT_TIMEOUTS)], *PATIENT_COMMIT] if patient else commit)
+        if lk is not None:
+            lk.around(lambda: proc.poll() is None, err)
         during = []
         if plan.broker_in_commit:
             during.append(self.at_random(1.5, self.restart_broker, r, "commit"))
         if plan.resolve_in == "commit":
             during.append(self.at_random(1.0, self.operator_resolves, r, "commit"))
         code = proc.wait(300)
+        self.leader_outcome(lk, code, err)  # the broker is back before any retry
         for t in during:
             t.join()
         if code in (0, EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED):
@@ -443,6 +661,10 @@ class Soak:
         else:
             r.notes.append(f"commit exit {code}: {err.read_text().strip().splitlines()[-1:]}")
             self.commit(r, file)  # the task's retry
+        # A leader kill alone must not cost the run: the commit rode it out, or its retry succeeded.
+        alone = not (plan.commit_end or plan.broker_in_commit or plan.resolve_in)
+        if lk is not None and lk.node is not None and alone and r.status != "success":
+            self.broken.append(Violation(r.run, f"{lk.kind} {lk.at}: the commit ended {r.status}: {r.notes}"))
 
     def clear_earlier(self, r: Run, what: str) -> None:
         """A user clears an earlier, committed run: its commit task, or the whole run (export again)."""
@@ -475,6 +697,42 @@ class Soak:
 
     def settle(self) -> None:
         self.recover(Run("soak/final", "final"))
+
+    def ask(self, command: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.cli(command, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=REPO)  # fmt: skip
+
+    @staticmethod
+    def answer(proc: subprocess.Popen[str]) -> Answer:
+        out, err = proc.communicate(timeout=300)
+        try:
+            report = json.loads(out)
+        except ValueError:
+            report = None
+        return proc.returncode, report, err
+
+    def check_truth(self, when: str) -> None:
+        """What users are told against Kafka's truth: ``kafka2pc list --json`` and ``describe --json``
+        (exit status, losses, open transactions) against a read_committed consumer and the open
+        transactions (``checker.told``). A disagreement with a truth that did not move while the
+        commands ran is a "truth" violation; if the truth moved (a marker still being written), ask
+        again."""
+        judged = [asdict(r) for r in self.runs]
+        found: list[Violation] = []
+        started = time.monotonic()
+        for _ in range(3):
+            before = truth(self.bootstrap, self.topic, PREFIX)
+            listing, describing = self.ask("list"), self.ask("describe")
+            listed, described = self.answer(listing), self.answer(describing)
+            found = told(before, judged, listed, described, PREFIX)
+            if not found or truth(self.bootstrap, self.topic, PREFIX) == before:
+                break
+        self.truth_checks["checks"] += 1
+        self.truth_checks["list exit 4 (a loss reported)"] += listed[0] == CLI_LOST
+        self.truth_s += time.monotonic() - started
+        for v in found:
+            print(f"TRUTH VIOLATION ({when}): {v.run}: {v.what}", flush=True)
+            self.told.append(Violation(v.run, f"{when}: {v.what}", "truth"))
 
     def check(self, open_checks: bool = True, runs: list[Run] | None = None) -> tuple[list[Violation], dict[str, int]]:
         judged = [asdict(r) for r in (self.runs if runs is None else runs)]
@@ -520,11 +778,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 soak.settle()  # a loss the protocol runs reported is acknowledged before Airflow's runs
                 run_airflow(soak, args.airflow, args.short, directory / "airflow", stop)
             soak.settle()
+            soak.check_truth("at the end, settled")
         except UnexpectedLoss as e:
             unexpected.append(Violation("-", f"recovery reports a loss that no tool reported when its run ended: {e}"))
         # Open transactions are judged only after a settled end (an unexpected loss stops recovery).
         violations, outcomes = soak.check(open_checks=not unexpected)
-        violations = unexpected + soak.broken + violations
+        violations = unexpected + soak.broken + violations + soak.told
     finally:
         if not args.keep_kafka:
             soak.close()
@@ -535,6 +794,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "faults": dict(soak.faults),
         "variants": dict(Counter(f for r in soak.runs for f in r.faults if ":" in f)),
         "outcomes": outcomes,
+        "leader_kills": dict(soak.leader_outcomes),
+        "truth_checks": dict(soak.truth_checks),
+        "truth_seconds": round(soak.truth_s),
         "violations": [asdict(v) for v in violations],
         "logs": str(directory),
     }
@@ -562,7 +824,10 @@ def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool], unt
         plan = SHORT_PLANS[i % len(SHORT_PLANS)] if short else Plan.draw(soak.rng)
         r = soak.one_run(i, plan)
         soak.judge_success(r)
+        soak.check_truth(f"after run {i}")  # before the next run's recovery acknowledges any loss
         print(progress(f"run {i:4d}", r), flush=True)
+        if soak.judge_each_run and soak.told:
+            soak.first_violations = soak.first_violations or soak.told
         if soak.first_violations:
             print(f"first violation found at run {i}: {soak.first_violations}", flush=True)
             return
@@ -577,6 +842,7 @@ def run_airflow(soak: Soak, runs: int, short: bool, home: Path, stop: dict[str, 
             plan = AIRFLOW_SHORT_PLANS[j % len(AIRFLOW_SHORT_PLANS)] if short else AirflowPlan.draw(airflow.rng)
             r = airflow.one_run(j, plan)
             soak.judge_success(r)
+            soak.check_truth(f"after Airflow run {j}")
             print(progress(f"airflow {j:3d}", r), flush=True)
     finally:
         airflow.close()
@@ -591,11 +857,20 @@ def render(result: dict[str, Any]) -> str:
     lines += [f"  {k:26s} {v}" for k, v in sorted(result["faults"].items())]
     lines += [f"    {k:32s} {v}" for k, v in sorted(result.get("variants", {}).items())]
     lines += ["outcomes:"] + [f"  {k:34s} {v}" for k, v in sorted(result["outcomes"].items())]
+    if result.get("leader_kills"):
+        lines += ["the actor a leader kill struck:"]
+        lines += [f"  {k:50s} {v}" for k, v in sorted(result["leader_kills"].items())]
+    truths = sum(1 for v in result["violations"] if v.get("kind") == "truth")
+    checks = result.get("truth_checks", {})
     lines.append(
-        f"violations: {len(result['violations'])}"
+        f"what users are told (list, describe) checked {checks.get('checks', 0)} times in "
+        f"{result.get('truth_seconds', 0)} s; list reported a loss in {checks.get('list exit 4 (a loss reported)', 0)}"
+    )
+    lines.append(
+        f"violations: {len(result['violations'])} (truth: {truths})"
         + (f" (replay with --seed {result['seed']})" if result["violations"] else "")
     )
-    lines += [f"  {v['run']}: {v['what']}" for v in result["violations"]]
+    lines += [f"  [{v.get('kind', 'exactly-once')}] {v['run']}: {v['what']}" for v in result["violations"]]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """The fault soak's short mode: fixed plans that strike every fault kind and variant, on a real
 3-broker Kafka with real Spark, then four runs of a DAG on a standalone Airflow, all judged by the
-independent checker. The long mode is in docs/design.md."""
+independent checker; after every run, what ``kafka2pc list`` and ``describe`` tell is checked against
+it. The long mode is in docs/design.md."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
                                        "kill_commit:after-decision", "broker_restart:prepare", "broker_restart:commit",
                                        "concurrent_resolve:prepare", "concurrent_resolve:commit", "clear:commit",
                                        "clear:run", "timeout:before-commit", "timeout:after-decision",
+                                       # the decision topic's leader SIGKILLed as a commit, a recovery, a prepare starts
+                                       "leader_kill_commit:start", "leader_kill_recover:start",
+                                       "leader_kill_prepare:start",
                                        # the Airflow runs: task kills, REST clears, Spark and broker faults
                                        "kill_recover:airflow", "kill_prepare:airflow", "kill_commit:airflow",
                                        "clear:airflow-run", "clear:airflow-prepare-running",
                                        "clear:airflow-commit-running", "broker_restart:airflow",
                                        "spark_task_failure:airflow"}  # fmt: skip
     assert result["outcomes"].get("committed", 0) >= 1 and result["outcomes"].get("aborted", 0) >= 1
+    # The truth check ran after every run and saw the timed-out run's loss before any recovery.
+    assert result["truth_checks"]["checks"] >= len(harness.SHORT_PLANS) + len(harness.AIRFLOW_SHORT_PLANS)
+    assert result["truth_checks"].get("list exit 4 (a loss reported)", 0) >= 1

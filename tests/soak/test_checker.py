@@ -1,0 +1,83 @@
+"""The soak's truth check (``checker.told``) without a broker: it must catch each way the CLI could
+mislead a user (a partly visible run not reported, wrong counts, a loss reported for a whole run,
+an acknowledged loss still reported, the wrong exit status, describe disagreeing), and accept the
+honest answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.soak.checker import Truth, told
+
+RUN = {"run": "soak/run-6", "tag": "r6", "expected": 40, "count": 4, "records": 10}
+
+
+def loss(visible: int, lost: int, pending: int = 0, records: int = 40) -> dict[str, Any]:
+    return {"prefix": "soak", "run": "soak/run-6", "decision_id": "d1", "final": False, "records": records,
+            "visible_records": visible, "lost_records": lost, "pending_transactions": pending,
+            "partly_visible": 0 < visible < records}  # fmt: skip
+
+
+def report(losses: list[dict[str, Any]], open_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"losses": losses, "transactions": [{"transactional_id": t} for t in open_ids]}
+
+
+def check(t: Truth, run: dict[str, Any], code: int, losses: list[dict[str, Any]], d_code: int | None = None) -> str:
+    open_ids = tuple(line.split()[0] for line in t.open)
+    listed = (code, report(losses, open_ids), "")
+    described = ((4 if code == 4 else 0) if d_code is None else d_code, report(losses), "")
+    return "\n".join(v.what for v in told(t, [run], listed, described, "soak"))
+
+
+PARTLY = Truth({"r6": 10}, ())
+
+
+def test_a_partly_visible_run_reported_with_its_counts_is_the_truth() -> None:
+    assert check(PARTLY, RUN, 4, [loss(10, 30)]) == ""
+
+
+def test_a_partly_visible_run_not_reported_is_a_lie() -> None:
+    assert "list reports it 0 time(s)" in check(PARTLY, RUN, 0, [])
+    assert "list exit 0, expected 4" in check(PARTLY, RUN, 0, [])
+
+
+def test_wrong_counts_are_a_lie() -> None:
+    assert "list says" in check(PARTLY, RUN, 4, [loss(20, 20)])
+    assert "list says" in check(PARTLY, RUN, 4, [loss(10, 30, records=30)])
+
+
+def test_a_whole_run_reported_lost_is_a_lie() -> None:
+    whole, none = Truth({"r6": 40}, ()), Truth({}, ())
+    assert "yet list reports a loss" in check(whole, RUN, 4, [loss(40, 0)])
+    assert "yet list reports a loss" in check(none, RUN, 4, [loss(0, 40)])
+    assert check(whole, RUN, 0, []) == "" and check(none, RUN, 0, []) == ""
+
+
+def test_a_loss_a_tool_reported_with_nothing_visible_must_stay_reported() -> None:
+    none = Truth({}, ())
+    assert check(none, RUN | {"loss_reported": True}, 4, [loss(0, 40)]) == ""
+    assert "list says no loss" in check(none, RUN | {"loss_reported": True}, 0, [])
+
+
+def test_an_acknowledged_loss_is_no_longer_reported() -> None:
+    acknowledged = RUN | {"acknowledged": True}
+    assert check(PARTLY, acknowledged, 0, []) == ""
+    assert "still reported lost" in check(PARTLY, acknowledged, 4, [loss(10, 30)])
+
+
+def test_pending_transactions_are_not_a_loss() -> None:
+    # A commit died after its decision and one EndTxn: three transactions still open, to roll forward.
+    pending = Truth({"r6": 10}, ("soak-1 Ongoing", "soak-2 Ongoing", "soak-3 Ongoing"))
+    assert check(pending, RUN, 1, []) == ""
+    assert "list exit 0, expected 1" in check(pending, RUN, 0, [])
+    # Only one open: 20 records are neither visible nor pending, yet nothing is reported lost.
+    assert "only 1 transaction(s) open" in check(Truth({"r6": 10}, ("soak-1 Ongoing",)), RUN, 1, [])
+
+
+def test_open_transactions_must_match_and_describe_must_agree() -> None:
+    t = Truth({"r6": 40}, ("soak-1 Ongoing",))
+    found = told(t, [RUN], (1, report([], ()), ""), (0, report([]), ""), "soak")
+    assert "list shows open [], Kafka ['soak-1 Ongoing']" in "\n".join(v.what for v in found)
+    assert "describe exit 0" in check(PARTLY, RUN, 4, [loss(10, 30)], d_code=0)
+    failed = told(PARTLY, [RUN], (3, None, "boom"), (4, {}, ""), "soak")
+    assert [v.what for v in failed] == ["list failed: exit 3: boom"]
