@@ -153,7 +153,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
 
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         run = decision_run(context)
-        progress = CommitProgress.of(run, [p.prefix for p in present], committables)
+        progress = CommitProgress.of(run, [p.prefix for p in present], committables, [p.summary for p in present])
         try:
             report = self.resolve(committables, [members_of(p, context) for p in present], hook, run, progress)
         except Exception as e:
@@ -313,7 +313,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
                 if self.naming_strategy is naming.NamingStrategy.INCREMENTING
                 else None
             )
-            for prefix in _task_ids(self.transactional_id_prefixes):
+            prefixes = _task_ids(self.transactional_id_prefixes)
+            for prefix in prefixes:
                 if run_key is None and (holder := hook.take_turn(prefix, self.dag_id, context["run_id"])) is not None:
                     # Another run holds the POOLING ids: what is open under them is its, not ours.
                     self.log.warning("not aborting open transactions of %s: run %s holds it", prefix, holder.run_id)
@@ -327,7 +328,24 @@ class Kafka2PCAbortOperator(_PhaseTwo):
             if not refs:
                 self.log.info("nothing to abort")
                 return {"committed": 0, "aborted": 0, "lost": 0}
-            report = abort_prepared(list(refs.values()), wire, decision_log, decision_run(context), self.max_workers)
+            exporters = sorted({p.prefix for p in payloads.values() if p is not None} | set(prefixes))
+            try:
+                report = abort_prepared(
+                    list(refs.values()), wire, decision_log, decision_run(context), self.max_workers, prefixes=exporters
+                )
+            except Exception as e:
+                # Last, so that it is the line a user reads first: the run's state and what to click.
+                shows = " or ".join(f"`kafka2pc list --prefix {p}`" for p in exporters)
+                self.log.error(
+                    "kafka2pc: abort of run %s failed (%s): %d transaction(s) may still be open; none of the run is "
+                    "visible unless a COMMIT decision rules it. Next: clear this abort task once Kafka answers; the "
+                    "exporter's next recovery ends them too%s",
+                    decision_run(context),
+                    type(e).__name__,
+                    len(refs),
+                    f" ({shows} shows them)" if shows else "",
+                )
+                raise
         finally:
             decision_log.close()
             wire.close()

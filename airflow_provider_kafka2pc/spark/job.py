@@ -110,6 +110,11 @@ class ExportResult:
             "materialize_s": round(self.materialize_s, 3),
             "write_s": round(self.write_s, 3),
             "first_write_ms": self.first_write_ms,
+            # With first_write_ms, a lower bound of the broker deadline that a failed commit can name
+            # without asking Kafka (the XCom's committables do not carry it).
+            "transaction_timeout_ms": min(
+                (c.transaction_timeout_ms for c in self.committables if c.transaction_timeout_ms), default=None
+            ),
         }
 
 

@@ -10,8 +10,9 @@ the failure may be that Kafka cannot be reached.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.errors import (
@@ -40,11 +41,23 @@ class CommitProgress:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, run: str, prefixes: Iterable[str], committables: Sequence[Committable]) -> CommitProgress:
+    def of(
+        cls,
+        run: str,
+        prefixes: Iterable[str],
+        committables: Sequence[Committable],
+        summaries: Iterable[Mapping[str, Any]] = (),
+    ) -> CommitProgress:
+        """From the committables (or the exports' summaries, when the XCom's committables do not carry
+        their first record's time and timeout): the deadline's lower bound, clock of the export."""
         bounds = [
             c.first_write_ms + c.transaction_timeout_ms
             for c in committables
             if c.first_write_ms and c.transaction_timeout_ms
+        ] + [
+            int(s["first_write_ms"]) + int(s["transaction_timeout_ms"])
+            for s in summaries
+            if s.get("first_write_ms") and s.get("transaction_timeout_ms")
         ]
         return cls(
             run,
