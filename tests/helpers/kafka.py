@@ -194,3 +194,63 @@ def sasl_connection(
     if decision_topic:
         extra["decision_topic"] = decision_topic
     return {"conn_type": "kafka2pc", "host": env.bootstrap, "login": user, "password": password, "extra": extra}
+
+
+def kill_node(env: KafkaEnv, node: int) -> None:
+    """SIGKILL one broker of ``env``: a crash, no controlled shutdown, its partitions without a
+    leader until the controller fences it; ``kafka_local().start_node(env.directory, node)``
+    brings it back with its data."""
+    import contextlib
+    import os
+    import signal
+
+    kl = kafka_local()
+    root = env.directory.resolve()
+    with kl._locked(root / ".kafka-local.lock"):
+        state = kl.load_state(root)
+        entry = kl._node(state, node)
+        pid = entry["pid"]
+        assert pid and kl._alive(entry), f"node {node} is not running"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while kl._alive(entry):
+            assert time.monotonic() < deadline, f"node {node} survived SIGKILL"
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap it if this process started it
+            time.sleep(0.01)
+        entry["pid"] = entry["pid_start_ticks"] = None
+        kl._write_json(root / kl.STATE_FILE, state)
+
+
+def partition_leader(env: KafkaEnv, topic: str, partition: int = 0, timeout_s: float = 30.0) -> int:
+    """The broker id leading one partition, as the cluster's metadata says now."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(env.config)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader = int(admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader)
+        if leader >= 0:
+            return leader
+        assert time.monotonic() < deadline, f"{topic}[{partition}] has no leader"
+        time.sleep(0.1)
+
+
+def wait_in_sync(env: KafkaEnv, topics: list[str], timeout_s: float = 60.0) -> float:
+    """Wait until every partition of ``topics`` has all its replicas in sync (a restarted broker
+    caught up), so that killing any one broker leaves min.insync.replicas; returns the seconds waited."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(env.config)
+    started = time.monotonic()
+    while True:
+        lagging = [
+            f"{t}[{p.id}] isr {p.isrs} of {p.replicas}"
+            for t in topics
+            for p in admin.list_topics(t, timeout=10).topics[t].partitions.values()
+            if p.leader < 0 or sorted(p.isrs) != sorted(p.replicas)
+        ]
+        if not lagging:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"replicas not in sync after {timeout_s:g} s: {lagging}"
+        time.sleep(0.1)
