@@ -455,3 +455,43 @@ def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter)
         ex.assert_exactly_once(["run1"])
     finally:
         set_acls(ex.env, principal, set())
+
+
+def test_decision_log_reads_leave_no_denied_line_with_the_reader_group_acl(exporter: Exporter) -> None:
+    """librdkafka's consumer looks its group's coordinator up (FindCoordinator) though the decision
+    reader only assigns partitions: without Describe on the reader's group every read works but the
+    authorizer logs a DENIED line per lookup (teams that alert on denials get paged); with the
+    Group ACL of docs/acls.md, an append, reads and a whole run leave no DENIED line at all."""
+    from pathlib import Path
+
+    from airflow_provider_kafka2pc.txn.decision_log import READER_GROUP
+
+    ex = exporter
+    documented = set(ex.documented_acls())
+    server_log = Path(kafka_local().load_state(ex.env.directory)["nodes"][0]["log_dir"]) / "server.log"
+
+    def denied_while_reading(run: str | None = None) -> list[str]:
+        start = server_log.stat().st_size
+        if run is not None:
+            ex.export(run)
+        hook = ex.hook()
+        decision_log = hook.decision_log()
+        try:
+            decision_log.claim_prefix(ex.prefix, "dag.export")  # reads, then appends the claim
+            assert decision_log.read_for(ex.prefix).claims[ex.prefix] == "dag.export"
+        finally:
+            decision_log.close()
+        time.sleep(1.0)  # the broker answers the last lookups
+        with server_log.open("rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()
+        return [line for line in lines if "denied" in line.lower()]
+
+    set_acls(ex.env, PRINCIPAL, documented - {Acl("Group", READER_GROUP, "LITERAL", "Describe")})
+    without = denied_while_reading()
+    assert without and all(f"Group:LITERAL:{READER_GROUP}" in line for line in without), without
+    set_acls(ex.env, PRINCIPAL, documented | {Acl("Group", READER_GROUP, "LITERAL", "Describe")})
+    denied = denied_while_reading("run1")
+    ex.assert_exactly_once(["run1"])
+    print(f"DENIED lines in the authorizer log: {len(without)} without the reader group's ACL, {len(denied)} with it")
+    assert denied == [], denied
