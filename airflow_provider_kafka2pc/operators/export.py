@@ -44,6 +44,11 @@ def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: 
 
 def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str) -> Any:
     """A SparkSession the way the apache-spark provider's PySparkOperator builds one."""
+    import warnings
+
+    # PySpark warns on import that it does not fully support pandas 3; the export moves Arrow batches
+    # (mapInArrow), not pandas frames, so the warning says nothing about the run.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 

@@ -15,7 +15,21 @@ import re
 import threading
 from typing import IO, Any
 
+from airflow_provider_kafka2pc.txn.logs import SELF_RESOLVING, demote
+
 log = logging.getLogger("airflow_provider_kafka2pc.spark.jvm")
+# Every Spark start-up prints these, about the machine and not about the run.
+STARTUP_NOISE = (
+    r"^WARNING: Using incubator modules",
+    r" WARN Utils: Your hostname, .* resolves to a loopback address",
+    r" WARN Utils: Set SPARK_LOCAL_IP if you need to bind",
+    r" WARN NativeCodeLoader: Unable to load native-hadoop library",
+    r"^Setting default log level to ",
+    r"^Using Spark's default log4j profile",
+    r"^To adjust logging level use sc.setLogLevel",
+    r"PySpark does not yet fully support pandas >= 3",  # a Python worker's import; Arrow is used, not pandas
+)
+demote(log, (*STARTUP_NOISE, *SELF_RESOLVING))
 
 _LOG4J = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
 _LIBRDKAFKA = re.compile(r"^%(\d)\|")  # %level|time|facility|client| message
