@@ -105,16 +105,21 @@ def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:
 
 
 def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
-    prefix, owner = report["prefix"], report["claim_owner"]
-    out.write(f"prefix {prefix}: {'claimed by ' + owner if owner else 'not claimed'}\n")
+    prefix, owner, open_now = report["prefix"], report["claim_owner"], report["open_transactions"]
+    # The claim says which export task owns the prefix (so that no other exporter uses it), not
+    # that anything is in flight: that is what the open transactions say.
+    owned = f"owned by export task {owner}" if owner else "no export task has claimed it yet"
+    in_flight = f"{open_now} open transaction(s)" if open_now else "nothing in flight (no open transaction)"
+    out.write(f"prefix {prefix}: {owned}; {in_flight}\n")
     if not report["decision_topic_exists"]:
         out.write(f"decision topic {report['decision_topic']} does not exist: no decisions\n")
         return
     decisions = report["decisions"]
+    ruling = sum(1 for d in decisions if d["in_force"] and d["rules"])
     void = sum(1 for d in decisions if not d["in_force"])
     out.write(
-        f"{len(decisions) - void} decision(s) in force and {void} void touching {prefix} "
-        f"in decision log {report['decision_topic']}\n"
+        f"{ruling} decision(s) in force, {len(decisions) - ruling - void} kept that rule nothing any more and "
+        f"{void} void touching {prefix} in decision log {report['decision_topic']}\n"
     )
     if decisions:
         out.write(
@@ -144,7 +149,7 @@ def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
                         str(d["outcome"]["aborted"]),
                         str(d["outcome"]["lost"]),
                         str(d["outcome"]["pending"]),
-                        "in force" if d["in_force"] else f"void: {d['void']}",
+                        _status(d),
                     ]
                     for d in decisions
                 ],
@@ -166,6 +171,14 @@ def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
             if r["lost"] and r["status"] != "LOST":  # a LOST one is shown with the losses below
                 out.write(f"run {r['run']}: {len(r['lost'])} lost transaction(s) ({r['status']}):\n")
                 out.write(_lost_table(r["lost"]))
+
+
+def _status(d: Mapping[str, Any]) -> str:
+    if not d["in_force"]:
+        return f"void: {d['void']}"
+    if d["rules"]:
+        return f"in force (rules {d['rules']})"
+    return "kept, rules nothing (an earlier decision rules its transactions)"
 
 
 def resolved(out: TextIO, report: Mapping[str, Any]) -> None:

@@ -47,6 +47,7 @@ def describe_report(inspector: TransactionInspector, state: LogState, prefix: st
     runs = sorted((r for (p, _), r in state.runs.items() if p == prefix), key=lambda r: (r.at_ms, r.run))
     return {
         "claim_owner": state.claims.get(prefix),
+        "open_transactions": len(inspector.list_prefix(prefix)),
         "decisions": decisions,
         "runs": [run_json(r) for r in runs],
         "losses": losses,
@@ -161,6 +162,9 @@ def decision_json(
         }
     return decision_ref_json(d) | {
         "in_force": state.in_force(did),
+        # An ABORT stays in the log until its transactions' deadlines pass (the deadline rule needs
+        # it) even when an earlier COMMIT rules all of them: then it rules nothing.
+        "rules": sum(1 for ruler in state.ruling.values() if ruler == did),
         "void": state.void.get(did),
         "voided_by": state.voided_by.get(did),
         "prefixes": list(d.prefixes),

@@ -342,8 +342,9 @@ def test_describe_shows_decisions_touching_the_prefix_and_every_run_record_of_it
     code, out, _ = run(conn, capsys, "describe", "--prefix", "orders")
     lines = out.splitlines()
     assert lines[:2] == [
-        "prefix orders: claimed by dag.export",
-        "2 decision(s) in force and 1 void touching orders in decision log kafka2pc_decisions",
+        "prefix orders: owned by export task dag.export; 5 open transaction(s)",
+        "2 decision(s) in force, 0 kept that rule nothing any more and 1 void touching orders in decision log "
+        "kafka2pc_decisions",
     ]
     assert lines[2].split() == [
         "KIND",
@@ -372,6 +373,8 @@ def test_describe_shows_decisions_touching_the_prefix_and_every_run_record_of_it
         "1",
         "in",
         "force",
+        "(rules",
+        "1)",
     ]
     assert lines[4].endswith("void: appended after the broker deadline of orders-1")
     assert lines[6] == "3 run record(s) of orders:"
@@ -403,7 +406,7 @@ def test_describe_of_an_unclaimed_prefix_without_decisions(
     )
     assert code == cli.EXIT_OK
     assert out.splitlines() == [
-        "prefix x: not claimed",
+        "prefix x: no export task has claimed it yet; nothing in flight (no open transaction)",
         "decision topic kafka2pc_decisions does not exist: no decisions",
     ]
 
@@ -855,3 +858,21 @@ def test_turning_certificate_verification_off_is_a_usage_error_and_kafka_is_not_
     assert code == cli.EXIT_USAGE, err
     assert "enable.ssl.certificate.verification" in err
     assert broker.describe_calls == []
+
+
+def test_describe_never_calls_an_abort_that_rules_nothing_in_force(
+    broker: FakeBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit = decision(Kind.COMMIT, [ref("orders-0")])
+    late_abort = decision(Kind.ABORT, [ref("orders-0")], actor="abort")  # the abort task after the commit
+    log = MemoryDecisionLog(initial=[item(commit), item(late_abort)])
+    broker.add(txn_state("orders-0", "CompleteCommit"))
+    code, out, _ = run(FakeConnection(broker, log), capsys, "describe", "--prefix", "orders", "--json")
+    assert code == cli.EXIT_OK
+    rules = {d["kind"]: (d["in_force"], d["rules"]) for d in json.loads(out)["decisions"]}
+    assert rules == {"COMMIT": (True, 1), "ABORT": (True, 0)}
+    code, out, _ = run(FakeConnection(broker, log), capsys, "describe", "--prefix", "orders")
+    lines = out.splitlines()
+    assert lines[0] == "prefix orders: no export task has claimed it yet; nothing in flight (no open transaction)"
+    assert lines[1].startswith("1 decision(s) in force, 1 kept that rule nothing any more and 0 void")
+    assert lines[-1].endswith("kept, rules nothing (an earlier decision rules its transactions)")
