@@ -19,8 +19,8 @@ EXTRA_CONFIG = "config"
 # Airflow 3's UI renders these (JSON schema ``enum`` -> a drop-down); the classic form is built
 # from the same entries by Kafka2PCHook.get_connection_form_widgets. Airflow 3's form saves every
 # field's value into the extra, null included, and offers a "null" choice for an enum that lists
-# None; so no field is nullable and each has a default: an unset SASL mechanism is the explicit ""
-# choice "none" (the hook ignores empty values), the librdkafka settings default to {}.
+# None; so every field has a default and no enum lists None: an unset SASL mechanism is the explicit
+# "" choice "none" (the hook ignores empty values), the librdkafka settings default to {}.
 NO_SASL = ""
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     EXTRA_SECURITY_PROTOCOL: {
@@ -32,7 +32,8 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "label": "SASL mechanism",
         "description": "With SASL_PLAINTEXT or SASL_SSL; OAUTHBEARER takes its sasl.oauthbearer.* settings below",
         "schema": {
-            "type": "string",
+            # Not required (a required field refuses ""), yet no "null" among the choices.
+            "type": ["string", "null"],
             "enum": [NO_SASL, *SASL_MECHANISMS],
             "values_display": {NO_SASL: "none (PLAINTEXT or SSL)"},
             "default": NO_SASL,

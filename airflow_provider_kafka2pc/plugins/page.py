@@ -251,7 +251,7 @@ def exporters_page(
     acknowledged: str | None = None,
 ) -> HTMLResponse:
     _require_read(user)
-    wanted = [p.strip() for p in prefixes or [] if p.strip()]
+    wanted = [p.strip() for given in prefixes or [] for p in given.split(",") if p.strip()]
     notice = (
         f"Run {acknowledged} acknowledged: recovery no longer fails on it; its lost records stay lost."
         if acknowledged
@@ -322,6 +322,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;padding-top
 h3{font-size:15px;margin:18px 0 6px}.muted{color:#64748b}code{font-family:ui-monospace,monospace;font-size:13px}
 table{border-collapse:collapse;width:100%;margin:4px 0 8px}th,td{text-align:left;padding:6px 10px;
  border-bottom:1px solid #e2e8f0;vertical-align:top}th{background:#f8fafc;font-weight:600;font-size:13px}
+td code{white-space:nowrap}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
  background:#64748b}.COMMITTED{background:#15803d}.LOST{background:#b91c1c}.ACKNOWLEDGED{background:#7c3aed}
 .ABORTED,.ABORT{background:#c2410c}.COMMITTING,.DECIDED,.COMMIT{background:#0369a1}.VOID{background:#94a3b8}
@@ -505,7 +506,6 @@ def _loss(conn_id: str, loss: Mapping[str, Any], can_acknowledge: bool) -> str:
     )
     parts = [
         f'<div class="box loss" data-run="{e(run)}">{_badge("LOST")} run <code>{e(run)}</code>: {counts}',
-        f"<div>{e(loss['summary'])}</div>",
         lost_rows,
     ]
     if not loss["final"]:

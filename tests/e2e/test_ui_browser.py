@@ -1,0 +1,346 @@
+"""The Airflow UI in a real browser (Debian's headless Chromium through Selenium) on a standalone
+Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the test brokers.
+
+- The connection form: a kafka2pc connection made in the form, Test pressed on its row, succeeds
+  against the test broker; a wrong password on the SASL_SSL broker shows the hook's own SASL message;
+  the saved extra holds no null.
+- The exporters page (the provider's plugin): an open transaction with the decision that rules it;
+  a loss (a COMMIT decided, one transaction then aborted by the broker, the other committed) with
+  its visible/lost counts before any recovery ran; a viewer sees it and cannot acknowledge (no
+  button, and the POST is refused); anonymous requests are refused; the admin acknowledges it with
+  the run id retyped and the page shows ACKNOWLEDGED.
+
+Screenshots of the key pages go to build/ui-screenshots/ (a failing test's as <test>-failed.png).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_provider_kafka2pc.txn import naming
+from airflow_provider_kafka2pc.txn.committable import Committable
+from tests.conftest import SECURE_EXPORTER
+from tests.helpers.airflow_standalone import StandaloneAirflow
+from tests.helpers.kafka import REPO, KafkaEnv
+
+pytestmark = [pytest.mark.airflow_standalone, pytest.mark.kafka]
+
+SHOTS = REPO / "build" / "ui-screenshots"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+WAIT_S = 30.0
+
+
+@dataclass
+class UI:
+    af: StandaloneAirflow
+    passwords: dict[str, str]
+
+    def token(self, user: str) -> str:
+        r = httpx.post(f"{self.af.base_url}/auth/token", json={"username": user, "password": self.passwords[user]})
+        r.raise_for_status()
+        return str(r.json()["access_token"])
+
+
+@pytest.fixture(scope="module")
+def ui(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
+    assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed (scripts/setup installs them)"
+    home = tmp_path_factory.mktemp("airflow_ui") / "home"
+    dags = tmp_path_factory.mktemp("no_dags")
+    env = {"AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap})}
+    config = {
+        "CORE__TEST_CONNECTION": "Enabled",
+        "CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN,viewer:VIEWER",
+    }
+    af = StandaloneAirflow(home, dags, env, config=config)
+    with af:
+        # The SimpleAuthManager wrote the viewer's generated password next to the admin's.
+        passwords = json.loads((af.home / "simple_auth_manager_passwords.json").read_text())
+        yield UI(af, passwords)
+
+
+@pytest.fixture
+def browser(ui: UI, request: pytest.FixtureRequest) -> Iterator[Callable[[str], Any]]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    drivers: list[Any] = []
+    failed_before = request.session.testsfailed
+
+    def open_as(user: str) -> Any:
+        options = Options()
+        options.binary_location = str(CHROMIUM)
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+        driver.implicitly_wait(0)
+        drivers.append(driver)
+        # Logged in as the UI is after its login page: the auth manager's JWT in the _token cookie.
+        driver.get(f"{ui.af.base_url}/api/v2/monitor/health")
+        driver.add_cookie({"name": "_token", "value": ui.token(user), "path": "/"})
+        return driver
+
+    yield open_as
+    failed = request.session.testsfailed > failed_before  # this test's call failed
+    for i, driver in enumerate(drivers):
+        if failed:
+            shot(driver, f"{request.node.name}-failed{'' if i == 0 else i}")
+        driver.quit()
+
+
+def shot(driver: Any, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = check()
+            if last:
+                return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def body_text(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.TAG_NAME, "body").text)
+
+
+# -- the connection form ----------------------------------------------------------------------------
+
+
+def add_connection(driver: Any, base_url: str, conn_id: str, fields: dict[str, str], extra: dict[str, Any]) -> None:
+    """Airflow 3's Add Connection form, filled as a person would: type, standard fields, choices."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(f"{base_url}/connections")
+    wait_for("Add Connection", lambda: [b for b in driver.find_elements(By.TAG_NAME, "button")
+                                        if b.text == "Add Connection"])[0].click()  # fmt: skip
+    wait_for("the form", lambda: driver.find_element(By.NAME, "connection_id")).send_keys(conn_id)
+    # The connection type's search box, the first text input after the id.
+    kind = driver.find_element(By.XPATH, "//input[@name='connection_id']/following::input[@type='text'][1]")
+    kind.send_keys("kafka2pc")
+    time.sleep(0.5)
+    kind.send_keys(Keys.ENTER)
+    wait_for("the kafka2pc fields", lambda: driver.find_element(By.NAME, "host"))
+    for name, value in fields.items():
+        driver.find_element(By.NAME, name).send_keys(value)
+    next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.startswith("Extra Fields")).click()
+    for name in ("security_protocol", "sasl_mechanism"):
+        if name in extra:
+            choose(driver, name, extra[name])
+    if "config" in extra:
+        # The librdkafka settings' JSON editor: the first code editor of the Extra Fields.
+        frame = wait_for("the settings editor", lambda: driver.find_elements(By.CSS_SELECTOR, ".monaco-editor"))[0]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", frame)
+        frame.click()
+        editor = frame.find_element(By.TAG_NAME, "textarea")
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        editor.send_keys(json.dumps(extra["config"]))
+    save = wait_for("Save", lambda: [b for b in driver.find_elements(By.TAG_NAME, "button")
+                                     if b.text == "Save" and b.is_enabled()])[0]  # fmt: skip
+    shot(driver, f"connection-form-{conn_id}")
+    save.click()
+    wait_for(f"row {conn_id}", lambda: conn_id in body_text(driver) and not driver.find_elements(By.NAME, "host"))
+
+
+def choose(driver: Any, field: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    hidden = driver.find_element(By.NAME, f"element_{field}")
+    box = hidden.find_element(By.XPATH, "./preceding::input[@type='text'][1]")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+    box.send_keys(value)
+    time.sleep(0.3)
+    box.send_keys(Keys.ENTER)
+    wait_for(f"{field} = {value}", lambda: hidden.get_attribute("value") == value)
+
+
+def press_test(driver: Any, conn_id: str) -> str:
+    """Press Test on the connection's row; the toast's text."""
+    from selenium.webdriver.common.by import By
+
+    rows = lambda: [r for r in driver.find_elements(By.TAG_NAME, "tr") if conn_id in r.text]  # noqa: E731
+    row = wait_for(f"row {conn_id}", rows)[0]
+    buttons = row.find_elements(By.TAG_NAME, "button")
+    test = [b for b in buttons if "test" in (b.get_attribute("aria-label") or b.get_attribute("title") or "").lower()]
+    assert test, [(b.get_attribute("aria-label"), b.get_attribute("title"), b.text) for b in buttons]
+    test[0].click()
+    return str(
+        wait_for(
+            "the test's answer",
+            lambda: next(
+                (t for t in [body_text(driver)] if re.search(r"Test Connection (Successful|Failed)", t)), None
+            ),
+        )
+    )
+
+
+def stored(ui: UI, conn_id: str) -> dict[str, Any]:
+    return dict(ui.af.request("GET", f"/api/v2/connections/{conn_id}").json())
+
+
+def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl(
+    ui: UI, kafka: KafkaEnv, kafka_secure: KafkaEnv, browser: Callable[[str], Any]
+) -> None:
+    driver = browser("admin")
+    base = ui.af.base_url
+    host, port = kafka.bootstrap.rsplit(":", 1)
+    add_connection(driver, base, "ui_plain", {"host": host, "port": port}, {"security_protocol": "PLAINTEXT"})
+    conn = stored(ui, "ui_plain")
+    extra = json.loads(conn["extra"])
+    assert None not in extra.values(), extra  # no null saved into the extra
+    assert (conn["port"], extra["security_protocol"]) == (int(port), "PLAINTEXT"), conn
+    answer = press_test(driver, "ui_plain")
+    shot(driver, "connection-test-ok")
+    assert "connected to 1 broker(s)" in answer, answer
+    assert "Bad Request" not in answer
+
+    secure_host, secure_port = kafka_secure.bootstrap.rsplit(":", 1)
+    add_connection(
+        driver,
+        base,
+        "ui_secure",
+        {"host": secure_host, "port": secure_port, "login": SECURE_EXPORTER, "password": "not-the-password"},
+        {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "config": {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]},
+        },
+    )
+    extra = json.loads(stored(ui, "ui_secure")["extra"])
+    assert extra["config"] == {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]}, extra
+    answer = press_test(driver, "ui_secure")
+    shot(driver, "connection-test-wrong-password")
+    assert f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}" in answer, answer
+    assert "not-the-password" not in answer
+
+
+# -- the exporters page -----------------------------------------------------------------------------
+
+
+def prepare(kafka: KafkaEnv, topic: str, prefix: str, slot: int, records: int, run: str) -> Committable:
+    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+
+    writer = TransactionalWriter(kafka.config, naming.transactional_id(prefix, slot), 300_000).open()
+    for i in range(records):
+        writer.produce(topic, f"{run}/{slot}/{i}".encode(), f"{run}/{slot}/{i}".encode())
+    committable = writer.prepare()
+    assert committable is not None
+    return committable
+
+
+def page(ui: UI, prefix: str) -> str:
+    return f"{ui.af.base_url}/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={prefix}"
+
+
+def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
+    ui: UI, kafka: KafkaEnv, browser: Callable[[str], Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.errors import TransactionLostError
+    from airflow_provider_kafka2pc.txn.outcome import Intent
+    from airflow_provider_kafka2pc.txn.recovery import recover
+    from airflow_provider_kafka2pc.txn.resume import Decided, TransactionResolver, decide_commit, ref_of
+
+    tag = uuid.uuid4().hex[:6]
+    topic = kafka.topic(partitions=2)
+    opened, lossy, run = f"uiopen{tag}", f"uiloss{tag}", f"run_{tag}"
+    base = ui.af.base_url
+
+    # Every endpoint asks the auth manager: nobody logged in gets nothing.
+    for method, path in (("GET", "/kafka2pc/exporters"), ("GET", "/kafka2pc/api/exporters"),
+                         ("POST", "/kafka2pc/exporters/acknowledge")):  # fmt: skip
+        data = {"conn_id": "kafka2pc_default"} if method == "POST" else None
+        r = httpx.request(method, f"{base}{path}", params={"prefix": lossy}, data=data)
+        assert r.status_code in (401, 403), (method, path, r.status_code, r.text)
+    plugins = ui.af.request("GET", "/api/v2/plugins").json()["plugins"]
+    views = [v for p in plugins if p["name"] == "kafka2pc" for v in p["external_views"]]
+    assert [(v["name"], v["url_route"]) for v in views] == [("Kafka exporters", "kafka2pc-exporters")], plugins
+
+    # 1. An open transaction: prepared, no decision yet.
+    open_one = prepare(kafka, topic, opened, 0, 10, run)
+    wire = kafka.new_wire()
+    decision_log = DecisionLog(kafka.config)
+    try:
+        admin = browser("admin")
+        # Inside the Airflow UI, as the "Kafka exporters" extra link opens it.
+        admin.get(f"{base}/plugin/kafka2pc-exporters/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={opened}")
+        frame = wait_for("the page's frame", lambda: admin.find_element(By.CSS_SELECTOR, "iframe"))
+        admin.switch_to.frame(frame)
+        table = wait_for("the open transactions", lambda: admin.find_element(By.ID, f"exporter-{opened}-open"))
+        assert f"{opened}-0" in table.text and "Ongoing" in table.text and "no decision" in table.text, table.text
+        admin.switch_to.default_content()
+        shot(admin, "exporters-open-transaction")
+
+        # 2. A loss: the COMMIT decided, then the broker aborted one transaction (as its timeout
+        # would) and the other committed; no recovery has run.
+        lost_run = [prepare(kafka, topic, lossy, 0, 30, run), prepare(kafka, topic, lossy, 1, 20, run)]
+        assert isinstance(decide_commit(lost_run, wire, decision_log, run, prefixes=[lossy]), Decided)
+        TransactionResolver(wire).resolve([ref_of(lost_run[1])], Intent.ABORT)
+        TransactionResolver(wire).resolve([ref_of(lost_run[0])], Intent.COMMIT)
+        admin.get(page(ui, lossy))
+        loss = wait_for("the loss", lambda: admin.find_element(By.CSS_SELECTOR, f"[data-run='{run}']"))
+        assert "1 of 2 transactions visible (30 of 50 records), 1 lost (20 records)" in loss.text, loss.text
+        assert "no recovery has recorded this run yet" in loss.text, loss.text
+        assert f"{lossy}-1" in loss.text
+        shot(admin, "exporters-loss-before-recovery")
+
+        # The next recovery pass records the run LOST (what the recovery sensor does).
+        with pytest.raises(TransactionLostError, match="1 of 2 transaction"):
+            recover(wire, lossy, decision_log, run="ui-recovery")
+
+        # 3. A viewer sees the loss and cannot acknowledge it: no button, and the POST is refused.
+        viewer = browser("viewer")
+        viewer.get(page(ui, lossy))
+        loss = wait_for("the loss (viewer)", lambda: viewer.find_element(By.CSS_SELECTOR, f"[data-run='{run}']"))
+        assert "needs permission to edit connection" in loss.text, loss.text
+        assert not viewer.find_elements(By.NAME, "confirm_run")
+        shot(viewer, "exporters-loss-viewer")
+        form = {"conn_id": "kafka2pc_default", "prefix": lossy, "run": run, "confirm_run": run}
+        r = httpx.post(f"{base}/kafka2pc/exporters/acknowledge", data=form,
+                       headers={"Authorization": f"Bearer {ui.token('viewer')}"})  # fmt: skip
+        assert r.status_code == 403, r.text
+
+        # 4. The admin acknowledges it, retyping the run id.
+        admin.get(page(ui, lossy))
+        confirm = wait_for("the acknowledge form", lambda: admin.find_element(By.NAME, "confirm_run"))
+        confirm.send_keys(run)
+        admin.find_element(By.NAME, "note").send_keys("checked by the browser test")
+        shot(admin, "exporters-loss-acknowledge-form")
+        admin.find_element(By.CSS_SELECTOR, "button.danger").click()
+        notice = wait_for("the notice", lambda: admin.find_element(By.ID, "notice"))
+        assert f"Run {run} acknowledged" in notice.text
+        runs = admin.find_element(By.ID, f"exporter-{lossy}-runs")
+        row = next(r for r in runs.find_elements(By.TAG_NAME, "tr") if run in r.text)
+        assert "ACKNOWLEDGED" in row.text and "acknowledged in the Airflow UI by admin" in row.text, row.text
+        assert not admin.find_elements(By.CSS_SELECTOR, f"[data-run='{run}']")  # no loss left to acknowledge
+        shot(admin, "exporters-acknowledged")
+    finally:
+        TransactionResolver(wire).resolve([ref_of(open_one)], Intent.ABORT)
+        decision_log.close()
+        wire.close()
