@@ -311,6 +311,8 @@ class Soak:
             p = self.call(self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS))
             if p.returncode in (0, EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED):
                 self.report(r, p.returncode, p.stderr)
+                if p.returncode:
+                    r.notes.append(f"the retry: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
                 return
             r.notes.append(f"commit exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
         r.status = "failed"
@@ -423,8 +425,14 @@ class Soak:
         once the broker is back."""
         if lk is None or not lk.join():
             return
-        what = "rode it out" if code == 0 else f"exit {code}"
-        if code != 0 and err is not None:
+        what = (
+            "rode it out"
+            if code == 0
+            else f"killed by another fault (signal {-code})"
+            if code and code < 0
+            else f"exit {code}"
+        )
+        if code is not None and code > 0 and err is not None:
             text = err.read_text() if isinstance(err, Path) else err
             # The exception a traceback ends with, or the one phase_two or the Spark actor printed.
             names = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)):", text[-5000:], re.MULTILINE)
