@@ -152,17 +152,59 @@ def add_connection(driver: Any, base_url: str, conn_id: str, fields: dict[str, s
     if "config" in extra:
         # The librdkafka settings' JSON editor: the first code editor of the Extra Fields.
         frame = wait_for("the settings editor", lambda: driver.find_elements(By.CSS_SELECTOR, ".monaco-editor"))[0]
-        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", frame)
-        frame.click()
-        editor = frame.find_element(By.TAG_NAME, "textarea")
-        editor.send_keys(Keys.CONTROL, "a")
-        editor.send_keys(Keys.DELETE)
-        editor.send_keys(json.dumps(extra["config"]))
+        paste_into_editor(driver, frame, json.dumps(extra["config"]))
+        landed = lambda: extra_fields_json(driver).get("config") == extra["config"]  # noqa: E731
+        wait_for("the settings in the Extra Fields JSON", landed)
     save = wait_for("Save", lambda: [b for b in driver.find_elements(By.TAG_NAME, "button")
                                      if b.text == "Save" and b.is_enabled()])[0]  # fmt: skip
     shot(driver, f"connection-form-{conn_id}")
     save.click()
     wait_for(f"row {conn_id}", lambda: conn_id in body_text(driver) and not driver.find_elements(By.NAME, "host"))
+
+
+def paste_into_editor(driver: Any, frame: Any, text: str) -> None:
+    """Replace the text of the form's code editor (Monaco) by ``text`` as a person does: copy, click, Ctrl+A, Ctrl+V.
+
+    Not send_keys: Airflow 3.3's Monaco types through the browser's EditContext on its
+    div.native-edit-context (its <textarea> is a read-only IME helper that drops keys), and the form's
+    object field re-renders the editor with the pretty-printed JSON whenever the text parses, so keys
+    typed one by one (with Monaco's auto-closed quotes: '{"k": ""' already parses) are rearranged
+    mid-way. A paste is one edit. The clipboard is filled through the page's Clipboard API (the
+    person's copy from elsewhere); the editor itself gets real clicks and keys.
+    """
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    origin = re.match(r"https?://[^/]+", driver.current_url)
+    assert origin, driver.current_url
+    permissions = ["clipboardReadWrite", "clipboardSanitizedWrite"]
+    driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": origin.group(0), "permissions": permissions})
+    copied = driver.execute_async_script(
+        "const done = arguments[1];"
+        "navigator.clipboard.writeText(arguments[0]).then(() => done('copied'), (e) => done(String(e)))",
+        text,
+    )
+    assert copied == "copied", copied
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", frame)
+    frame.find_element(By.CSS_SELECTOR, ".view-lines").click()
+    wait_for("the editor's focus", lambda: frame.find_element(By.CSS_SELECTOR, ".native-edit-context")
+             == driver.switch_to.active_element)  # fmt: skip
+    ActionChains(driver).key_down(Keys.CONTROL).send_keys("a").send_keys("v").key_up(Keys.CONTROL).perform()
+
+
+def extra_fields_json(driver: Any) -> dict[str, Any]:
+    """The form's "Extra Fields JSON" section (opened if closed): the extra the form is about to save."""
+    from selenium.webdriver.common.by import By
+
+    section = next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.startswith("Extra Fields JSON"))
+    if section.get_attribute("aria-expanded") != "true":
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", section)
+        section.click()
+    content = driver.find_element(By.ID, str(section.get_attribute("aria-controls")))
+    lines = content.find_element(By.CSS_SELECTOR, ".monaco-editor .view-lines")
+    # The rendered lines, clipped ones too (.text holds only what is in view); Monaco draws spaces as NBSP.
+    return dict(json.loads(str(lines.get_attribute("textContent")).replace("\u00a0", " ")))
 
 
 def choose(driver: Any, field: str, value: str) -> None:
@@ -234,8 +276,10 @@ def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl
     assert extra["config"] == {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]}, extra
     answer = press_test(driver, "ui_secure")
     shot(driver, "connection-test-wrong-password")
+    assert "Test Connection Failed" in answer, answer
     assert f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}" in answer, answer
     assert "not-the-password" not in answer
+    assert "not-the-password" not in driver.page_source  # nor anywhere in the page, hidden text included
 
 
 # -- the exporters page -----------------------------------------------------------------------------
