@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +19,7 @@ from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicErro
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_kafka2pc.spark.job import Progress
     from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol import RunRecord
@@ -40,6 +42,32 @@ def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: 
             f"{getattr(dag, 'dag_id', '?')!r} reuses; set max_active_runs=1 on the DAG "
             f"(it is {getattr(dag, 'max_active_runs', None)}), or use naming_strategy='INCREMENTING'"
         )
+
+
+def _prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
+    """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
+    p = seen.get("progress")
+    # What the driver last heard from Spark's status tracker: a partition may have finished since.
+    how_far = (
+        f"{p.partitions_done} of {p.partitions} partition(s) were written and prepared at the last progress report "
+        f"({p.records} records, {time.monotonic() - seen['progress_at']:.0f} s before the failure)"
+        if p is not None
+        else "before its write job reported progress"
+    )
+    head = f"prepare of run {run} (exporter {prefix}) failed ({type(error).__name__}) {how_far}"
+    if seen.get("aborted"):
+        return (
+            f"{head}; every transaction the write job opened was aborted at once: nothing is open, nothing is "
+            "visible. Next: fix the cause, then clear the whole DAG run to export it again."
+        )
+    if p is None and "aborted" not in seen:
+        opened = "it may have opened transactions (none if it failed before writing)"
+    else:
+        opened = "their transactions stay open, nothing of the run is visible"
+    return (
+        f"{head}; {opened}. The abort task of this run aborts what it opened once every export has finished; "
+        f"`kafka2pc list --prefix {prefix}` shows what is open. Next: after the abort task, clear the whole DAG run."
+    )
 
 
 def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str) -> Any:
@@ -348,16 +376,24 @@ class Kafka2PCExportOperator(BaseOperator):
             redact(settings.producer_config),
         )
         spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
+        seen: dict[str, Any] = {}  # the last progress, and whether the write job's transactions were aborted
+
+        def progress(p: Progress) -> None:
+            seen["progress"], seen["progress_at"] = p, time.monotonic()
+            self.log.info("%s", p.describe())
+
+        def abort_now() -> bool:
+            seen["aborted"] = self._abort_opened(hook, prefix, run, settings.run_key)
+            return bool(seen["aborted"])
+
         try:
             df = self._dataframe(spark, context)
-            result = export_dataframe(
-                df,
-                settings,
-                on_progress=lambda p: self.log.info("%s", p.describe()),
-                window=self.window,
-                abort_opened=lambda: self._abort_opened(hook, prefix, run, settings.run_key),
-            )
+            result = export_dataframe(df, settings, on_progress=progress, window=self.window, abort_opened=abort_now)
             self._read = self._source_tables(spark)
+        except BaseException as e:
+            # Last, so that it is the line a user reads first: how far the prepare got, what is open.
+            self.log.error("kafka2pc: %s", _prepare_failure_line(run, prefix, e, seen))
+            raise
         finally:
             spark.stop()
         self._stand_down_if_decided_meanwhile(hook, context, prefix, run, result.committables)
