@@ -479,7 +479,8 @@ def decide_commit(
             raise _second_export(run, decided[0], len(refs))
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
-        worst_case_ms = int((decision_log.timeout_s + end_txn_timeout_s) * 1000)
+        # An append waits out a leader change for up to the log's budget (not just its request timeout).
+        worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
         doomed = _doomed(
             refs,
             observed,

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.committable import Committable
 from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only
-from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, DeliveryError, Kafka2PCError
 from airflow_provider_kafka2pc.txn.logs import with_log
 
 log = logging.getLogger(__name__)
@@ -494,14 +494,22 @@ def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: floa
     from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError, principal_of
 
     admin = AdminClient(with_log(connection_only(config)))
-    md = admin.list_topics(timeout=timeout_s)
-    broker = str(min(md.brokers))
-    res = ConfigResource(ConfigResource.Type.BROKER, broker)
+    unavailable = (
+        f"cannot read the broker's transaction.max.timeout.ms from {config.get('bootstrap.servers')} within "
+        f"{timeout_s:g} s; retry once Kafka answers, or set transaction_timeout_ms (producer setting "
+        "transaction.timeout.ms) so that it need not be read"
+    )
     try:
-        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
+        md = admin.list_topics(timeout=timeout_s)
+        broker = str(min(md.brokers))
+        res = ConfigResource(ConfigResource.Type.BROKER, broker)
+        # The future's own wait outlasts the request's, so that the request's error is the one seen.
+        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s + 5)
+    except TimeoutError as e:
+        raise BrokerUnavailableError(unavailable) from e
     except KafkaException as e:
         if e.args[0].name() != "CLUSTER_AUTHORIZATION_FAILED":
-            raise
+            raise BrokerUnavailableError(f"{unavailable}: {e}") from e
         raise KafkaAuthorizationError(
             principal_of(config),
             "Cluster",

@@ -101,4 +101,5 @@ def example_acls(topic: str, prefix: str, decisions: str = "kafka2pc_decisions")
         Acl("TransactionalId", prefix, "PREFIXED", "Write"),
         *(Acl("Topic", decisions, "LITERAL", op) for op in ("Read", "Write", "DescribeConfigs", "Create")),
         Acl("Cluster", "kafka-cluster", "LITERAL", "DescribeConfigs"),
+        Acl("Group", "kafka2pc-decision-reader", "LITERAL", "Describe"),  # recommended: no DENIED lines
     }

@@ -96,7 +96,9 @@ def test_list_resolve_acknowledge_describe_end_to_end(kafka: KafkaEnv) -> None:
     started = time.monotonic()
     listed = kafka2pc("list", *common, "--json", how="no-airflow")
     list_s = time.monotonic() - started
-    assert listed.returncode == 1, listed.stderr  # transactions are open
+    # Transactions are open, and the COMMIT of other-run can never become visible: the broker never
+    # saw its epoch. A loss, counted from the broker before any recovery: exit 4 (over 1).
+    assert listed.returncode == 4, listed.stderr
     doc = as_json(listed)
     rows = {r["transactional_id"]: r for r in doc["transactions"]}
     assert sorted(rows) == sorted(tids[:5])
@@ -117,20 +119,25 @@ def test_list_resolve_acknowledge_describe_end_to_end(kafka: KafkaEnv) -> None:
             assert (r["decision"], r["action"]) == (None, "abort")
     other = rows[stale.transactional_id]["other_decision"]
     assert (other["decision_id"], other["producer_epoch"]) == (lost_commit.decision_id, stale.producer_epoch + 1)
-    assert doc["lost_runs"] == [] and doc["lost_decisions"] == []
+    assert doc["lost_runs"] == []
+    [loss] = doc["lost_decisions"]
+    assert (loss["decision_id"], loss["run"], loss["final"]) == (lost_commit.decision_id, "other-run", False)
+    assert (loss["transactions"], loss["visible_transactions"], loss["lost_records"]) == (1, 0, 25)
+    assert [t["transactional_id"] for t in loss["lost"]] == [stale.transactional_id]
 
     table = kafka2pc("list", *common, how="script")
-    assert table.returncode == 1, table.stderr
+    assert table.returncode == 4, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0] == f"prefix {prefix}: 5 open transaction(s)"
-    assert {ln.split()[0]: ln.split()[-1] for ln in lines[2:]} == {t: "forward" for t in want_commit} | {
+    assert {ln.split()[0]: ln.split()[-1] for ln in lines[2:7]} == {t: "forward" for t in want_commit} | {
         t: "abort" for t in want_abort
     }
+    assert lines[7].startswith(f"LOST: run other-run of exporter {prefix}: 0 of 1 transaction(s) visible")
 
     # resolve --dry-run: the plan, nothing changed
     before = log.read().end_offset
     dry = kafka2pc("resolve", *common, "--dry-run", "--json")
-    assert dry.returncode == 1, dry.stderr  # there is something to do
+    assert dry.returncode == 4, dry.stderr  # something to do, and the loss
     assert as_json(dry)["plan"] == {"roll_forward": want_commit, "abort": want_abort, "wait": []}
     assert sorted(kafka.open_transactions(prefix)) == sorted(tids[:5])
     assert kafka.read_committed(topic) == []
@@ -198,10 +205,11 @@ def test_list_resolve_acknowledge_describe_end_to_end(kafka: KafkaEnv) -> None:
     text = kafka2pc("describe", *common)
     lines = text.stdout.splitlines()
     assert lines[:2] == [
-        f"prefix {prefix}: claimed by dag_orders.export",
-        f"1 decision(s) in force and 0 void touching {prefix} in decision log {log.topic}",
+        f"prefix {prefix}: owned by export task dag_orders.export; nothing in flight (no open transaction)",
+        f"1 decision(s) in force, 0 kept that rule nothing any more and 0 void touching {prefix} in decision log "
+        f"{log.topic}",
     ]
-    assert lines[3].split()[0] == "ABORT" and lines[3].endswith("in force")
+    assert lines[3].split()[0] == "ABORT" and lines[3].endswith("in force (rules 2)")
     assert lines[4] == f"2 run record(s) of {prefix}:"
     assert lines[-3] == "run other-run: 1 lost transaction(s) (ACKNOWLEDGED):"
 

@@ -56,6 +56,7 @@ class Exporter:
             Acl("Topic", self.decision_topic, "LITERAL", "Read"),
             Acl("Topic", self.decision_topic, "LITERAL", "Write"),
             Acl("Topic", self.decision_topic, "LITERAL", "DescribeConfigs"),
+            Acl("Group", "kafka2pc-decision-reader", "LITERAL", "Describe"),  # recommended: no DENIED lines
         ]
         if create_decision_topic:
             acls.append(Acl("Topic", self.decision_topic, "LITERAL", "Create"))
