@@ -51,6 +51,38 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
         self.deferrable = deferrable
 
+    def failure_line(self, error: BaseException) -> str:
+        """What a failed recovery leaves and the next click: it runs before this run's prepare, so
+        nothing of this run was written or decided; earlier runs' transactions stay as they were."""
+        from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError, KafkaAuthorizationError
+        from airflow_provider_kafka2pc.txn.config import ClientConfigError
+        from airflow_provider_kafka2pc.txn.errors import TransactionLostError, acknowledge_command
+
+        prefix = self.transactional_id_prefix
+        head = (
+            f"recovery of exporter {prefix} failed ({type(error).__name__}) before this run's prepare: nothing of "
+            "this run was written or decided"
+        )
+        if isinstance(error, TransactionLostError):
+            seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
+            acks = " and ".join(f"`{acknowledge_command(t.prefix, t.run)}`" for t in error.lost if t.prefix and t.run)
+            return (
+                f"{head}. An earlier run lost records: {seen}. Next: re-export the lost partitions, acknowledge the "
+                f"loss with {acks or '`kafka2pc acknowledge`'}, then clear this task."
+            )
+        if type(error).__name__ == "AirflowSensorTimeout":
+            return (
+                f"{head}; it waited past its timeout for the exporter's transactions to end, or for another run "
+                f"holding the exporter's ids (the lines above say which). Next: let that run finish (`kafka2pc list "
+                f"--prefix {prefix}` shows what is open), then clear this task."
+            )
+        if isinstance(error, KafkaAuthenticationError | KafkaAuthorizationError | ClientConfigError):
+            return f"{head}. Next: fix connection {self.kafka2pc_conn_id!r} as the error says, then clear this task."
+        return (
+            f"{head}; earlier runs' open transactions stay as they are (`kafka2pc list --prefix {prefix}` shows "
+            "them). Next: clear this task once Kafka answers."
+        )
+
     def run_key(self, context: Context) -> str | None:
         """INCREMENTING runs may overlap: recovery aborts only this run's undecided leftovers."""
         if self.naming_strategy is naming.NamingStrategy.INCREMENTING:
@@ -75,7 +107,12 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except Exception as e:
+                # Last, so that it is the line a user reads first: the state and what to click.
+                self.log.error("kafka2pc: %s", self.failure_line(e))
+                raise
         # Every pass, the first included, runs in the triggerer: the worker slot is freed at once.
         self.defer(
             trigger=Kafka2PCRecoveryTrigger(
@@ -92,7 +129,9 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         if event.get("status") != "success":
-            raise RecoveryError(f"recovery of {self.transactional_id_prefix} failed: {event.get('message', event)}")
+            error = RecoveryError(f"recovery of {self.transactional_id_prefix} failed: {event.get('message', event)}")
+            self.log.error("kafka2pc: %s", self.failure_line(error))
+            raise error
         self.log.info(
             "recovery of %s done after %s pass(es) in the triggerer: %s",
             self.transactional_id_prefix,

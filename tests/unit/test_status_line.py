@@ -65,3 +65,23 @@ def test_outcomes_that_need_the_whole_run_cleared_or_an_acknowledgement() -> Non
     line = progress().failure_line(TransactionLostError([lost], [seen]))
     assert "3 of 4 transaction(s) visible (750 of 1000 records), 1 lost (250 records)" in line
     assert line.endswith("`kafka2pc acknowledge --prefix orders --run dag/run-1`.")
+
+
+def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_click() -> None:
+    from airflow.sdk.exceptions import AirflowSensorTimeout
+
+    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+
+    sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
+    down = sensor.failure_line(BrokerUnavailableError("cannot reach Kafka"))
+    assert down.startswith("recovery of exporter orders failed (BrokerUnavailableError) before this run's prepare")
+    assert down.endswith("Next: clear this task once Kafka answers.")
+    assert "fix connection 'kafka2pc_default'" in sensor.failure_line(KafkaAuthenticationError("x"))
+    assert "waited past its timeout" in sensor.failure_line(AirflowSensorTimeout("x"))
+    lost = LostTransaction("orders-3", 7, 0, 250, ("t-0",), "aborted", "orders", "dag/run-0")
+    line = sensor.failure_line(
+        TransactionLostError([lost], [Visibility("orders", "dag/run-0", 4, 1000, 3, 750, 1, 250)])
+    )
+    assert "An earlier run lost records: run dag/run-0 of exporter orders: 3 of 4 transaction(s) visible" in line
+    assert "`kafka2pc acknowledge --prefix orders --run dag/run-0`, then clear this task." in line
