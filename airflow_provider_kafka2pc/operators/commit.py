@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
@@ -131,13 +131,16 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         *,
         asset_alias: str | None = KAFKA2PC_ASSET_ALIAS,
         commit_headroom_ms: int | None = None,
+        trigger_rule: str = TriggerRule.NONE_FAILED,
         **kwargs: Any,
     ) -> None:
         outlets = kwargs.pop("outlets", None)
         outlets = [] if outlets is None else list(outlets) if isinstance(outlets, list | tuple) else [outlets]
         if asset_alias is not None:
             outlets.append(AssetAlias(asset_alias))
-        super().__init__(outlets=outlets, **kwargs)
+        # none_failed: an export that skipped itself because the run already reached its decision (a
+        # cleared run) leaves the commit to answer from the decision log, green, not skipped with it.
+        super().__init__(outlets=outlets, trigger_rule=trigger_rule, **kwargs)
         self.asset_alias = asset_alias
         self.commit_headroom_ms = commit_headroom_ms
         self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
@@ -147,6 +150,9 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         present = [p for p in payloads.values() if p is not None]
         committables = [c for p in present for c in p.committables]
         if not committables:
+            finished = self._finished_exports(context, payloads)
+            if finished:
+                return self._answer_finished(context, finished)
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
         from airflow_provider_kafka2pc.txn.status import CommitProgress
@@ -169,6 +175,32 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
             self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def _finished_exports(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> list[str]:
+        """The prefixes of exports that skipped themselves because the run already reached its decision
+        (a cleared run): their state is in the decision log, not in an XCom."""
+        ti = context["ti"]
+        skipped = [ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) for t, p in payloads.items() if p is None]
+        return sorted({str(v["prefix"]) for v in skipped if isinstance(v, Mapping) and v.get("prefix")})
+
+    def _answer_finished(self, context: Context, prefixes: Sequence[str]) -> dict[str, Any]:
+        """A clear of a finished run: green, with its records' answer first ("already committed: …");
+        a LOST one fails loudly. Writes nothing, emits no asset event (nothing new became visible)."""
+        from airflow_provider_kafka2pc.txn.protocol import RunStatus
+        from airflow_provider_kafka2pc.txn.resume import answer_from_run_records
+
+        run = decision_run(context)
+        decision_log = Kafka2PCHook(self.kafka2pc_conn_id).decision_log()
+        try:
+            records = [rec for p in prefixes if (rec := decision_log.read_for(p, run).run_status(p, run)) is not None]
+        finally:
+            decision_log.close()
+        final = [r for r in records if r.status is not RunStatus.DECIDED]
+        if len(final) != len(prefixes):
+            self.log.info("nothing to commit: the exports of this run prepared no transactions")
+            return {"committed": 0, "records": 0}
+        report = answer_from_run_records(run, final)
+        return {"committed": 0, "records": 0, "already": report.note}
 
     def _log_window(self, payloads: Sequence[ExportPayload], run: str) -> None:
         """The run's window, first record to last EndTxn: what read_committed readers of its partitions

@@ -260,12 +260,24 @@ class Kafka2PCExportOperator(BaseOperator):
             self.log.warning(
                 "run %s of %s lost transactions and an operator acknowledged it: %s", run, prefix, status.note
             )
-        context["ti"].xcom_push(key=SKIPPED_KEY, value=status.status.value)
-        raise AirflowSkipException(
+        # For the abort (not a failure) and the commit (it answers from the run's records).
+        context["ti"].xcom_push(key=SKIPPED_KEY, value={"status": status.status.value, "prefix": prefix})
+        reason = (
             f"run {run} of exporter {prefix!r} already reached its COMMIT decision ({status.status.value}: "
             f"{status.records} records in {status.transactions} transactions); exporting it again would "
-            "duplicate it. Start a new DAG run to export again."
+            "duplicate it, so this prepare is skipped and nothing is written. Start a new DAG run to export again."
         )
+        self.log.info("kafka2pc: %s", reason)  # the skip's reason is otherwise only in the collapsed post-execute group
+        raise AirflowSkipException(reason)
+
+    def _skip_if_decided(self, hook: Kafka2PCHook, context: Context, prefix: str, run: str) -> None:
+        decision_log = hook.decision_log()
+        try:
+            status = decision_log.read_for(prefix, run).run_status(prefix, run)
+        finally:
+            decision_log.close()
+        if status is not None:
+            self._skip_or_fail(context, prefix, run, status)
 
     def _stand_down_if_decided_meanwhile(
         self, hook: Kafka2PCHook, context: Context, prefix: str, run: str, committables: Sequence[Committable]
@@ -327,6 +339,8 @@ class Kafka2PCExportOperator(BaseOperator):
         # Fail in seconds on the driver, before anything is written, not after every task's
         # delivery timeout or with transactions left open: the topic, then every ACL we can ask about.
         hook.check_export_access(self.topic)
+        # A clear of a run that already reached its decision: say so first, and touch nothing.
+        self._skip_if_decided(hook, context, prefix, run)
         if self.naming_strategy is naming.NamingStrategy.POOLING:
             holder = hook.take_turn(prefix, self.dag_id, context["run_id"])
             if holder is not None:  # the recovery sensor waits for its turn; a bare export refuses

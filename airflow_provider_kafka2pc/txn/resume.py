@@ -462,7 +462,7 @@ def decide_commit(
         observed = resolver.observe_all(refs)
         second = [r for r in refs if observed[r.transactional_id][0] is Observation.OPEN]
         if not second:
-            return _answer_from_run_records(run, finished)
+            return answer_from_run_records(run, finished)
         _abort_run(decision_log, resolver, second, observed, run, by_tid)
         raise _second_export(run, finished[0], len(second))
 
@@ -573,7 +573,9 @@ def _log_decision(decision: DecisionRecord, committables: Sequence[Committable],
     )
 
 
-def _answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
+def answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
+    """A finished run's answer, from its final records (COMMITTED, ACKNOWLEDGED; LOST raises): the
+    commit of a cleared run says this first and writes nothing."""
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
         raise TransactionLostError(lost, [visibility.of_run_record(r) for r in records if r.status is RunStatus.LOST])

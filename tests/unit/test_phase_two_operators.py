@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import re
 import sys
 from collections.abc import Iterator
@@ -357,8 +358,38 @@ def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepar
     with pytest.raises(AirflowSkipException, match="already reached its COMMIT decision"):
         op.execute(context(dag, ti))
     assert sorted(broker.aborts_sent()) == ["orders-0", "orders-1"]
-    assert ti.pushed.get(SKIPPED_KEY) == "COMMITTED"
+    assert ti.pushed.get(SKIPPED_KEY) == {"status": "COMMITTED", "prefix": "orders"}
     assert all(log.read().ruled_by(ref_of(committable(t))) is not None for t in ("orders-0", "orders-1"))
+
+
+def test_a_cleared_finished_run_skips_its_prepare_first_and_its_commit_answers_green(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], caplog: pytest.LogCaptureFixture
+) -> None:
+    from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
+    from airflow_provider_kafka2pc.txn.protocol import RunRecord, RunStatus
+
+    broker, log = kafka
+    Turns(None).install(monkeypatch)
+    monkeypatch.setattr(export_module, "spark_session", lambda *a, **k: pytest.fail("Spark started for a done run"))
+    done = RunRecord("orders", f"{DAG_ID}/{RUN_ID}", RunStatus.COMMITTED, 2, 20, 1_700_000_000_000, "d-first")
+    log.append([(done.key, done.to_json())])
+    dag, export = export_task()
+    ti = FakeTI()
+    with pytest.raises(AirflowSkipException, match="already reached its COMMIT decision"):
+        export.execute(context(dag, ti))
+    assert broker.end_txn_calls == []
+    with make_dag() as dag2:
+        commit = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare", asset_alias=None)
+    assert commit.trigger_rule == "none_failed"  # runs after an export that skipped itself
+    ti2 = FakeTI({("prepare", SKIPPED_KEY): ti.pushed[SKIPPED_KEY]})
+    before = log.read().end_offset
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="airflow_provider_kafka2pc"):
+        counts = commit.execute(context(dag2, ti2))
+    assert counts["already"].startswith("already committed: 20 records in 2 transactions of exporter orders")
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("airflow_provider_kafka2pc")]
+    assert ours and ours[0].startswith(f"run {DAG_ID}/{RUN_ID}: already committed: 20 records"), ours
+    assert log.read().end_offset == before and broker.end_txn_calls == []  # nothing written, nothing ended
 
 
 # --- abort: all_done, skips unless an export failed, leaves another run's transactions alone ------
