@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from airflow_provider_kafka2pc.txn.errors import LostTransaction
 from airflow_provider_kafka2pc.txn.naming import parse_transactional_id
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 
@@ -169,6 +170,20 @@ class LostTxn:
     @classmethod
     def from_list(cls, v: Sequence[Any]) -> LostTxn:
         return cls(Covered.from_list(v[:6]), str(v[6]))
+
+    def reported(self, run: str) -> LostTransaction:
+        """As errors and reports name it: with its exporter and the run whose decision covered it."""
+        c = self.covered
+        return LostTransaction(
+            c.transactional_id,
+            c.producer_id,
+            c.producer_epoch,
+            c.records,
+            c.partitions,
+            self.reason,
+            prefix_of(c.transactional_id),
+            run,
+        )
 
 
 @dataclass(frozen=True)

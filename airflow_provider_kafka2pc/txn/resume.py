@@ -357,19 +357,7 @@ def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
 
 
 def _lost_transactions(lost: Iterable[LostTxn], run: str) -> list[LostTransaction]:
-    return [
-        LostTransaction(
-            t.covered.transactional_id,
-            t.covered.producer_id,
-            t.covered.producer_epoch,
-            t.covered.records,
-            t.covered.partitions,
-            t.reason,
-            prefix_of(t.covered.transactional_id),
-            run,
-        )
-        for t in lost
-    ]
+    return [t.reported(run) for t in lost]
 
 
 @dataclass

@@ -72,7 +72,7 @@ def of_decision(
                 visible.append(c)
             elif seen is Verdict.LOST:
                 lost.append(LostTxn(c, reason(observed[c.ref])))
-    return _count(prefix, d.run, mine, visible, lost), _as_lost(lost, prefix, d.run)
+    return _count(prefix, d.run, mine, visible, lost), _as_lost(lost, d.run)
 
 
 def of_run_record(rec: RunRecord) -> Visibility:
@@ -105,7 +105,7 @@ def losses(state: LogState, prefix: str, observed: Mapping[TxnRef, Observation] 
     """Every run of ``prefix`` with a loss not acknowledged: LOST run records, and COMMIT decisions in
     force with a transaction recorded or observed lost. Oldest first."""
     found = [
-        RunLoss(of_run_record(r), _as_lost(r.lost, r.prefix, r.run), r.decision_id, True)
+        RunLoss(of_run_record(r), _as_lost(r.lost, r.run), r.decision_id, True)
         for r in sorted(state.lost_runs(prefix), key=_at)
     ]
     for d in state.decisions_touching(lambda tid: prefix_of(tid) == prefix):
@@ -142,20 +142,8 @@ def _count(
     )
 
 
-def _as_lost(lost: Iterable[LostTxn], prefix: str, run: str) -> tuple[LostTransaction, ...]:
-    return tuple(
-        LostTransaction(
-            t.covered.transactional_id,
-            t.covered.producer_id,
-            t.covered.producer_epoch,
-            t.covered.records,
-            t.covered.partitions,
-            t.reason,
-            prefix,
-            run,
-        )
-        for t in lost
-    )
+def _as_lost(lost: Iterable[LostTxn], run: str) -> tuple[LostTransaction, ...]:
+    return tuple(t.reported(run) for t in lost)
 
 
 def _at(r: RunRecord) -> tuple[int, str]:
