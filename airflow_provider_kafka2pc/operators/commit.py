@@ -146,7 +146,20 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
 
     def execute(self, context: Context) -> dict[str, Any]:
-        payloads = self.payloads(context)
+        from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+
+        try:
+            payloads = self.payloads(context)
+        except (MalformedCommittableError, ConnectionMismatchError) as e:
+            self.log.error(
+                "kafka2pc: run %s: no decision was written: the exports' XCom was refused (%s). Next: check the "
+                "export tasks' XCom, then clear the whole DAG run; what the run left open is ended by its abort "
+                "task or the exporter's next recovery, at the latest at its broker deadline.",
+                decision_run(context),
+                type(e).__name__,
+            )
+            raise
+        self._skip_unless_only_finished_exports_skipped(context, payloads)
         present = [p for p in payloads.values() if p is not None]
         committables = [c for p in present for c in p.committables]
         if not committables:
@@ -160,6 +173,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         run = decision_run(context)
         progress = CommitProgress.of(run, [p.prefix for p in present], committables, [p.summary for p in present])
+        progress.first_try = int(getattr(context["ti"], "try_number", 0) or 0) <= 1
         try:
             report = self.resolve(committables, [members_of(p, context) for p in present], hook, run, progress)
         except Exception as e:
@@ -175,6 +189,30 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
             self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def _skip_unless_only_finished_exports_skipped(
+        self, context: Context, payloads: Mapping[str, ExportPayload | None]
+    ) -> None:
+        """``none_failed`` lets the commit run after a skipped upstream, for one reason only: an export
+        that skipped itself because the run already reached its decision. Any other skip (a gate's
+        veto, a branch not taken, a short circuit) still stops the commit, as ``all_success`` did."""
+        ti = context["ti"]
+        finished = {t for t, p in payloads.items() if p is None and ti.xcom_pull(task_ids=t, key=SKIPPED_KEY)}
+        unexplained = [t for t, p in payloads.items() if p is None and t not in finished]
+        others = sorted(set(self.upstream_task_ids) - set(payloads))
+        if others:
+            try:
+                states = ti.get_task_states(dag_id=self.dag_id, task_ids=others, run_ids=[context["run_id"]])
+                of_run = dict(states.get(context["run_id"]) or {})
+            except Exception as e:  # unknown: a commit must not run past a gate it cannot see
+                raise AirflowSkipException(f"cannot read the states of upstream tasks {others}: {e}") from e
+            unexplained += [t for t in others if str(getattr(of_run.get(t), "value", of_run.get(t))) == "skipped"]
+        if unexplained:
+            raise AirflowSkipException(
+                f"upstream task(s) {sorted(unexplained)} were skipped (a gate, a branch not taken, or an export "
+                "with nothing to do): nothing is committed. The exports' transactions stay prepared until the "
+                "abort task or the next recovery ends them."
+            )
 
     def _finished_exports(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> list[str]:
         """The prefixes of exports that skipped themselves because the run already reached its decision
@@ -196,9 +234,13 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         finally:
             decision_log.close()
         final = [r for r in records if r.status is not RunStatus.DECIDED]
-        if len(final) != len(prefixes):
-            self.log.info("nothing to commit: the exports of this run prepared no transactions")
-            return {"committed": 0, "records": 0}
+        if len(final) != len(prefixes):  # the exports skip only for final records: a race with a commit
+            unfinished = sorted(set(prefixes) - {r.prefix for r in final})
+            raise Kafka2PCError(
+                f"run {run} is decided but not finished for exporter(s) {unfinished}: its COMMIT is in force and "
+                "EndTxns are missing. Next: clear the whole DAG run: its recovery task rolls the run forward, and "
+                "this task then answers from the run's record"
+            )
         report = answer_from_run_records(run, final)
         return {"committed": 0, "records": 0, "already": report.note}
 

@@ -271,12 +271,17 @@ class Kafka2PCExportOperator(BaseOperator):
         raise AirflowSkipException(reason)
 
     def _skip_if_decided(self, hook: Kafka2PCHook, context: Context, prefix: str, run: str) -> None:
+        """A run whose record is final (COMMITTED, ACKNOWLEDGED; LOST fails) skips before anything else.
+        A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the recovery pass below,
+        which rolls it forward; the status check after it then skips."""
+        from airflow_provider_kafka2pc.txn.protocol import RunStatus
+
         decision_log = hook.decision_log()
         try:
             status = decision_log.read_for(prefix, run).run_status(prefix, run)
         finally:
             decision_log.close()
-        if status is not None:
+        if status is not None and status.status is not RunStatus.DECIDED:
             self._skip_or_fail(context, prefix, run, status)
 
     def _stand_down_if_decided_meanwhile(

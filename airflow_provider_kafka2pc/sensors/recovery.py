@@ -18,6 +18,19 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+# What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
+_FIX_THE_CONNECTION = frozenset(
+    {
+        "KafkaAuthenticationError",
+        "KafkaTlsError",
+        "KafkaAuthorizationError",
+        "ClientConfigError",
+        "UnmappableConfigError",
+        "Kafka2PCConfigError",
+    }
+)
+
+
 class RecoveryError(Kafka2PCError):
     """The recovery trigger failed; its message says why."""
 
@@ -51,24 +64,28 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
         self.deferrable = deferrable
 
-    def failure_line(self, error: BaseException) -> str:
-        """What a failed recovery leaves and the next click: it runs before this run's prepare, so
-        nothing of this run was written or decided; earlier runs' transactions stay as they were."""
-        from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError, KafkaAuthorizationError
-        from airflow_provider_kafka2pc.txn.config import ClientConfigError
+    def failure_line(self, error: BaseException, cause: str = "") -> str:
+        """What a failed recovery leaves and the next click. ``cause``: the class name of the error the
+        trigger met (deferrable mode hands the task only its message)."""
         from airflow_provider_kafka2pc.txn.errors import TransactionLostError, acknowledge_command
 
         prefix = self.transactional_id_prefix
-        head = (
-            f"recovery of exporter {prefix} failed ({type(error).__name__}) before this run's prepare: nothing of "
-            "this run was written or decided"
-        )
+        cause = cause or type(error).__name__
+        # A cleared run may have been decided before: this attempt only wrote nothing of its own.
+        head = f"recovery of exporter {prefix} failed ({cause}) before this run's prepare started"
+        if cause == "TransactionLostError" and not isinstance(error, TransactionLostError):
+            return (
+                f"{head}. A run of the exporter lost records (the error names them and the `kafka2pc acknowledge` "
+                "command). Next: re-export the lost partitions, acknowledge the loss, then clear this task."
+            )
+        if cause in _FIX_THE_CONNECTION:
+            return f"{head}. Next: fix connection {self.kafka2pc_conn_id!r} as the error says, then clear this task."
         if isinstance(error, TransactionLostError):
             seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
             acks = " and ".join(f"`{acknowledge_command(t.prefix, t.run)}`" for t in error.lost if t.prefix and t.run)
             return (
-                f"{head}. An earlier run lost records: {seen}. Next: re-export the lost partitions, acknowledge the "
-                f"loss with {acks or '`kafka2pc acknowledge`'}, then clear this task."
+                f"{head}. A run of the exporter lost records: {seen}. Next: re-export the lost partitions, "
+                f"acknowledge the loss with {acks or '`kafka2pc acknowledge`'}, then clear this task."
             )
         if type(error).__name__ == "AirflowSensorTimeout":
             return (
@@ -76,8 +93,6 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
                 f"holding the exporter's ids (the lines above say which). Next: let that run finish (`kafka2pc list "
                 f"--prefix {prefix}` shows what is open), then clear this task."
             )
-        if isinstance(error, KafkaAuthenticationError | KafkaAuthorizationError | ClientConfigError):
-            return f"{head}. Next: fix connection {self.kafka2pc_conn_id!r} as the error says, then clear this task."
         return (
             f"{head}; earlier runs' open transactions stay as they are (`kafka2pc list --prefix {prefix}` shows "
             "them). Next: clear this task once Kafka answers."
@@ -130,7 +145,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         if event.get("status") != "success":
             error = RecoveryError(f"recovery of {self.transactional_id_prefix} failed: {event.get('message', event)}")
-            self.log.error("kafka2pc: %s", self.failure_line(error))
+            self.log.error("kafka2pc: %s", self.failure_line(error, str(event.get("error") or "")))
             raise error
         self.log.info(
             "recovery of %s done after %s pass(es) in the triggerer: %s",

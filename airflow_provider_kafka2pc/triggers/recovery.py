@@ -95,5 +95,6 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                     "prefix": self.transactional_id_prefix,
                     "passes": passes,
                     "message": f"{type(e).__name__}: {e}",
+                    "error": type(e).__name__,  # the task's last line names the next step by it
                 }
             )

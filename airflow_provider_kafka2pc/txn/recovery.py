@@ -130,7 +130,9 @@ def recover(
     ids = [d.decision_id for d in touching]
     resolutions = obey(decision_log, state, ids, resolver)
     resolutions += abort_reopened(resolver, state, plan.abort, resolutions)
-    found = visibility.losses(state, prefix)
+    # This exporter's losses fail its recovery; another exporter's part of the same run fails that
+    # exporter's recovery (the CLI reports both).
+    found = [f for f in visibility.losses(state, prefix) if f.visibility.prefix == prefix]
     lost = {t.transactional_id: t for f in found for t in f.lost}
     result = RecoveryResult(plan, tuple(resolutions), tuple(lost.values()), tuple(f.visibility for f in found))
     if raise_on_loss:

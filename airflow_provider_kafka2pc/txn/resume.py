@@ -441,6 +441,9 @@ def decide_commit(
     keep = decision_log.keep_run_of(run_prefixes, run)
     state = decision_log.read(keep_run=keep, history={run_key(p, run) for p in run_prefixes})
     finished = [f for p in run_prefixes if (f := state.runs.get((p, run))) is not None]
+    if progress is not None:
+        progress.log_read = True
+        progress.decision_id = next((f.decision_id for f in finished if f.decision_id), None)
     resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers, timeout_s=end_txn_timeout_s)
     if run_prefixes and len(finished) == len(run_prefixes) and all(f.status is not RunStatus.DECIDED for f in finished):
         # Final: answer from the run record. The handed transactions are the run's own, long ended
@@ -523,20 +526,29 @@ def check_current_producers(
     and the run is aborted whole (``RunAbortedError``)."""
     for ref in refs:
         s = observed[ref.transactional_id][1]
-        if s is None or (s.producer_id == ref.producer_id and s.producer_epoch >= ref.producer_epoch):
+        if s is None:
             continue
-        where = " or ".join(f"`kafka2pc resolve --prefix {p}`" for p in prefixes) or "`kafka2pc resolve`"
+        # Same producer: an epoch the broker never gave out. Another producer id with an open
+        # transaction: not ours. With a finished one, the id may have expired and been taken anew
+        # since (an old run cleared late): superseded, aborted whole like a timeout.
+        same = s.producer_id == ref.producer_id
+        if not (s.producer_epoch < ref.producer_epoch if same else s.state in _OPEN_STATES):
+            continue
+        shows = " or ".join(f"`kafka2pc list --prefix {p}`" for p in prefixes) or "`kafka2pc list`"
         raise StaleCommittableError(
             f"committable {ref.transactional_id!r} names producer id {ref.producer_id}, epoch {ref.producer_epoch}, "
-            f"but the broker's producer of that id is {s.producer_id}, epoch {s.producer_epoch}: the committable was "
-            "edited, or it is another producer's. Nothing was decided. The run's own open transactions are aborted "
-            f"by the next run's recovery task, or now by {where}; check the export task's XCom, then clear the whole "
-            "DAG run to export again"
+            f"but the broker's producer of that id is {s.producer_id}, epoch {s.producer_epoch} ({s.state}): the "
+            "committable was edited, or it is another producer's. Nothing was decided. What the run left open is "
+            "ended by its abort task or the exporter's next recovery, at the latest at its broker deadline "
+            f"({shows} shows it); check the export task's XCom, then clear the whole DAG run to export again"
         )
 
 
-def _second_export(run: str, first: RunRecord, count: int) -> DecisionConflictError:
-    return DecisionConflictError(
+_OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+
+def _second_export(run: str, first: RunRecord, count: int) -> SecondExportError:
+    return SecondExportError(
         f"run {run} already has a COMMIT decision ({first.decision_id}, {first.transactions} transactions, "
         f"{first.status.value}) for other transactions than these {count}: they come from a second export of the "
         "run (an export cleared while, or after, the run's commit went on). They were aborted; the run stays as its "
@@ -646,6 +658,11 @@ _TIMED_OUT = (Observation.OPEN, Observation.FENCING, Observation.SUPERSEDED)
 
 class DecisionConflictError(Kafka2PCError):
     """The run's COMMIT came after another decision for one of its transactions: the run is aborted."""
+
+
+class SecondExportError(DecisionConflictError):
+    """Transactions of a second export of a run that already has its COMMIT: they were aborted; the
+    run stays as its first decision made it (visible, or being committed)."""
 
 
 def _abort_run(
@@ -783,6 +800,7 @@ __all__ = [
     "Decided",
     "DecisionConflictError",
     "Resolution",
+    "SecondExportError",
     "TransactionResolver",
     "abort_prepared",
     "commit_prepared",

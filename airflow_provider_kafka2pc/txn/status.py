@@ -35,6 +35,8 @@ class CommitProgress:
     # exact once DescribeTransactions answered, else a lower bound from the export's clock.
     deadline_ms: int | None = None
     deadline_exact: bool = False
+    log_read: bool = False  # the decision log was read: an earlier try's decision would be known
+    first_try: bool = False  # no earlier try of this commit task could have decided the run
     decision_sent: bool = False  # the COMMIT was sent to the decision log, not yet read back
     decision_id: str | None = None  # the run's COMMIT in force, read back
     committed: int = 0  # transactions this commit ended committed
@@ -84,8 +86,14 @@ class CommitProgress:
                 f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: re-export the lost "
                 f"partitions, then acknowledge the loss with {commands}."
             )
-        from airflow_provider_kafka2pc.txn.resume import DecisionConflictError  # it imports this module
+        from airflow_provider_kafka2pc.txn.resume import DecisionConflictError, SecondExportError  # imports us
 
+        if isinstance(error, SecondExportError):
+            return (
+                f"{run}: already decided by its first COMMIT ({self.decision_id or 'see the error'}); these "
+                f"{self.transactions} transaction(s) came from a second export of the run and were aborted. The run "
+                "stays as its first decision made it. Next: nothing to do for this run."
+            )
         if isinstance(error, RunAbortedError | DecisionConflictError):
             return (
                 f"{run}: aborted as a whole, nothing of it is visible. Next: clear the whole DAG run to export it "
@@ -94,7 +102,8 @@ class CommitProgress:
         if isinstance(error, MalformedCommittableError):
             return (
                 f"{run}: no decision was written: a committable was refused ({type(error).__name__}). Next: check the "
-                "export task's XCom, then clear the whole DAG run; the next run's recovery aborts what this one left."
+                "export task's XCom, then clear the whole DAG run; what this run left open is ended by its abort task "
+                "or the exporter's next recovery, at the latest at its broker deadline."
             )
         waiting = f"{self.transactions} transaction(s) with {self.records} records"
         until = self._until()
@@ -104,6 +113,12 @@ class CommitProgress:
                 f"{run}: COMMIT {self.decision_id} is decided, so the whole run becomes visible; {done} of its "
                 f"transactions were committed when this failed, the rest are prepared{until}. Next: clear this "
                 f"commit task once Kafka answers{' (before that time)' if until else ''}: it commits the rest."
+            )
+        if not self.log_read and not self.first_try:
+            return (
+                f"{run}: the decision log could not be read, so it is not known whether an earlier try of this task "
+                f"decided the run ({self._describe()} shows it); {waiting} are prepared{until}. Next: clear this "
+                "commit task after Kafka is back: it finishes the run whichever way it went."
             )
         if self.decision_sent:
             return (

@@ -37,14 +37,14 @@ def observe_broker(inspector: TransactionInspector, refs: Iterable[TxnRef]) -> d
 
 
 def unresolved_commits(state: LogState, prefix: str) -> list[TxnRef]:
-    """What the broker must be asked about: transactions of ``prefix`` under a COMMIT in force that
-    no actor has seen end."""
+    """What the broker must be asked about: transactions under a COMMIT in force touching ``prefix``
+    that no actor has seen end, those of the run's other exporters included (one run, one decision:
+    a loss of theirs breaks the run's atomicity that ``prefix``'s readers rely on too)."""
     return [
         c.ref
         for d in state.decisions_touching(lambda tid: prefix_of(tid) == prefix)
         if d.kind is Kind.COMMIT
         for c in state.unresolved(d.decision_id)
-        if prefix_of(c.transactional_id) == prefix
     ]
 
 
@@ -103,19 +103,23 @@ class RunLoss:
 
 def losses(state: LogState, prefix: str, observed: Mapping[TxnRef, Observation] | None = None) -> list[RunLoss]:
     """Every run of ``prefix`` with a loss not acknowledged: LOST run records, and COMMIT decisions in
-    force with a transaction recorded or observed lost. Oldest first."""
+    force with a transaction recorded or observed lost, for ``prefix`` or for another exporter of the
+    same run (reported under that exporter's name). Oldest first."""
     found = [
         RunLoss(of_run_record(r), _as_lost(r.lost, r.run), r.decision_id, True)
         for r in sorted(state.lost_runs(prefix), key=_at)
     ]
     for d in state.decisions_touching(lambda tid: prefix_of(tid) == prefix):
-        # A run record and its decision both present: a retirement cut short; the record is final.
-        rec = state.runs.get((prefix, d.run))
-        if d.kind is not Kind.COMMIT or (rec is not None and rec.status is not RunStatus.DECIDED):
+        if d.kind is not Kind.COMMIT:
             continue
-        v, lost = of_decision(state, d.decision_id, prefix, observed)
-        if lost:
-            found.append(RunLoss(v, lost, d.decision_id, False))
+        for p in sorted({prefix_of(c.transactional_id) for c in d.txns}):
+            # A run record and its decision both present: a retirement cut short; the record is final.
+            rec = state.runs.get((p, d.run))
+            if rec is not None and rec.status is not RunStatus.DECIDED:
+                continue
+            v, lost = of_decision(state, d.decision_id, p, observed)
+            if lost:
+                found.append(RunLoss(v, lost, d.decision_id, False))
     return found
 
 

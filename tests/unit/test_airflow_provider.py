@@ -253,7 +253,15 @@ def test_trigger_reports_a_failure_as_an_event(monkeypatch: pytest.MonkeyPatch) 
         raise RuntimeError("broker down")
 
     events, _ = _run_trigger(monkeypatch, recover)
-    assert events == [{"status": "error", "prefix": "orders", "passes": 1, "message": "RuntimeError: broker down"}]
+    assert events == [
+        {
+            "status": "error",
+            "prefix": "orders",
+            "passes": 1,
+            "message": "RuntimeError: broker down",
+            "error": "RuntimeError",
+        }
+    ]
 
 
 def test_sensor_fails_with_the_trigger_error_and_defaults_to_the_deferrable_setting() -> None:

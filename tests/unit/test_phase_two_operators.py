@@ -392,6 +392,37 @@ def test_a_cleared_finished_run_skips_its_prepare_first_and_its_commit_answers_g
     assert log.read().end_offset == before and broker.end_txn_calls == []  # nothing written, nothing ended
 
 
+def test_a_skipped_gate_or_a_branch_not_taken_still_stops_the_commit(
+    kafka: tuple[FakeBroker, MemoryDecisionLog],
+) -> None:
+    """none_failed lets the commit run after a skipped export only when that export skipped itself
+    because the run is already decided; any other skip vetoes the commit, as all_success did."""
+    from airflow.sdk import BaseOperator
+
+    from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
+
+    broker, _ = kafka
+    with make_dag() as dag:
+        gate = BaseOperator(task_id="quality_gate")
+        commit = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare", asset_alias=None)
+        gate >> commit
+
+    class GateTI(FakeTI):
+        def get_task_states(self, dag_id: str, task_ids: list[str], run_ids: list[str]) -> Any:
+            return {run_ids[0]: {t: "skipped" for t in task_ids}}
+
+    prepared_payload = payload("orders", "orders-0")
+    ti = GateTI({("prepare", "return_value"): prepared_payload})
+    with pytest.raises(AirflowSkipException, match=r"\['quality_gate'\] were skipped"):
+        commit.execute(context(dag, ti))
+    # An export skipped by a branch (no kafka2pc marker) vetoes it too.
+    with make_dag() as dag2:
+        lone = Kafka2PCCommitOperator(task_id="commit", export_task_ids=["prepare", "prepare_b"], asset_alias=None)
+    with pytest.raises(AirflowSkipException, match=r"\['prepare_b'\] were skipped"):
+        lone.execute(context(dag2, FakeTI({("prepare", "return_value"): prepared_payload})))
+    assert broker.end_txn_calls == []
+
+
 # --- abort: all_done, skips unless an export failed, leaves another run's transactions alone ------
 
 

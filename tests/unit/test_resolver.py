@@ -746,7 +746,7 @@ def test_core_refuses_a_committable_the_broker_knows_under_another_producer(
     with pytest.raises(StaleCommittableError, match="'orders-1' names producer id 4242, epoch 0, but the broker's"):
         act([a, edited], broker, decision_log, "run-1", prefixes=["orders"])
     future = dataclasses.replace(b, producer_epoch=5)  # an epoch the broker never gave out
-    with pytest.raises(StaleCommittableError, match="`kafka2pc resolve --prefix orders`"):
+    with pytest.raises(StaleCommittableError, match="`kafka2pc list --prefix orders` shows it"):
         act([a, future], broker, decision_log, "run-1", prefixes=["orders"])
     assert decision_log.read().decisions == {} and broker.end_txn_calls == []
 

@@ -23,7 +23,9 @@ def progress() -> CommitProgress:
 
 
 def test_kafka_down_before_the_decision_says_nothing_is_decided_how_many_wait_until_when_and_what_to_click() -> None:
-    line = progress().failure_line(BrokerUnavailableError("cannot reach Kafka"))
+    p = progress()
+    p.first_try = True  # no earlier try could have decided (or the log was read: p.log_read)
+    line = p.failure_line(BrokerUnavailableError("cannot reach Kafka"))
     assert line == (
         "run dag/run-1: no decision was written; 4 transaction(s) with 1000 records are prepared, not visible, until "
         "at least 2026-09-21 14:14:20 UTC. Next: clear this commit task after Kafka is back and before then; past it "
@@ -33,13 +35,20 @@ def test_kafka_down_before_the_decision_says_nothing_is_decided_how_many_wait_un
 
 def test_the_broker_deadline_once_seen_is_exact() -> None:
     p = progress()
+    p.log_read = True
     p.saw_deadlines([T0 + 90_000, None, T0 + 75_000])
     assert "until 2026-09-21 14:14:35 UTC." in p.failure_line(TimeoutError())
 
 
+def test_a_retry_that_could_not_read_the_log_does_not_claim_there_is_no_decision() -> None:
+    line = progress().failure_line(BrokerUnavailableError("x"))
+    assert "it is not known whether an earlier try of this task decided the run" in line
+    assert "no decision was written" not in line
+
+
 def test_a_decision_sent_and_not_confirmed_may_be_written() -> None:
     p = progress()
-    p.decision_sent = True
+    p.log_read, p.decision_sent = True, True
     line = p.failure_line(BrokerUnavailableError("x"))
     assert "may or may not be written" in line and "`kafka2pc describe --prefix orders`" in line
     assert "clear this commit task after Kafka is back" in line
@@ -83,5 +92,15 @@ def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_cl
     line = sensor.failure_line(
         TransactionLostError([lost], [Visibility("orders", "dag/run-0", 4, 1000, 3, 750, 1, 250)])
     )
-    assert "An earlier run lost records: run dag/run-0 of exporter orders: 3 of 4 transaction(s) visible" in line
+    assert "A run of the exporter lost records: run dag/run-0 of exporter orders: 3 of 4 transaction(s) visible" in line
     assert "`kafka2pc acknowledge --prefix orders --run dag/run-0`, then clear this task." in line
+
+
+def test_the_deferred_sensor_names_the_cause_the_trigger_met() -> None:
+    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor, RecoveryError
+
+    sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
+    wrapped = RecoveryError("recovery of orders failed: TransactionLostError: 1 transaction(s) …")
+    assert "re-export the lost partitions, acknowledge the loss" in sensor.failure_line(wrapped, "TransactionLostError")
+    assert "fix connection 'kafka2pc_default'" in sensor.failure_line(wrapped, "KafkaTlsError")
+    assert sensor.failure_line(wrapped, "BrokerUnavailableError").endswith("clear this task once Kafka answers.")

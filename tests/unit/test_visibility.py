@@ -84,7 +84,12 @@ def test_only_the_prefixs_part_of_a_two_exporter_run_is_counted() -> None:
     state, did = state_with("orders-0", "payments-0")
     v, _ = visibility.of_decision(state, did, "payments", {ref("payments-0"): Observation.ABORTED})
     assert (v.prefix, v.transactions, v.lost_transactions, v.visible_transactions) == ("payments", 1, 1, 0)
-    assert visibility.unresolved_commits(state, "orders") == [ref("orders-0")]
+    # The broker is asked about the run's other exporters too: their loss breaks the run's atomicity.
+    assert visibility.unresolved_commits(state, "orders") == [ref("orders-0"), ref("payments-0")]
+    found = visibility.losses(
+        state, "orders", {ref("orders-0"): Observation.COMMITTED, ref("payments-0"): Observation.ABORTED}
+    )
+    assert [(f.visibility.prefix, f.visibility.lost_transactions) for f in found] == [("payments", 1)]
 
 
 def test_losses_of_a_prefix_lost_run_records_and_decisions_in_flight_but_not_acknowledged_ones() -> None:
