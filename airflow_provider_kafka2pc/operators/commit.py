@@ -211,7 +211,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             raise AirflowSkipException(
                 f"upstream task(s) {sorted(unexplained)} were skipped (a gate, a branch not taken, or an export "
                 "with nothing to do): nothing is committed. The exports' transactions stay prepared until the "
-                "abort task or the next recovery ends them."
+                "exporter's next recovery ends them, or at the latest their broker deadline."
             )
 
     def _finished_exports(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> list[str]:
@@ -378,7 +378,7 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         except BrokerUnavailableError as e:
             raise BrokerUnavailableError(
                 f"abort of run {decision_run(context)}: {e}. Nothing was aborted: clear this task once Kafka is "
-                "back, or let the exporter's next recovery end what this run left open"
+                "back; otherwise what this run left open ends at its broker deadline at the latest"
             ) from None
         decision_log = hook.decision_log()
         try:
@@ -412,8 +412,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
                 shows = " or ".join(f"`kafka2pc list --prefix {p}`" for p in exporters)
                 self.log.error(
                     "kafka2pc: abort of run %s failed (%s): %d transaction(s) may still be open; none of the run is "
-                    "visible unless a COMMIT decision rules it. Next: clear this abort task once Kafka answers; the "
-                    "exporter's next recovery ends them too%s",
+                    "visible unless a COMMIT decision rules it. Next: clear this abort task once Kafka answers; "
+                    "otherwise they end at their broker deadline at the latest%s",
                     decision_run(context),
                     type(e).__name__,
                     len(refs),
