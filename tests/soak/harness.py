@@ -750,6 +750,10 @@ class Soak:
         for v in found:
             print(f"TRUTH VIOLATION ({when}): {v.run}: {v.what}", flush=True)
             self.told.append(Violation(v.run, f"{when}: {v.what}", "truth"))
+        if found:  # the evidence: both answers, the truth, and Kafka's own list of every state
+            evidence = {"when": when, "truth": asdict(before), "list": listed, "describe": described,
+                        "kafka_list": self.tool(["list"], check=False)}  # fmt: skip
+            (self.dir / f"truth-violation-{len(self.told)}.json").write_text(json.dumps(evidence, indent=1))
 
     def check(self, open_checks: bool = True, runs: list[Run] | None = None) -> tuple[list[Violation], dict[str, int]]:
         judged = [asdict(r) for r in (self.runs if runs is None else runs)]
