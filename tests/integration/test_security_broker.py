@@ -147,6 +147,7 @@ def test_documented_acls_export_twice_exactly_once(exporter: Exporter) -> None:
         ["--operation", "Write", "--transactional-id", ex.prefix, "--resource-pattern-type", "prefixed"],
         ["--operation", "Read", "--operation", "Write", "--operation", "DescribeConfigs", "--topic", ex.decision_topic],
         ["--operation", "Create", "--topic", ex.decision_topic],
+        ["--operation", "Describe", "--group", "kafka2pc-decision-reader"],  # recommended: no DENIED lines
     ]
     for args in commands:
         proc = kl.run_tool(ex.env.directory, "acls", ["--add", "--allow-principal", PRINCIPAL, *args], timeout=120)
