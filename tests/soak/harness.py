@@ -627,14 +627,26 @@ class Soak:
             # Decided, k EndTxns done, killed; no retry.
             low = 1 if plan.commit_end == "timeout_after_decision" else 0
             argv = [*commit, "--stall-after-ends", str(self.rng.randint(low, r.count - 1))]
-            if lk is not None:
-                lk.before()
-            proc, err = self.spawn(argv)
-            if lk is not None:
-                lk.around(lambda: proc.poll() is None and "stalled" not in err.read_text(), err)
-            self.wait_for(proc, err, "stalled")
-            stalled = "stalled" in err.read_text()
-            self.leader_outcome(lk, 0 if stalled else proc.poll(), err)  # the broker is back
+
+            def stalling(lk: LeaderKill | None) -> tuple[subprocess.Popen[str], Path, bool]:
+                if lk is not None:
+                    lk.before()
+                proc, err = self.spawn(argv)
+                if lk is not None:
+                    lk.around(lambda: proc.poll() is None and "stalled" not in err.read_text(), err)
+                self.wait_for(proc, err, "stalled")
+                stalled = "stalled" in err.read_text()
+                self.leader_outcome(lk, 0 if stalled else proc.poll(), err)  # the broker is back
+                return proc, err, stalled
+
+            proc, err, stalled = stalling(lk)
+            if not stalled and lk is not None and lk.node is not None:
+                # The leader kill failed it (DecisionLogUnavailableError past its budget): the task's
+                # retry, the same stalling commit, so that the faults after its decision still strike.
+                self.kill(proc)
+                last = (err.read_text().strip().splitlines() or [""])[-1]
+                r.notes.append(f"the stalling commit failed, retried: {last[:160]}")
+                proc, err, stalled = stalling(None)
             if stalled and plan.resolve_in == "commit":  # the operator resolves while the commit hangs
                 self.operator_resolves(r, "commit")
             self.kill(proc)
