@@ -26,6 +26,7 @@ STARTUP_NOISE = (
     r" WARN NativeCodeLoader: Unable to load native-hadoop library",
     r"^Setting default log level to ",
     r"^Using Spark's default log4j profile",
+    r" WARN Utils: Service 'SparkUI' could not bind on port \d+\. Attempting port",  # another Spark on the host
     r"^To adjust logging level use sc.setLogLevel",
     r"PySpark does not yet fully support pandas >= 3",  # a Python worker's import; Arrow is used, not pandas
 )
