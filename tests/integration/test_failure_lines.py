@@ -6,6 +6,7 @@ answers "already committed" first and duplicates nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -45,25 +46,50 @@ def commit_task(env: KafkaEnv, monkeypatch: pytest.MonkeyPatch, payload: ExportP
         dag_id = "lines"
 
     op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare", asset_alias=None)
+    # The task logger is structlog's (its output depends on what configured logging before): a plain one to catch.
+    monkeypatch.setattr(
+        Kafka2PCCommitOperator, "log", property(lambda _self: logging.getLogger("kafka2pc.test.commit"))
+    )
     context = {"ti": TI(), "run_id": "manual__lines", "dag": Dag(), "outlet_events": {}}
     return lambda: op.execute(context)  # type: ignore[arg-type]
 
 
-def kafka2pc_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
-    """kafka2pc's lines of the task log as Airflow prints them (its task logger writes through structlog)."""
-    out = capsys.readouterr()
-    lines = (out.out + out.err).splitlines()
-    return [
-        m[1].strip()
-        for line in lines
-        if "airflow_provider_kafka2pc" in line
-        and "outside of the Task Runner" not in line  # Airflow's warning about this test calling execute()
-        and (m := re.search(r"\] (.*?) \[(?:airflow|airflow_provider)", line))
-    ]
+class Lines(logging.Handler):
+    """kafka2pc's log lines of the task, caught at the loggers themselves (how Airflow formats and
+    routes task logs depends on what ran before in the session)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "outside of the Task Runner" not in record.getMessage():  # Airflow's, about this test calling execute()
+            self.lines.append(record.getMessage())
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
+@pytest.fixture
+def lines() -> Iterator[Lines]:
+    from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator  # noqa: F401  (Airflow configures logging)
+
+    handler = Lines()
+    loggers = [logging.getLogger("airflow_provider_kafka2pc"), logging.getLogger("kafka2pc.test.commit")]
+    saved = [(lg, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.disabled = False  # a logging configuration that ran earlier in the session may have disabled it
+    yield handler
+    for lg, level in saved:
+        lg.removeHandler(handler)
+        lg.setLevel(level)
 
 
 def test_kafka_down_after_prepare_the_commit_says_state_and_next_click_and_a_clear_finishes(
-    kafka_alone: KafkaEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    kafka_alone: KafkaEnv, monkeypatch: pytest.MonkeyPatch, lines: Lines
 ) -> None:
     env = kafka_alone
     prefix, topic = f"lines{uuid.uuid4().hex[:6]}", env.topic(2)
@@ -76,12 +102,12 @@ def test_kafka_down_after_prepare_the_commit_says_state_and_next_click_and_a_cle
     commit = commit_task(env, monkeypatch, payload)
 
     kill_node(env, 1)
-    capsys.readouterr()
+    lines.take()
     started = time.monotonic()
     with pytest.raises(Exception):  # noqa: B017  (whichever error the unreachable broker gives)
         commit()
     took = time.monotonic() - started
-    last = kafka2pc_lines(capsys)[-1]
+    last = lines.take()[-1]
     print(f"commit with Kafka down failed after {took:.1f} s; its last kafka2pc line:\n  {last}")
     assert last.startswith(
         "kafka2pc: run lines/manual__lines: no decision was written; 3 transaction(s) with 600 records are prepared, "
@@ -91,15 +117,15 @@ def test_kafka_down_after_prepare_the_commit_says_state_and_next_click_and_a_cle
     assert "Next: clear this commit task after Kafka is back and before then" in last
 
     kafka_local().start_node(env.directory, 1)
-    capsys.readouterr()
+    lines.take()
     counts = commit()  # the clear: the same task again
     assert counts["records"] == 600
     keys = visible_keys(env, topic)
     assert len(keys) == len(set(keys)) == 600 and env.open_transactions(prefix) == []
 
-    capsys.readouterr()
+    lines.take()
     commit()  # a clear of the finished run
-    first = kafka2pc_lines(capsys)[0]
+    first = lines.take()[0]
     assert re.match(
         r"run lines/manual__lines: already committed: 600 records in 3 transactions of exporter \w+, final at ", first
     ), first
