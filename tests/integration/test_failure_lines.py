@@ -77,15 +77,23 @@ def lines() -> Iterator[Lines]:
 
     handler = Lines()
     loggers = [logging.getLogger("airflow_provider_kafka2pc"), logging.getLogger("kafka2pc.test.commit")]
+    # A logging configuration that ran earlier in the session (disable_existing_loggers) may have
+    # disabled the package's loggers, children included: a real task configures logging first.
+    ours = [lg for name, lg in list(logging.root.manager.loggerDict.items()) if name.startswith("airflow_provider")]
+    disabled = [lg for lg in ours if isinstance(lg, logging.Logger) and lg.disabled]
     saved = [(lg, lg.level) for lg in loggers]
+    for lg in disabled:
+        lg.disabled = False
     for lg in loggers:
         lg.addHandler(handler)
         lg.setLevel(logging.INFO)
-        lg.disabled = False  # a logging configuration that ran earlier in the session may have disabled it
+        lg.disabled = False
     yield handler
     for lg, level in saved:
         lg.removeHandler(handler)
         lg.setLevel(level)
+    for lg in disabled:
+        lg.disabled = True
 
 
 def test_kafka_down_after_prepare_the_commit_says_state_and_next_click_and_a_clear_finishes(
