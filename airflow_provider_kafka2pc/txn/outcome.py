@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 # Kafka error codes we react to (numbers from the protocol's error table).
 NONE = 0
@@ -147,3 +148,21 @@ def verdict(observation: Observation, intent: Intent) -> Verdict:
 
 def reason(observation: Observation) -> str:
     return _REASONS.get(observation, observation.value)
+
+
+class _Described(Protocol):
+    """A DescribeTransactions row (``wire.TxnState``): what ``observe_row`` reads of it."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+
+
+def observe_row(ref: TxnRef, row: _Described | None) -> Observation:
+    """``observe`` for a DescribeTransactions row, None where the broker does not know the id."""
+    if row is None:
+        return observe(ref, None, -1, -1)
+    return observe(ref, row.state, row.producer_id, row.producer_epoch)

@@ -27,7 +27,7 @@ from airflow_provider_kafka2pc.txn.errors import (
     StaleCommittableError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.inspect import RetriableCoordinatorError, TransactionInspector, retry
+from airflow_provider_kafka2pc.txn.inspect import OPEN_STATES, RetriableCoordinatorError, TransactionInspector, retry
 from airflow_provider_kafka2pc.txn.outcome import (
     NONE,
     RETRIABLE,
@@ -36,7 +36,7 @@ from airflow_provider_kafka2pc.txn.outcome import (
     Observation,
     TxnRef,
     Verdict,
-    observe,
+    observe_row,
     reason,
     verdict,
 )
@@ -88,7 +88,7 @@ class TransactionResolver:
 
     def observe_all(self, refs: Sequence[TxnRef]) -> dict[str, tuple[Observation, TxnState | None]]:
         states = self.inspector.describe(r.transactional_id for r in refs)
-        return {r.transactional_id: (_observe(r, s := states.get(r.transactional_id)), s) for r in refs}
+        return {r.transactional_id: (observe_row(r, s := states.get(r.transactional_id)), s) for r in refs}
 
     def resolve(
         self,
@@ -171,7 +171,7 @@ class TransactionResolver:
             return Resolution(ref, v, obs, detail, tuple(codes))
 
     def _observe_one(self, ref: TxnRef) -> Observation:
-        return _observe(ref, self.inspector.describe([ref.transactional_id]).get(ref.transactional_id))
+        return observe_row(ref, self.inspector.describe([ref.transactional_id]).get(ref.transactional_id))
 
     def _end_txn(self, ref: TxnRef, intent: Intent, codes: list[str]) -> int:
         """EndTxn with re-lookup and backoff on retriable errors; returns NONE or a final code."""
@@ -193,12 +193,6 @@ class TransactionResolver:
 
 
 _IN_FLIGHT = ("PrepareCommit", "PrepareAbort")
-
-
-def _observe(ref: TxnRef, state: TxnState | None) -> Observation:
-    if state is None:
-        return observe(ref, None, -1, -1)
-    return observe(ref, state.state, state.producer_id, state.producer_epoch)
 
 
 def _check_unique(refs: Sequence[TxnRef]) -> None:
@@ -532,7 +526,7 @@ def check_current_producers(
         # transaction: not ours. With a finished one, the id may have expired and been taken anew
         # since (an old run cleared late): superseded, aborted whole like a timeout.
         same = s.producer_id == ref.producer_id
-        if not (s.producer_epoch < ref.producer_epoch if same else s.state in _OPEN_STATES):
+        if not (s.producer_epoch < ref.producer_epoch if same else s.state in OPEN_STATES):
             continue
         shows = " or ".join(f"`kafka2pc list --prefix {p}`" for p in prefixes) or "`kafka2pc list`"
         raise StaleCommittableError(
@@ -542,9 +536,6 @@ def check_current_producers(
             "ended by its abort task or the exporter's next recovery, at the latest at its broker deadline "
             f"({shows} shows it); check the export task's XCom, then clear the whole DAG run to export again"
         )
-
-
-_OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 
 
 def _second_export(run: str, first: RunRecord, count: int) -> SecondExportError:

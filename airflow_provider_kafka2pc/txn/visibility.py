@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.errors import LostTransaction, Visibility
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, TxnRef, Verdict, observe, reason, verdict
+from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, TxnRef, Verdict, observe_row, reason, verdict
 from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, LogState, LostTxn, RunRecord, RunStatus, prefix_of
 
 
@@ -29,11 +29,7 @@ def observe_broker(inspector: TransactionInspector, refs: Iterable[TxnRef]) -> d
     """The broker's view of each transaction, as the outcome table names it."""
     wanted = list(refs)
     states = inspector.describe(r.transactional_id for r in wanted)
-    observed = {}
-    for r in wanted:
-        s = states.get(r.transactional_id)
-        observed[r] = observe(r, None, -1, -1) if s is None else observe(r, s.state, s.producer_id, s.producer_epoch)
-    return observed
+    return {r: observe_row(r, states.get(r.transactional_id)) for r in wanted}
 
 
 def unresolved_commits(state: LogState, prefix: str) -> list[TxnRef]:
