@@ -4,6 +4,11 @@ Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the te
 - The connection form: a kafka2pc connection made in the form, Test pressed on its row, succeeds
   against the test broker; a wrong password on the SASL_SSL broker shows the hook's own SASL message;
   the saved extra holds no null.
+- A failed commit and its clear: Kafka (a broker of this module's own) stops after the prepare; the
+  commit task's log, read on its page, ends with the kafka2pc line that says no decision was written,
+  how many transactions wait until when, and to clear the task once Kafka is back; Kafka comes back,
+  the task is cleared with the page's Clear button, the run succeeds and the topic holds the run
+  exactly once. The task's "Kafka exporters" extra link opens the exporter's page.
 - The exporters page (the provider's plugin): an open transaction with the decision that rules it;
   a loss (a COMMIT decided, one transaction then aborted by the broker, the other committed) with
   its visible/lost counts before any recovery ran; a viewer sees it and cannot acknowledge (no
@@ -19,21 +24,24 @@ import contextlib
 import json
 import re
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
-from tests.conftest import SECURE_EXPORTER
+from tests.conftest import SECURE_EXPORTER, _start
+from tests.e2e.test_dag_runs import exactly_once, visible_keys
 from tests.helpers.airflow_standalone import StandaloneAirflow
-from tests.helpers.kafka import REPO, KafkaEnv
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, kill_node
 
 pytestmark = [pytest.mark.airflow_standalone, pytest.mark.kafka]
 
@@ -42,10 +50,18 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 WAIT_S = 30.0
 
 
+DAGS = Path(__file__).parent / "dags"
+DAG_ID = "e2e_kafka2pc"  # its tasks on the connection "stoppable", a broker this module stops
+STOPPABLE = "kafka2pc_stoppable"
+
+
 @dataclass
 class UI:
     af: StandaloneAirflow
     passwords: dict[str, str]
+    stoppable: KafkaEnv
+    prefix: str
+    topic: str
 
     def token(self, user: str) -> str:
         r = httpx.post(f"{self.af.base_url}/auth/token", json={"username": user, "password": self.passwords[user]})
@@ -54,20 +70,36 @@ class UI:
 
 
 @pytest.fixture(scope="module")
-def ui(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
+def stoppable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """A broker of this module's own: one test stops it and starts it again."""
+    yield from _start(tmp_path_factory, "kafka1ui", 1)
+
+
+@pytest.fixture(scope="module")
+def ui(kafka: KafkaEnv, stoppable: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
     assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed (scripts/setup installs them)"
     home = tmp_path_factory.mktemp("airflow_ui") / "home"
-    dags = tmp_path_factory.mktemp("no_dags")
-    env = {"AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap})}
+    prefix, topic = f"ui_{uuid.uuid4().hex[:8]}", stoppable.topic(partitions=4)
+    env = {
+        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap}),
+        f"AIRFLOW_CONN_{STOPPABLE.upper()}": json.dumps({"conn_type": "kafka2pc", "host": stoppable.bootstrap}),
+        "E2E_CONN_ID": STOPPABLE,
+        "E2E_PREFIX": prefix,
+        "E2E_TOPIC": topic,
+        "E2E_COMMIT_RETRIES": "0",  # the second try comes from the user's clear
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
     config = {
         "CORE__TEST_CONNECTION": "Enabled",
         "CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN,viewer:VIEWER",
     }
-    af = StandaloneAirflow(home, dags, env, config=config)
+    af = StandaloneAirflow(home, DAGS, env, config=config, dag_ids=[DAG_ID])
     with af:
+        af.unpause(DAG_ID)
         # The SimpleAuthManager wrote the viewer's generated password next to the admin's.
         passwords = json.loads((af.home / "simple_auth_manager_passwords.json").read_text())
-        yield UI(af, passwords)
+        yield UI(af, passwords, stoppable, prefix, topic)
 
 
 @pytest.fixture
@@ -220,8 +252,9 @@ def choose(driver: Any, field: str, value: str) -> None:
     wait_for(f"{field} = {value}", lambda: hidden.get_attribute("value") == value)
 
 
-def press_test(driver: Any, conn_id: str) -> str:
-    """Press Test on the connection's row; the toast's text."""
+def press_test(driver: Any, conn_id: str, answer: str) -> str:
+    """Press Test on the connection's row; the page's text once the toast shows its title and ``answer``
+    (its description can render a moment after the title)."""
     from selenium.webdriver.common.by import By
 
     rows = lambda: [r for r in driver.find_elements(By.TAG_NAME, "tr") if conn_id in r.text]  # noqa: E731
@@ -230,14 +263,15 @@ def press_test(driver: Any, conn_id: str) -> str:
     test = [b for b in buttons if "test" in (b.get_attribute("aria-label") or b.get_attribute("title") or "").lower()]
     assert test, [(b.get_attribute("aria-label"), b.get_attribute("title"), b.text) for b in buttons]
     test[0].click()
-    return str(
-        wait_for(
-            "the test's answer",
-            lambda: next(
-                (t for t in [body_text(driver)] if re.search(r"Test Connection (Successful|Failed)", t)), None
-            ),
-        )
-    )
+    seen = {"text": ""}
+
+    def answered() -> bool:
+        seen["text"] = body_text(driver)
+        return bool(re.search(r"Test Connection (Successful|Failed)", seen["text"])) and answer in seen["text"]
+
+    with contextlib.suppress(AssertionError):  # the asserts on the text say what was shown instead
+        wait_for(f"the test's answer {answer!r}", answered)
+    return seen["text"]
 
 
 def stored(ui: UI, conn_id: str) -> dict[str, Any]:
@@ -255,7 +289,7 @@ def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl
     extra = json.loads(conn["extra"])
     assert None not in extra.values(), extra  # no null saved into the extra
     assert (conn["port"], extra["security_protocol"]) == (int(port), "PLAINTEXT"), conn
-    answer = press_test(driver, "ui_plain")
+    answer = press_test(driver, "ui_plain", "connected to 1 broker(s)")
     shot(driver, "connection-test-ok")
     assert "connected to 1 broker(s)" in answer, answer
     assert "Bad Request" not in answer
@@ -274,12 +308,108 @@ def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl
     )
     extra = json.loads(stored(ui, "ui_secure")["extra"])
     assert extra["config"] == {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]}, extra
-    answer = press_test(driver, "ui_secure")
+    answer = press_test(driver, "ui_secure", f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}")
     shot(driver, "connection-test-wrong-password")
     assert "Test Connection Failed" in answer, answer
     assert f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}" in answer, answer
     assert "not-the-password" not in answer
     assert "not-the-password" not in driver.page_source  # nor anywhere in the page, hidden text included
+
+
+# -- a failed commit and its clear ------------------------------------------------------------------
+
+
+def task_page(ui: UI, run_id: str, task_id: str, tab: str = "") -> str:
+    return f"{ui.af.base_url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}/tasks/{task_id}{tab}"
+
+
+def kafka2pc_lines(text: str) -> list[str]:
+    return re.findall(r"kafka2pc: [^\n]*", text)
+
+
+def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui_finishes_it(
+    ui: UI, browser: Callable[[str], Any], tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    af, stoppable = ui.af, ui.stoppable
+    tag, rows, partitions = "uiclear", 2000, 4
+    gate = tmp_path / "gate"  # the commit's first try waits for it: Kafka stops in between
+    conf = {"tag": tag, "rows": rows, "partitions": partitions, "fault": "commit_waits", "gate": str(gate)}
+    run_id = af.trigger(DAG_ID, conf=conf)
+    prepare_state = wait_for("the prepare's end", lambda: af.task_states(DAG_ID, run_id).get("prepare")
+                             in ("success", "failed", "upstream_failed") and af.task_states(DAG_ID, run_id)["prepare"],
+                             timeout=300)  # fmt: skip
+    assert prepare_state == "success", af.task_log(DAG_ID, run_id, "prepare", 1)[-3000:]
+    assert len(stoppable.open_transactions(ui.prefix, settle_s=0)) == partitions
+    kill_node(stoppable, 1)  # Kafka stops after the prepare
+    try:
+        gate.touch()
+        assert af.wait_run(DAG_ID, run_id, timeout=300) == "failed"
+    finally:
+        kafka_local().start_node(stoppable.directory, 1)  # "after Kafka is back"
+    assert af.task_states(DAG_ID, run_id) == {
+        "recover": "success",
+        "prepare": "success",
+        "commit": "failed",
+        "abort": "skipped",  # the prepare succeeded: the abort has nothing to do
+    }
+
+    # The user opens the failed task: its log's last kafka2pc line says the state and the next click.
+    driver = browser("admin")
+    driver.get(task_page(ui, run_id, "commit"))
+    lines = wait_for("the kafka2pc line in the log", lambda: kafka2pc_lines(body_text(driver)))
+    last = lines[-1]
+    assert last.startswith(
+        f"kafka2pc: run {DAG_ID}/{run_id}: no decision was written; {partitions} transaction(s) with {rows} "
+        "records are prepared, not visible, until at least "
+    ), last
+    assert re.search(r"until at least \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\. ", last), last
+    assert "Next: clear this commit task after Kafka is back and before then" in last, last
+    driver.find_element(By.CSS_SELECTOR, "button[aria-label='Log Settings']").click()
+    wait_for("the Wrap choice", lambda: [m for m in driver.find_elements(By.CSS_SELECTOR, "[role=menuitem]")
+                                         if m.text.startswith("Wrap")])[0].click()  # fmt: skip
+    shot(driver, "failed-commit-log")
+
+    # The next click: Clear on the task's page, confirmed.
+    driver.find_element(By.CSS_SELECTOR, "button[aria-label='Press shift+c to clear']").click()
+    dialog = wait_for("the clear dialog", lambda: [d for d in driver.find_elements(By.CSS_SELECTOR, "[role=dialog]")
+                                                   if "Clear Task Instance: commit" in d.text])[0]  # fmt: skip
+    assert "Affected Tasks: 1" in dialog.text, dialog.text
+    shot(driver, "failed-commit-clear-dialog")
+    next(b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text == "Confirm").click()
+    wait_for("the cleared run to start again", lambda: af.run_state(DAG_ID, run_id) != "failed")
+    assert af.wait_run(DAG_ID, run_id, timeout=300) == "success", af.task_states(DAG_ID, run_id)
+    assert [(int(t["try_number"]), t["state"]) for t in af.task_tries(DAG_ID, run_id, "commit")] == [
+        (1, "failed"),
+        (2, "success"),
+    ]
+    exactly_once(visible_keys(stoppable, ui.topic), tag, rows)
+    assert stoppable.open_transactions(ui.prefix) == []
+    driver.get(task_page(ui, run_id, "commit"))
+    done = f"commit: {{'committed': {partitions}, 'aborted': 0, 'lost': 0}}"
+    wait_for("the second try's log", lambda: done in body_text(driver))
+    shot(driver, "failed-commit-cleared")
+
+    # The task's extra link opens its exporter's page, which shows the run committed and nothing open.
+    driver.get(task_page(ui, run_id, "commit", "/details"))
+    link = wait_for("the extra link", lambda: driver.find_element(By.LINK_TEXT, "Kafka exporters"))
+    href = str(link.get_attribute("href"))
+    assert href.startswith(f"{ui.af.base_url}/plugin/kafka2pc-exporters/") and f"prefix={ui.prefix}" in href, href
+    assert f"conn_id={STOPPABLE}" in href, href
+    windows = set(driver.window_handles)
+    link.click()
+    opened = wait_for("the exporters page", lambda: set(driver.window_handles) - windows or driver.current_url == href)
+    if isinstance(opened, set):
+        driver.switch_to.window(opened.pop())
+    driver.switch_to.frame(wait_for("the page's frame", lambda: driver.find_element(By.CSS_SELECTOR, "iframe")))
+    runs_table = f"[data-prefix='{ui.prefix}'] [id$='-runs']"
+    runs = wait_for("the runs", lambda: driver.find_element(By.CSS_SELECTOR, runs_table))
+    row = next(r for r in runs.find_elements(By.TAG_NAME, "tr") if run_id in r.text)
+    assert f"COMMITTED {partitions} {rows:,}" in row.text, row.text
+    assert "0 open transaction(s) · 0 loss(es) not acknowledged" in body_text(driver), body_text(driver)
+    driver.switch_to.default_content()
+    shot(driver, "failed-commit-exporters-page")
 
 
 # -- the exporters page -----------------------------------------------------------------------------

@@ -3,14 +3,15 @@
 Everything comes from the environment, so a test (or a standalone Airflow) picks the scenario:
 E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIES, E2E_SPARK_CONF
 (JSON, merged into the export's Spark settings), E2E_MATERIALIZE (0: the export's
-materialize=False). The run's conf gives ``tag`` (key prefix of its records), ``rows`` and
-``partitions``, and may give ``fault`` to override E2E_FAULT for that run only (one long-lived
-Airflow, different scenarios per run), ``sleep_s`` (the first row of partition 0 sleeps that long
-inside the Spark job: a slow prepare with transactions open, so not materialized first),
-``compute_ms`` (the first row of every partition sleeps that long in the JVM: a slow source,
-computed before any transaction opens unless E2E_MATERIALIZE=0) and ``tag_by_date`` (the run's
-logical date is appended to its tag, so the runs of one backfill, which share a conf, write
-different keys).
+materialize=False), E2E_CONN_ID (the kafka2pc connection; default kafka2pc_default). The run's
+conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give
+``fault`` to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per
+run), ``gate`` (the file the commit_waits fault waits for), ``sleep_s`` (the first row of
+partition 0 sleeps that long inside the Spark job: a slow prepare with transactions open, so not
+materialized first), ``compute_ms`` (the first row of every partition sleeps that long in the JVM:
+a slow source, computed before any transaction opens unless E2E_MATERIALIZE=0) and
+``tag_by_date`` (the run's logical date is appended to its tag, so the runs of one backfill,
+which share a conf, write different keys).
 
 Two DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only) and ``e2e_kafka2pc_scheduled`` (daily,
 for backfills; its own prefix E2E_PREFIX + "_sched"; its end date lies in the past so the
@@ -24,6 +25,7 @@ import json
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pendulum
@@ -38,11 +40,13 @@ from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 # prepare_hangs:   the last row of the last partition sleeps: the test kills the run meanwhile.
 # commit_half:     first try of commit: decide, commit half of the transactions, then die.
 # decided_then_die: first try of commit: decide, then die before any EndTxn.
-FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die")
+# commit_waits:    first try of commit: wait for the conf's ``gate`` file (the test stops Kafka meanwhile).
+FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die", "commit_waits")
 FAULT = os.environ.get("E2E_FAULT", "")
 assert FAULT in FAULTS, FAULT
 PREFIX = os.environ.get("E2E_PREFIX", "e2e")
 TOPIC = os.environ.get("E2E_TOPIC", "e2e")
+CONN_ID = os.environ.get("E2E_CONN_ID", "kafka2pc_default")
 
 
 def fault_of(context: Any) -> str:
@@ -110,6 +114,11 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         fault = fault_of(context)
+        if fault == "commit_waits" and context["ti"].try_number == 1:
+            gate = Path(str(context["dag_run"].conf["gate"]))
+            deadline = time.monotonic() + 300
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
         if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
             from airflow_provider_kafka2pc.txn.outcome import Intent
@@ -142,6 +151,7 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
         recover = Kafka2PCRecoverySensor(
             task_id="recover",
             transactional_id_prefix=prefix,
+            kafka2pc_conn_id=CONN_ID,
             deferrable=os.environ.get("E2E_DEFERRABLE", "") == "1",
             poke_interval=1.0,
             timeout=300,
@@ -149,6 +159,7 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
         prepare = E2EExportOperator(
             task_id="prepare",
             transactional_id_prefix=prefix,
+            kafka2pc_conn_id=CONN_ID,
             topic=TOPIC,
             source=source,
             spark_conf={
@@ -161,10 +172,13 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
         commit = E2ECommitOperator(
             task_id="commit",
             export_task_ids="prepare",
+            kafka2pc_conn_id=CONN_ID,
             retries=int(os.environ.get("E2E_COMMIT_RETRIES", "1")),
             retry_delay=timedelta(seconds=1),
         )
-        abort = Kafka2PCAbortOperator(task_id="abort", export_task_ids="prepare", transactional_id_prefixes=prefix)
+        abort = Kafka2PCAbortOperator(
+            task_id="abort", export_task_ids="prepare", transactional_id_prefixes=prefix, kafka2pc_conn_id=CONN_ID
+        )
         recover >> prepare >> [commit, abort]
     return dag
 
