@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.config import connection_only, kafka_python_settings
@@ -89,16 +90,48 @@ def acl_command(
 
 
 def principal_of(config: Mapping[str, Any]) -> str:
-    """The Kafka principal the config authenticates as, as ACLs name it (best effort, no secrets)."""
+    """The Kafka principal the config authenticates as, as ACLs name it (best effort, no secrets).
+
+    As the broker's default principal builder names it; a broker with ``ssl.principal.mapping.rules``
+    or Kerberos ``principal.to.local`` rules of its own maps it further."""
     protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
     if protocol.startswith("SASL"):
         mechanism = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI").upper()
         if mechanism == "OAUTHBEARER":
             return f"User:{config.get('sasl.oauthbearer.client.id') or '<token subject>'}"
+        if mechanism == "GSSAPI":
+            # librdkafka's default client principal; the broker's default rule keeps its first component.
+            kerberos = str(config.get("sasl.kerberos.principal") or "kafkaclient")
+            return f"User:{re.split(r'[/@]', kerberos, maxsplit=1)[0]}"
         return f"User:{config.get('sasl.username') or '<none>'}"
     if protocol == "SSL":
-        return "User:<client certificate DN>"
+        return f"User:{certificate_subject(config)}"
     return "User:ANONYMOUS"
+
+
+def certificate_subject(config: Mapping[str, Any]) -> str:
+    """The subject of the client certificate, as Kafka names an SSL principal (RFC 2253, most specific
+    first: ``CN=exporter,OU=data,O=Acme``); ANONYMOUS without a client certificate (one-way TLS)."""
+    pem, location = config.get("ssl.certificate.pem"), config.get("ssl.certificate.location")
+    keystore = config.get("ssl.keystore.location")
+    if not (pem or location or keystore):
+        return "ANONYMOUS"
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import pkcs12
+
+        if pem or location:
+            data = str(pem).encode() if pem else Path(str(location)).read_bytes()
+            cert = x509.load_pem_x509_certificate(data)
+        else:
+            password = config.get("ssl.keystore.password")
+            bundle = pkcs12.load_pkcs12(Path(str(keystore)).read_bytes(), str(password).encode() if password else None)
+            if bundle.cert is None:
+                raise ValueError("no certificate in the keystore")
+            cert = bundle.cert.certificate
+        return cert.subject.rfc4514_string()
+    except (ImportError, OSError, ValueError, TypeError):
+        return f"<the subject of the client certificate in {location or keystore or 'ssl.certificate.pem'}>"
 
 
 def describe_identity(config: Mapping[str, Any]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_provider_kafka2pc.txn.access import (
@@ -30,7 +32,17 @@ SCRAM = {
             "User:c1",
             "SASL OAUTHBEARER as User:c1 over SASL_SSL",
         ),
-        ({"security.protocol": "SSL"}, "User:<client certificate DN>", "SSL as User:<client certificate DN>"),
+        ({"security.protocol": "SSL"}, "User:ANONYMOUS", "SSL as User:ANONYMOUS"),  # one-way TLS
+        (
+            {"security.protocol": "SASL_PLAINTEXT"},
+            "User:kafkaclient",
+            "SASL GSSAPI as User:kafkaclient over SASL_PLAINTEXT",
+        ),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI", "sasl.kerberos.principal": "etl/h1@EX.COM"},
+            "User:etl",
+            "SASL GSSAPI as User:etl over SASL_SSL",
+        ),
         ({}, "User:ANONYMOUS", "PLAINTEXT as User:ANONYMOUS"),
     ],
 )
@@ -38,6 +50,50 @@ def test_principal_and_identity_never_show_a_secret(config: dict[str, str], prin
     assert principal_of(config) == principal
     assert describe_identity(config) == identity
     assert "hunter2" not in describe_identity(config)
+
+
+def _certificate(subject: str) -> tuple[bytes, bytes]:
+    """A self-signed client certificate for ``subject`` (given most specific first), as PEM and as a
+    PKCS#12 keystore with the password "ks-secret"."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name.from_rfc4514_string(subject)
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    encryption = serialization.BestAvailableEncryption(b"ks-secret")
+    return cert.public_bytes(serialization.Encoding.PEM), pkcs12.serialize_key_and_certificates(
+        b"client", key, cert, None, encryption
+    )
+
+
+def test_an_ssl_principal_is_the_client_certificates_subject_as_kafka_names_it(tmp_path: Path) -> None:
+    pem, keystore = _certificate("CN=exporter,OU=data,O=Acme,C=DE")
+    (tmp_path / "client.pem").write_bytes(pem)
+    (tmp_path / "client.p12").write_bytes(keystore)
+    principal = "User:CN=exporter,OU=data,O=Acme,C=DE"
+    for config in (
+        {"security.protocol": "SSL", "ssl.certificate.location": str(tmp_path / "client.pem")},
+        {"security.protocol": "SSL", "ssl.certificate.pem": pem.decode()},
+        {
+            "security.protocol": "SSL",
+            "ssl.keystore.location": str(tmp_path / "client.p12"),
+            "ssl.keystore.password": "ks-secret",
+        },
+    ):
+        assert principal_of(config) == principal, config
+        assert "ks-secret" not in describe_identity(config)
+    missing = {"security.protocol": "SSL", "ssl.certificate.location": str(tmp_path / "gone.pem")}
+    assert principal_of(missing) == f"User:<the subject of the client certificate in {tmp_path / 'gone.pem'}>"
 
 
 def test_acl_commands_as_docs_acls_md_writes_them() -> None:
