@@ -15,7 +15,9 @@ any dependency is installed::
 listener (SCRAM-SHA-512) with a CA and broker certificate made here by ``openssl``, the
 StandardAuthorizer with ``allow.everyone.if.no.acl.found=false``, a super user ``admin`` and
 SCRAM users created at format time (``--scram-user NAME=PASSWORD``). ``tool`` then runs as
-``admin`` (``--command-config`` is added), e.g. ``kafka-local tool --dir D acls --list``.
+``admin`` (``--command-config`` is added), e.g. ``kafka-local tool --dir D acls --list``. A
+second, SSL listener requires a client certificate of that CA (:func:`client_certificate` makes
+one): its principal is the certificate's subject.
 
 A test imports this file by path and calls :func:`start_cluster`,
 :func:`stop_cluster`, :func:`stop_node`, :func:`start_node` and :func:`run_tool`.
@@ -30,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -159,6 +162,7 @@ class Security(TypedDict):
     users: dict[str, str]  # SCRAM-SHA-512 name -> password, ``admin`` included
     oauth_jwks_url: NotRequired[str]  # OAUTHBEARER accepted too, tokens checked against this JWKS
     oauth_issuer: NotRequired[str]  # ... and must carry this "iss"
+    mtls_bootstrap: NotRequired[str]  # an SSL listener that requires a client certificate (``client_certificate``)
 
 
 class ClusterState(TypedDict):
@@ -393,8 +397,12 @@ def _broker_properties(
     return props
 
 
-def _sasl_ssl_properties(node: NodeState, security: Security, keystore: Path, keystore_password: str) -> dict[str, str]:
-    """One SASL_SSL listener for clients and the broker itself; the controller stays on loopback PLAINTEXT.
+def _sasl_ssl_properties(
+    node: NodeState, security: Security, keystore: Path, keystore_password: str, mtls_port: int
+) -> dict[str, str]:
+    """One SASL_SSL listener for clients and the broker itself, and an SSL listener for clients with a
+    certificate of the cluster's CA (mTLS: the principal is the certificate's subject); the
+    controller stays on loopback PLAINTEXT.
 
     The controller listener's principal is ANONYMOUS, which therefore has to be a super user
     (broker registration and heartbeats need ClusterAction); only the combined node's own
@@ -420,9 +428,12 @@ def _sasl_ssl_properties(node: NodeState, security: Security, keystore: Path, ke
         }
     return {
         **oauth,
-        "listeners": f"SASL_SSL://{HOST}:{node['port']},CONTROLLER://{HOST}:{node['controller_port']}",
-        "advertised.listeners": f"SASL_SSL://{HOST}:{node['port']}",
-        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "listeners": (
+            f"SASL_SSL://{HOST}:{node['port']},SSL://{HOST}:{mtls_port},CONTROLLER://{HOST}:{node['controller_port']}"
+        ),
+        "advertised.listeners": f"SASL_SSL://{HOST}:{node['port']},SSL://{HOST}:{mtls_port}",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,SSL:SSL,CONTROLLER:PLAINTEXT",
+        "listener.name.ssl.ssl.client.auth": "required",
         "inter.broker.listener.name": "SASL_SSL",
         "sasl.enabled.mechanisms": ",".join(mechanisms),
         "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
@@ -540,6 +551,29 @@ def client_config(state: ClusterState, user: str = ADMIN_USER) -> dict[str, str]
             }
         )
     return config
+
+
+def client_certificate(directory: str | Path, name: str) -> dict[str, str]:
+    """librdkafka settings for the mTLS listener of a ``sasl_ssl`` cluster, with a new client
+    certificate of the cluster's CA for subject ``CN=name,OU=tests,O=kafka2pc`` (its principal)."""
+    root = Path(directory).resolve()
+    security = load_state(root).get("security")
+    if security is None or "mtls_bootstrap" not in security:
+        raise KafkaLocalError(f"the cluster in {root} has no mTLS listener (start it with --security sasl_ssl)")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise KafkaLocalError(f"a client certificate's name is letters, digits, '_', '.' and '-', not {name!r}")
+    tls = root / "tls"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/O=kafka2pc/OU=tests/CN={name}", cwd=tls)  # fmt: skip
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", f"{name}.pem", "-days", "30", cwd=tls)  # fmt: skip
+    return {
+        "bootstrap.servers": security["mtls_bootstrap"],
+        "security.protocol": "SSL",
+        "ssl.ca.location": security["ca_file"],
+        "ssl.certificate.location": str(tls / f"{name}.pem"),
+        "ssl.key.location": str(tls / f"{name}.key"),
+    }
 
 
 def _write_properties(path: Path, props: Mapping[str, str]) -> None:
@@ -797,10 +831,11 @@ def start_cluster(
     root = Path(directory).resolve()
     with _locked(root / ".kafka-local.lock"):
         _prepare_dir(root)
+        count = 2 * brokers + (1 if security == "sasl_ssl" else 0)  # the mTLS listener's port last
         if base_port is None:
-            ports = _free_ports(2 * brokers)
+            ports = _free_ports(count)
         else:
-            ports = list(range(base_port, base_port + 2 * brokers))
+            ports = list(range(base_port, base_port + count))
             for port in ports:
                 _check_port_free(port)
         nodes: list[NodeState] = []
@@ -845,6 +880,7 @@ def start_cluster(
                 ca_file=str(ca),
                 admin_properties=str(admin_properties),
                 users={ADMIN_USER: uuid.uuid4().hex, **(scram_users or {})},
+                mtls_bootstrap=f"{HOST}:{ports[-1]}",
             )
             if oauth_jwks_url and oauth_issuer:
                 state["security"]["oauth_jwks_url"] = oauth_jwks_url
@@ -859,7 +895,7 @@ def start_cluster(
                     "ssl.truststore.location": str(ca),
                 },
             )
-            secured = _sasl_ssl_properties(nodes[0], state["security"], keystore, keystore_password)
+            secured = _sasl_ssl_properties(nodes[0], state["security"], keystore, keystore_password, ports[-1])
             _write_json(root / STATE_FILE, state)
         for node in nodes:
             Path(node["log_dir"]).mkdir(parents=True)

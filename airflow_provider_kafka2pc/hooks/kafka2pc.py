@@ -318,7 +318,12 @@ class Kafka2PCHook(BaseHook):
         the ``kafka-acls`` command; the transactional id's Write is refused by the first
         InitProducerId, which writes nothing (docs/acls.md).
         """
-        from airflow_provider_kafka2pc.txn.access import DECISION_TOPIC_OPERATIONS, check_topic_access, principal_of
+        from airflow_provider_kafka2pc.txn.access import (
+            DECISION_TOPIC_OPERATIONS,
+            acl_command,
+            check_topic_access,
+            principal_of,
+        )
         from airflow_provider_kafka2pc.txn.errors import MissingTopicError
 
         config = self.get_config()
@@ -328,10 +333,11 @@ class Kafka2PCHook(BaseHook):
         finally:
             wire.close()
         if topic is not None and topic not in existing:
+            bootstrap, principal = config["bootstrap.servers"], principal_of(config)
             raise MissingTopicError(
-                f"topic {topic!r} does not exist on {config['bootstrap.servers']}, or {principal_of(config)} may "
-                "not Describe it; create it first (the export never creates data topics) and grant Write on it "
-                "(docs/acls.md)"
+                f"topic {topic!r} does not exist on {bootstrap}, or {principal} may not Describe it; create it "
+                "first (the export never creates data topics) and grant Write on it (docs/acls.md), which "
+                f"implies Describe: {acl_command(principal, 'Topic', topic, 'Write', bootstrap=bootstrap)}"
             )
         needs: dict[str, list[str]] = {}
         if topic is not None:

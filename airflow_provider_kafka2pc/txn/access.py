@@ -13,6 +13,7 @@ client. The ACLs an exporter needs are listed in ``docs/acls.md``.
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -80,12 +81,13 @@ def acl_command(
     """The ``kafka-acls`` command that grants one ACL (docs/acls.md has the full set), ready to paste
     for the cluster at ``bootstrap``, run with an administrator's client settings (admin.properties)."""
     flag = _RESOURCE_FLAGS[resource_type]
-    target = flag if resource_type == "Cluster" else f"{flag} {resource}"
+    # Quoted for the shell where needed: a certificate's subject may hold spaces ("O=Acme Corp").
+    target = flag if resource_type == "Cluster" else f"{flag} {shlex.quote(resource)}"
     if pattern == "PREFIXED":
         target += " --resource-pattern-type prefixed"
     return (
-        f"kafka-acls --bootstrap-server {bootstrap} --command-config admin.properties --add "
-        f"--allow-principal {principal} --operation {operation} {target}"
+        f"kafka-acls --bootstrap-server {shlex.quote(bootstrap)} --command-config admin.properties --add "
+        f"--allow-principal {shlex.quote(principal)} --operation {operation} {target}"
     )
 
 

@@ -210,6 +210,43 @@ def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(e
     ex.assert_exactly_once(["run1"])
 
 
+def test_an_mtls_client_is_named_by_its_certificate_subject_as_the_broker_authorizes_it(exporter: Exporter) -> None:
+    """SSL with a client certificate (the broker's mTLS listener): the principal a refusal names and the
+    kafka-acls command it gives are the broker's own. The command, run as given, grants the missing
+    ACL; the documented ACLs for that principal then let the export through exactly once."""
+    import shlex
+
+    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError, principal_of
+    from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+
+    ex, kl = exporter, kafka_local()
+    client = kl.client_certificate(ex.env.directory, f"mtls-{ex.prefix}")
+    principal = f"User:CN=mtls-{ex.prefix},OU=tests,O=kafka2pc"
+    assert principal_of(client) == principal
+    settings = {k: v for k, v in client.items() if k.startswith("ssl.")}
+    extra = {"security_protocol": "SSL", "decision_topic": ex.decision_topic, "config": settings}
+    hook = ex.hook(connection={"conn_type": "kafka2pc", "host": client["bootstrap.servers"], "extra": extra})
+    try:
+        # Nothing granted: the data topic is hidden from the principal (Kafka answers as if missing).
+        with pytest.raises((KafkaAuthorizationError, MissingTopicError)) as refused:
+            ex.export("run1", hook=hook)
+        message = str(refused.value)
+        assert f"{principal} may not" in message, message
+        command = shlex.split(message[message.index("kafka-acls ") :])
+        assert command[:3] == ["kafka-acls", "--bootstrap-server", client["bootstrap.servers"]], command
+        proc = kl.run_tool(ex.env.directory, "acls", command[command.index("--add") :], timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        granted = acls_of(ex.env, principal)
+        assert len(granted) == 1 and granted <= set(ex.documented_acls()), granted
+        ex.assert_exactly_once([])
+
+        set_acls(ex.env, principal, set(ex.documented_acls()))
+        ex.export("run1", hook=hook)
+        ex.assert_exactly_once(["run1"])
+    finally:
+        set_acls(ex.env, principal, set())
+
+
 def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporter) -> None:
     from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
 

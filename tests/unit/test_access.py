@@ -107,6 +107,13 @@ def test_acl_commands_as_docs_acls_md_writes_them() -> None:
     assert acl_command("User:x", "Cluster", "kafka-cluster", "DescribeConfigs", bootstrap="b:1").endswith(
         "--operation DescribeConfigs --cluster"
     )
+    # A certificate's subject with a space is quoted for the shell; a plain one is left as it is.
+    assert "--allow-principal 'User:CN=etl,O=Acme Corp' --operation" in acl_command(
+        "User:CN=etl,O=Acme Corp", "Topic", "t", "Write", bootstrap="b:1"
+    )
+    assert "--allow-principal User:CN=etl,OU=data,O=Acme --operation" in acl_command(
+        "User:CN=etl,OU=data,O=Acme", "Topic", "t", "Write", bootstrap="b:1"
+    )
 
 
 @pytest.mark.parametrize(
