@@ -515,9 +515,11 @@ class DecisionLog:
         fatal = [e for e in failures if callable(getattr(e, "fatal", None)) and e.fatal()]
         if remaining or fatal or all(_is_transient(e) for e in failures):
             partitions = "partitions 1 and 0" if self._partitions > 1 else "partition 0"
+            # Unacknowledged covers both a record with a delivery error (a local timeout: it may
+            # have reached the broker) and one still waiting for an answer.
             budget.outcome = (
-                f"The write of {total} record(s) is uncertain: {acknowledged} acknowledged, {remaining} without an "
-                "answer; the others may or may not be in the log."
+                f"The write of {total} record(s) is uncertain: {acknowledged} acknowledged, {total - acknowledged} "
+                "not (timed out or unanswered); those may or may not be in the log."
             )
             last = failures[-1] if failures else None
             error = f"{last.name()}: {last.str()}" if last is not None else f"{remaining} record(s) unacknowledged"

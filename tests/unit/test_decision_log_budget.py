@@ -72,7 +72,7 @@ def test_an_append_left_unanswered_past_its_budget_is_uncertain_named_and_sent_o
     message = str(info.value)
     assert producer.produced == 1 and producer.purged and log._producer is None
     assert message.startswith("decision log unavailable: decision topic 'decisions' (Kafka at 127.0.0.1:1)")
-    assert "The write of 1 record(s) is uncertain: 0 acknowledged, 1 without an answer" in message
+    assert "The write of 1 record(s) is uncertain: 0 acknowledged, 1 not (timed out or unanswered)" in message
     assert "Retry the task once the brokers are back" in message
     assert message.endswith("kafka2pc describe --prefix orders --decision-topic decisions")
     assert isinstance(info.value, BrokerUnavailableError)  # the CLI's "Kafka failing"
@@ -81,8 +81,10 @@ def test_an_append_left_unanswered_past_its_budget_is_uncertain_named_and_sent_o
 def test_a_delivery_that_timed_out_is_uncertain_too() -> None:
     log = _log()
     log._producer = Producer(KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out"))
-    with pytest.raises(DecisionLogUnavailableError, match="last error _MSG_TIMED_OUT"):
+    with pytest.raises(DecisionLogUnavailableError, match="last error _MSG_TIMED_OUT") as info:
         log.append([(b"k", b"v")])
+    # A record that timed out is not acknowledged (the soak once read "0 acknowledged, 0 without an answer").
+    assert "The write of 1 record(s) is uncertain: 0 acknowledged, 1 not (timed out or unanswered)" in str(info.value)
 
 
 def test_a_refused_delivery_names_the_acl_and_any_other_is_a_decision_log_error() -> None:
