@@ -485,37 +485,7 @@ def _make_tls(directory: Path) -> tuple[Path, Path, str]:
         "/CN=kafka2pc test CA",
         cwd=tls,
     )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "broker.key",
-        "-out",
-        "broker.csr",
-        "-subj",
-        "/CN=localhost",
-        cwd=tls,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "broker.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "broker.pem",
-        "-days",
-        "30",
-        "-extfile",
-        "broker.ext",
-        cwd=tls,
-    )
+    _issue_certificate(tls, "broker", "/CN=localhost", "broker.ext")
     _openssl(
         "pkcs12",
         "-export",
@@ -534,6 +504,15 @@ def _make_tls(directory: Path) -> tuple[Path, Path, str]:
         cwd=tls,
     )
     return tls / "ca.pem", tls / "broker.p12", password
+
+
+def _issue_certificate(tls: Path, name: str, subject: str, extfile: str | None = None) -> None:
+    """``name``.key and ``name``.pem in ``tls``: a new key and its certificate for ``subject``, signed
+    by the CA there (ca.pem, ca.key) for 30 days."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=tls)  # fmt: skip
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", f"{name}.pem", "-days", "30", *(["-extfile", extfile] if extfile else []), cwd=tls)  # fmt: skip
 
 
 def client_config(state: ClusterState, user: str = ADMIN_USER) -> dict[str, str]:
@@ -563,10 +542,7 @@ def client_certificate(directory: str | Path, name: str) -> dict[str, str]:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KafkaLocalError(f"a client certificate's name is letters, digits, '_', '.' and '-', not {name!r}")
     tls = root / "tls"
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-             "-subj", f"/O=kafka2pc/OU=tests/CN={name}", cwd=tls)  # fmt: skip
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{name}.pem", "-days", "30", cwd=tls)  # fmt: skip
+    _issue_certificate(tls, name, f"/O=kafka2pc/OU=tests/CN={name}")
     return {
         "bootstrap.servers": security["mtls_bootstrap"],
         "security.protocol": "SSL",
