@@ -156,8 +156,9 @@ def told(
 
     A run partly visible with nothing of the prefix open (some of a decided run's records visible,
     the rest can never be) must be in ``losses`` with the visible and lost counts Kafka shows, and
-    the status 4, until acknowledged; so must a run a tool reported lost with nothing visible. A run
-    fully visible, or invisible and never reported lost, or acknowledged, must not be. Partly visible
+    the status 4, until acknowledged; so must a run with nothing visible that a tool reported lost
+    or whose COMMIT decision the harness saw in force (the broker aborted all of its transactions).
+    A run fully visible, or invisible with neither, or acknowledged, must not be. Partly visible
     with transactions open: what is missing may still be pending (a commit died after its decision),
     and the consumer's count is a lower bound (it stops at the last stable offset).
     No loss reported: 1 if something is open, else 0. The open transactions listed are Kafka's;
@@ -207,10 +208,12 @@ def told(
             counts = (x.get("records"), x.get("visible_records"), x.get("lost_records"), x.get("partly_visible"))
             if counts != (want, seen, want - seen, True):
                 lie(run, f"{seen} of {want} records visible, {want - seen} lost; list says {said}")
-        elif seen == 0 and r.get("loss_reported"):
+        elif seen == 0 and (r.get("loss_reported") or r.get("commit_decided")):
+            # Nothing visible under a COMMIT in force (the broker aborted every transaction): lost.
             must_report = True
             if len(entries) != 1 or (entries[0].get("visible_records"), entries[0].get("lost_records")) != (0, want):
-                lie(run, f"reported lost by a tool, nothing visible of {want}: list says {said or 'no loss'}")
+                why = "reported lost by a tool" if r.get("loss_reported") else "a COMMIT decided"
+                lie(run, f"{why}, nothing visible of {want}: list says {said or 'no loss'}")
         elif entries:  # all visible, or nothing (nothing open) and never reported lost
             lie(run, f"{seen} of {want} records visible ({len(t.open)} open), yet list reports a loss: {said}")
     for run, entries in by_run.items():

@@ -149,6 +149,9 @@ class Run:
     notes: list[str] = field(default_factory=list)
     acknowledged: bool = False
     loss_reported: bool = False  # a tool (commit, recovery, the operator's resolve) reported a loss
+    # A COMMIT decision for the run is in force (a commit stalled after its EndTxns): if the broker
+    # aborted all of its transactions, nothing is visible and the run is lost, not aborted.
+    commit_decided: bool = False
 
 
 class LeaderKill:
@@ -658,6 +661,7 @@ class Soak:
                 r.notes.append(f"the stalling commit ended early: {err.read_text().strip().splitlines()[-1:]}")
                 self.commit(r, file)
                 return
+            r.commit_decided = True
             if plan.commit_end == "kill_after_decision":
                 self.inject(r, "kill_commit", "after-decision")
                 r.status = "died-after-decision"  # the next run's recovery must roll it forward

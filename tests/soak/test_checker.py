@@ -59,6 +59,16 @@ def test_a_loss_a_tool_reported_with_nothing_visible_must_stay_reported() -> Non
     assert "list says no loss" in check(none, RUN | {"loss_reported": True}, 0, [])
 
 
+def test_a_commit_decided_with_nothing_visible_is_a_loss_before_any_tool_said_so() -> None:
+    # Seed 8, run 1: the COMMIT was decided, then the broker aborted both transactions (epoch moved
+    # on) before any EndTxn; before any recovery, list must report it lost, 0 of 20 visible.
+    none, decided = Truth({}, ()), RUN | {"commit_decided": True}
+    assert check(none, decided, 4, [loss(0, 40)]) == ""
+    assert "a COMMIT decided, nothing visible of 40: list says no loss" in check(none, decided, 0, [])
+    assert "list exit 0, expected 4" in check(none, decided, 0, [])
+    assert "list says" in check(none, decided, 4, [loss(0, 30, records=30)])
+
+
 def test_an_acknowledged_loss_is_no_longer_reported() -> None:
     acknowledged = RUN | {"acknowledged": True}
     assert check(PARTLY, acknowledged, 0, []) == ""
