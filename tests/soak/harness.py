@@ -116,7 +116,9 @@ class Plan:
                 for phase, odds in (
                     ("recover", 0.55),
                     ("prepare", 0.5),
-                    ("commit", 0.0 if kill_prepare == "abort" else 1.0),
+                    # Not before a timeout after the decision: the commit it fails takes the 10 s
+                    # window with it, its retry is refused as too late, and no loss arises.
+                    ("commit", 0.0 if kill_prepare == "abort" or commit_end == "timeout_after_decision" else 1.0),
                 )
                 if r() < odds
             ),
