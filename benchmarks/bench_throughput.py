@@ -181,9 +181,9 @@ class Runner:
             export_dataframe,
         )
         from airflow_provider_kafka2pc.spark.window import WindowSettings
+        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
         from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
         from airflow_provider_kafka2pc.txn.outcome import Verdict
-        from airflow_provider_kafka2pc.txn.resume import commit_prepared
         from airflow_provider_kafka2pc.txn.wire import WireClient
 
         settings = ExportSettings(_prefix(), self.kafka.config, topic, writer=writer)

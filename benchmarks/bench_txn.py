@@ -25,9 +25,9 @@ PREPARE_THREADS = 64
 @contextlib.contextmanager
 def coordinator_phases(phases: Phases) -> Iterator[None]:
     """Time the parts of ``commit_prepared`` / ``recover`` (a resolve that describes first includes it)."""
+    from airflow_provider_kafka2pc.txn.coordinator import TransactionResolver
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-    from airflow_provider_kafka2pc.txn.resume import TransactionResolver
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(phases.timing(DecisionLog, "read", "decision log read"))
@@ -63,10 +63,10 @@ def prepare_many(
 
 def commit_many(kafka: Kafka, decision_topic: str, count: int = 200, records_each: int = 10) -> dict[str, Any]:
     """Time ``commit_prepared`` on ``count`` prepared transactions."""
+    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
     from airflow_provider_kafka2pc.txn.outcome import Verdict
-    from airflow_provider_kafka2pc.txn.resume import commit_prepared
     from airflow_provider_kafka2pc.txn.wire import WireClient
     from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 
@@ -106,11 +106,11 @@ def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_e
     Like a run that died between its COMMIT decision and the EndTxns, half of them carry a COMMIT
     decision (recovery commits those); the other half have none, like a prepare that died
     (recovery aborts those)."""
+    from airflow_provider_kafka2pc.txn.coordinator import decide_commit
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
     from airflow_provider_kafka2pc.txn.outcome import Verdict
     from airflow_provider_kafka2pc.txn.recovery import recover
-    from airflow_provider_kafka2pc.txn.resume import decide_commit
     from airflow_provider_kafka2pc.txn.wire import WireClient
     from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 

@@ -34,8 +34,8 @@ def slow_source(spark: Any) -> Any:
 def window_run(kafka: Kafka, spark: Any, decisions: str, materialize: bool) -> dict[str, Any]:
     from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
     from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.resume import commit_prepared
     from airflow_provider_kafka2pc.txn.wire import WireClient
     from tests.helpers.stall import StallProbe
 

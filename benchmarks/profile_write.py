@@ -54,8 +54,8 @@ def write_all(kafka: Kafka, partitions: list[list[Any]], topic: str, timeout_ms:
 
 
 def commit(kafka: Kafka, committables: list[Committable], decisions: str) -> None:
+    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.resume import commit_prepared
     from airflow_provider_kafka2pc.txn.wire import WireClient
 
     decision_log = DecisionLog(kafka.config, topic=decisions)

@@ -39,6 +39,7 @@ from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.txn import naming, survey
 from airflow_provider_kafka2pc.txn.access import authorization_error_of, check_connection, needs_authentication
 from airflow_provider_kafka2pc.txn.config import ClientConfigError, connection_only, redact
+from airflow_provider_kafka2pc.txn.coordinator import Resolution
 from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
 from airflow_provider_kafka2pc.txn.errors import (
     BrokerUnavailableError,
@@ -52,7 +53,6 @@ from airflow_provider_kafka2pc.txn.protocol import (
     LogState,
 )
 from airflow_provider_kafka2pc.txn.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
-from airflow_provider_kafka2pc.txn.resume import Resolution
 from airflow_provider_kafka2pc.txn.wire import TxnListing, WireClient
 
 EXIT_OK = 0

@@ -186,7 +186,7 @@ class Kafka2PCHook(BaseHook):
         return self._conn
 
     def get_config(self) -> dict[str, Any]:
-        """The connection's librdkafka settings: for producers, admin clients and the resume adapter."""
+        """The connection's librdkafka settings: for producers, admin clients and the coordinator."""
         c = self.connection
         return client_config(str(c.conn_type), c.host, c.port, c.login, c.password, c.extra_dejson)
 

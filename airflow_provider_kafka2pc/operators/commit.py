@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
-from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run, pull_exports
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, pull_exports
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.coordinator import CommitReport
     from airflow_provider_kafka2pc.txn.outcome import TxnRef
-    from airflow_provider_kafka2pc.txn.resume import CommitReport
     from airflow_provider_kafka2pc.txn.status import CommitProgress
 
 
@@ -224,8 +225,8 @@ class Kafka2PCCommitOperator(_PhaseTwo):
     def _answer_finished(self, context: Context, prefixes: Sequence[str]) -> dict[str, Any]:
         """A clear of a finished run: green, with its records' answer first ("already committed: …");
         a LOST one fails loudly. Writes nothing, emits no asset event (nothing new became visible)."""
+        from airflow_provider_kafka2pc.txn.coordinator import answer_from_run_records
         from airflow_provider_kafka2pc.txn.protocol import RunStatus
-        from airflow_provider_kafka2pc.txn.resume import answer_from_run_records
 
         run = decision_run(context)
         decision_log = Kafka2PCHook(self.kafka2pc_conn_id).decision_log()
@@ -299,7 +300,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         run: str,
         progress: CommitProgress | None = None,
     ) -> CommitReport:
-        from airflow_provider_kafka2pc.txn.resume import commit_prepared
+        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
 
         wire, decision_log = hook.wire_client(), hook.decision_log()
         try:
@@ -348,8 +349,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, ref_of
         from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-        from airflow_provider_kafka2pc.txn.resume import abort_prepared, ref_of
 
         payloads = self.payloads(context)
         ti = context["ti"]

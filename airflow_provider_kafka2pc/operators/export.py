@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
-from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, decision_run
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import redact
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
@@ -249,9 +250,9 @@ class Kafka2PCExportOperator(BaseOperator):
 
     def _skip_or_fail(self, context: Context, prefix: str, run: str, status: RunRecord) -> None:
         """A run the decision log already decided is never exported again; a lost one is loud."""
+        from airflow_provider_kafka2pc.txn.coordinator import lost_of_run
         from airflow_provider_kafka2pc.txn.errors import TransactionLostError
         from airflow_provider_kafka2pc.txn.protocol import RunStatus
-        from airflow_provider_kafka2pc.txn.resume import lost_of_run
         from airflow_provider_kafka2pc.txn.visibility import of_run_record
 
         if status.status is RunStatus.LOST:
@@ -292,7 +293,7 @@ class Kafka2PCExportOperator(BaseOperator):
         aborted (ABORT appended first) before the task stands down, not left open for the next run."""
         if not committables:
             return
-        from airflow_provider_kafka2pc.txn.resume import abort_prepared, ref_of
+        from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, ref_of
 
         decision_log, wire = hook.decision_log(), hook.wire_client()
         try:

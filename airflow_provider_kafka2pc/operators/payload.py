@@ -22,11 +22,6 @@ READABLE_VERSIONS = (1, 2)
 SKIPPED_KEY = "kafka2pc_skipped"
 
 
-def decision_run(context: Context) -> str:
-    """The run as the decision log names it: one DAG run, whichever task writes."""
-    return f"{context['dag'].dag_id}/{context['run_id']}"
-
-
 @dataclass(frozen=True)
 class ExportPayload:
     conn_id: str

@@ -19,12 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn import naming, visibility
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, LostTransaction, TransactionLostError, Visibility
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, RunRecord, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.resume import (
+from airflow_provider_kafka2pc.txn.coordinator import (
     Resolution,
     TransactionResolver,
     abort_reopened,
@@ -34,6 +29,11 @@ from airflow_provider_kafka2pc.txn.resume import (
     obey,
     ref_of,
 )
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, LostTransaction, TransactionLostError, Visibility
+from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, RunRecord, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
 
 log = logging.getLogger(__name__)

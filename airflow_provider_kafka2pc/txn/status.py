@@ -86,7 +86,7 @@ class CommitProgress:
                 f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: re-export the lost "
                 f"partitions, then acknowledge the loss with {commands}."
             )
-        from airflow_provider_kafka2pc.txn.resume import DecisionConflictError, SecondExportError  # imports us
+        from airflow_provider_kafka2pc.txn.coordinator import DecisionConflictError, SecondExportError  # imports us
 
         if isinstance(error, SecondExportError):
             return (

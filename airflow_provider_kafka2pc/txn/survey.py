@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_provider_kafka2pc.txn import naming, visibility
+from airflow_provider_kafka2pc.txn.coordinator import ref_of
 from airflow_provider_kafka2pc.txn.errors import acknowledge_command
 from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol import DecisionRecord, LogState, LostTxn, RunRecord
 from airflow_provider_kafka2pc.txn.recovery import RecoveryPlan, plan_recovery
-from airflow_provider_kafka2pc.txn.resume import ref_of
 from airflow_provider_kafka2pc.txn.wire import TxnState
 
 ACTIONS = {"commit": "roll forward", "abort": "abort", "wait": "wait"}

@@ -435,11 +435,11 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
 ) -> None:
     from selenium.webdriver.common.by import By
 
+    from airflow_provider_kafka2pc.txn.coordinator import Decided, TransactionResolver, decide_commit, ref_of
     from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.errors import TransactionLostError
     from airflow_provider_kafka2pc.txn.outcome import Intent
     from airflow_provider_kafka2pc.txn.recovery import recover
-    from airflow_provider_kafka2pc.txn.resume import Decided, TransactionResolver, decide_commit, ref_of
 
     tag = uuid.uuid4().hex[:6]
     topic = kafka.topic(partitions=2)

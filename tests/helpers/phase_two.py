@@ -27,12 +27,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import RunAbortedError, TransactionLostError
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Intent
-from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import (
+from airflow_provider_kafka2pc.txn.coordinator import (
     DecisionConflictError,
     TransactionResolver,
     abort_prepared,
@@ -40,6 +35,11 @@ from airflow_provider_kafka2pc.txn.resume import (
     decide_commit,
     ref_of,
 )
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.errors import RunAbortedError, TransactionLostError
+from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+from airflow_provider_kafka2pc.txn.outcome import Intent
+from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.wire import WireClient
 from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
 

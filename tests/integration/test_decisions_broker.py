@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, UnsafeDecisionTopicError
 from airflow_provider_kafka2pc.txn.errors import (
     ForeignCommittableError,
@@ -31,7 +32,6 @@ from airflow_provider_kafka2pc.txn.errors import (
 from airflow_provider_kafka2pc.txn.naming import Members, NamingStrategy, check_members
 from airflow_provider_kafka2pc.txn.protocol import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.wire import WireClient
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import REPO, KafkaEnv

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.coordinator import commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogUnavailableError
 from airflow_provider_kafka2pc.txn.outcome import Verdict
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import commit_prepared, decide_commit
 from tests.helpers.kafka import (
     KafkaEnv,
     generate,

@@ -17,10 +17,10 @@ import pytest
 
 from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, write_partition
 from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.errors import RunAbortedError
 from airflow_provider_kafka2pc.txn.native import NativeTransactionalWriter
-from airflow_provider_kafka2pc.txn.resume import abort_prepared, commit_prepared
 from tests.helpers.kafka import KafkaEnv, Record
 
 pytestmark = pytest.mark.kafka

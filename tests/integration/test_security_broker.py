@@ -73,7 +73,7 @@ class Exporter:
         self, run: str, timeout_ms: int | None = TIMEOUT_MS, big: int = 0, hook: Any = None
     ) -> list[Committable]:
         """The export operator's path, then the commit task's: what one DAG run does."""
-        from airflow_provider_kafka2pc.txn.resume import commit_prepared
+        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
         from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
 
         hook = hook or self.hook()

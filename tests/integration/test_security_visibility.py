@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.resume import Decided, decide_commit
+from airflow_provider_kafka2pc.txn.coordinator import Decided, decide_commit
 from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
 from tests.conftest import SECURE_EXPORTER_PASSWORD, SECURE_OPERATOR, SECURE_OPERATOR_PASSWORD
 from tests.helpers.acls import Acl, set_acls

@@ -23,8 +23,8 @@ import pytest
 
 from airflow_provider_kafka2pc.spark.job import ExportResult, ExportSettings, export_dataframe
 from airflow_provider_kafka2pc.spark.window import ExecutorLostError
+from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from tests.helpers.kafka import REPO, KafkaEnv, abort_open_now
 from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
 

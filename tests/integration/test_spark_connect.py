@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from tests.helpers.kafka import KafkaEnv
 from tests.helpers.spark_cluster import ConnectServer, connect_server
 

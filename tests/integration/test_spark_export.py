@@ -12,9 +12,9 @@ import pytest
 
 from airflow_provider_kafka2pc.spark.contract import SchemaError
 from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from tests.helpers.kafka import KafkaEnv
 
 pytestmark = pytest.mark.kafka

@@ -8,12 +8,7 @@ import uuid
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import RunAbortedError
-from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
-from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import (
+from airflow_provider_kafka2pc.txn.coordinator import (
     DecisionConflictError,
     TransactionResolver,
     abort_prepared,
@@ -21,6 +16,11 @@ from airflow_provider_kafka2pc.txn.resume import (
     decide_commit,
     ref_of,
 )
+from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.errors import RunAbortedError
+from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
+from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.recovery import recover
 from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import KafkaEnv, generate, prepare_in_subprocess

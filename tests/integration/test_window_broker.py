@@ -18,8 +18,8 @@ import pytest
 
 from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 from airflow_provider_kafka2pc.spark.window import WindowSettings
+from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.resume import commit_prepared
 from airflow_provider_kafka2pc.txn.window import WindowExceededError, WindowRefusedError
 from tests.helpers.kafka import KafkaEnv, abort_open_now
 from tests.helpers.stall import StallProbe

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_provider_kafka2pc.txn import coordinator
 from airflow_provider_kafka2pc.txn import inspect as txn_inspect
-from airflow_provider_kafka2pc.txn import resume as txn_resume
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog
 
 
@@ -14,7 +14,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """Back-off and waits of the retry loops advance a fake clock instead of sleeping."""
     fake = FakeClock()
     monkeypatch.setattr(txn_inspect, "time", fake)
-    monkeypatch.setattr(txn_resume, "time", fake)
+    monkeypatch.setattr(coordinator, "time", fake)
     return fake
 
 

@@ -11,6 +11,13 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.coordinator import (
+    DecisionConflictError,
+    abort_prepared,
+    commit_prepared,
+    covered,
+    now_ms,
+)
 from airflow_provider_kafka2pc.txn.decision_log import Position
 from airflow_provider_kafka2pc.txn.errors import TransactionLostError
 from airflow_provider_kafka2pc.txn.outcome import Verdict
@@ -23,13 +30,6 @@ from airflow_provider_kafka2pc.txn.protocol import (
     new_decision,
 )
 from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.resume import (
-    DecisionConflictError,
-    abort_prepared,
-    commit_prepared,
-    covered,
-    now_ms,
-)
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
 TIDS = ("orders-0", "orders-1", "orders-2")

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only, redact
+from airflow_provider_kafka2pc.txn.coordinator import committed_in
 from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogError
 from airflow_provider_kafka2pc.txn.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol import (
@@ -23,7 +24,6 @@ from airflow_provider_kafka2pc.txn.protocol import (
     new_decision,
     replay,
 )
-from airflow_provider_kafka2pc.txn.resume import committed_in
 from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
 from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 

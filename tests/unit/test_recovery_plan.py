@@ -134,7 +134,7 @@ def test_a_transaction_reopened_under_its_abort_is_aborted_again(clock: FakeCloc
     """A dying writer's late batch reopens its transaction after the export's at-once abort (same
     producer id and epoch). Its ABORT's outcome already says aborted; recovery and the abort task
     must still end it, not leave it open until the broker's timeout (adversarial review)."""
-    from airflow_provider_kafka2pc.txn.resume import abort_prepared
+    from airflow_provider_kafka2pc.txn.coordinator import abort_prepared
     from tests.unit.fakes import committable
 
     c = committable("orders-0")

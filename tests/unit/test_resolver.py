@@ -15,6 +15,13 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.coordinator import (
+    Resolution,
+    TransactionResolver,
+    abort_prepared,
+    commit_prepared,
+    ref_of,
+)
 from airflow_provider_kafka2pc.txn.errors import (
     CoordinatorError,
     ForeignCommittableError,
@@ -41,13 +48,6 @@ from airflow_provider_kafka2pc.txn.outcome import (
     Verdict,
 )
 from airflow_provider_kafka2pc.txn.protocol import Kind, OutcomeRecord, RunStatus
-from airflow_provider_kafka2pc.txn.resume import (
-    Resolution,
-    TransactionResolver,
-    abort_prepared,
-    commit_prepared,
-    ref_of,
-)
 from tests.unit.fakes import (
     FakeBroker,
     FakeClock,

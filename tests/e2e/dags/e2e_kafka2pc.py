@@ -31,9 +31,9 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
 from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
-from airflow_provider_kafka2pc.operators.payload import decision_run
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 
 # prepare_fails:   the last row of the last partition raises: the Spark job fails mid-write.
@@ -121,8 +121,8 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
                 time.sleep(0.2)
         if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+            from airflow_provider_kafka2pc.txn.coordinator import TransactionResolver, decide_commit, ref_of
             from airflow_provider_kafka2pc.txn.outcome import Intent
-            from airflow_provider_kafka2pc.txn.resume import TransactionResolver, decide_commit, ref_of
 
             payloads = [p for p in self.payloads(context).values() if p is not None]
             committables = [c for p in payloads for c in p.committables]

@@ -1,4 +1,7 @@
-"""Finishing prepared transactions from another process (DESIGN §4-§6).
+"""The two-phase-commit coordinator: finishing prepared transactions from another process (DESIGN §4-§6).
+
+Not Kafka's transaction coordinator (the broker that owns a transactional id, found by
+``txn/inspect.py``): this module decides for a run and tells those brokers.
 
 ``TransactionResolver`` ends transactions by (transactional id, producer id, epoch) over the
 public wire protocol and classifies every result by the outcome table. ``commit_prepared`` and
