@@ -428,7 +428,7 @@ def _exporter(conn_id: str, x: Mapping[str, Any], can_acknowledge: bool) -> str:
                     "started",
                     "deadline",
                     "ruled by",
-                    "recovery would",
+                    "kafka2pc resolve would",
                 ],
                 (
                     [
@@ -446,6 +446,15 @@ def _exporter(conn_id: str, x: Mapping[str, Any], can_acknowledge: bool) -> str:
                 f"{anchor}-open",
             )
         )
+        if any(t["decision"] is None for t in open_txns):
+            # An undecided transaction is most often a run still between its prepare and its commit:
+            # the action column is what a prefix-wide resolve would do now, not the next sensor.
+            parts.append(
+                '<div class="muted">A transaction without a decision belongs to a run still exporting or '
+                "awaiting its commit, or to one that died. A run's own recovery sensor never aborts "
+                "another live run's transactions; <code>kafka2pc resolve</code> for the whole prefix "
+                "would, so run it only once those runs have ended.</div>"
+            )
     else:
         parts.append('<div class="muted">None: nothing of this exporter is open on the broker.</div>')
     parts.append("<h3>Recent runs</h3>")
