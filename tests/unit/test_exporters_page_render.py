@@ -7,30 +7,28 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_kafka2pc.plugins.page import render_page
+from airflow_provider_kafka2pc.txn.protocol import Kind
+from airflow_provider_kafka2pc.txn.survey import plan_rows
+from tests.unit.fakes import MemoryDecisionLog, decision_item, now_ms, ref, txn_state
 
-COMMIT = {"kind": "COMMIT", "run": "dag/run-1", "decision_id": "d1"}
 
-
-def exporter(*decisions: dict[str, Any] | None) -> dict[str, Any]:
-    txns = [
-        {"transactional_id": f"orders-{i}", "state": "Ongoing", "producer_id": i, "producer_epoch": 0,
-         "partitions": [{"topic": "orders", "partition": 0}], "start_time_ms": 1_795_000_000_000,
-         "timeout_ms": 900_000, "decision": d, "other_decision": None,
-         "action": "abort" if d is None else "roll forward"}
-        for i, d in enumerate(decisions)
-    ]  # fmt: skip
-    x = {"prefix": "orders", "transactions": txns, "losses": [], "runs": []}
+def page(*undecided: str) -> str:
+    """orders-0 ruled by a COMMIT, plus ``undecided`` ids open without a decision; rows as
+    ``kafka2pc list`` builds them."""
+    state = MemoryDecisionLog(initial=[decision_item(Kind.COMMIT, [ref("orders-0")])]).read()
+    rows, _ = plan_rows([txn_state(t) for t in ("orders-0", *undecided)], state, now_ms())
+    x: dict[str, Any] = {"prefix": "orders", "transactions": rows, "losses": [], "runs": []}
     topic = {"decision_topic": "kafka2pc_decisions", "decision_topic_exists": True, "known_prefixes": {}}
-    return {"exporters": [x], **topic}
+    return render_page("kafka2pc_default", ["orders"], {"exporters": [x], **topic}, False)
 
 
 def test_an_undecided_transaction_is_explained_as_a_live_runs_and_resolve_is_named() -> None:
-    page = render_page("kafka2pc_default", ["orders"], exporter(None, COMMIT), False)
-    assert "<th>kafka2pc resolve would</th>" in page
-    assert "recovery would" not in page
-    assert "A run's own recovery sensor never aborts another live run's transactions" in page
+    html = page("orders-1")
+    assert "<th>kafka2pc resolve would</th>" in html and "recovery would" not in html
+    assert "<td>abort</td>" in html and "<td>roll forward</td>" in html
+    assert "A run's own recovery sensor never aborts another live run's transactions" in html
 
 
 def test_decided_transactions_need_no_such_note() -> None:
-    page = render_page("kafka2pc_default", ["orders"], exporter(COMMIT), False)
-    assert "roll forward" in page and "never aborts another live run" not in page
+    html = page()
+    assert "<td>roll forward</td>" in html and "never aborts another live run" not in html
