@@ -65,6 +65,18 @@ def spark_frame(spark: Any, n: int, payload: str, partitions: int = 4) -> Any:
     return df
 
 
+def parquet_frame(spark: Any, n: int, payload: str, directory: str, partitions: int = 4) -> Any:
+    """The same rows written once as Parquet files (not timed) and read back uncached: every run
+    reads and decodes the files, as an export of a table does."""
+    spark.range(n, numPartitions=partitions).selectExpr(
+        "cast(id as string) as key", f"{PAYLOADS[payload][0]} as value"
+    ).write.mode("overwrite").parquet(directory)
+    df = spark.read.parquet(directory)
+    if df.count() != n:
+        raise RuntimeError("the Parquet files lost rows")
+    return df
+
+
 def arrow_partitions(n: int, payload: str, partitions: int = 4, batch_rows: int = 10_000) -> list[list[Any]]:
     """The Arrow batches each of ``partitions`` Spark tasks would hand to ``mapInArrow``.
 

@@ -137,6 +137,9 @@ class Kafka2PCExportOperator(BaseOperator):
         loop), ``native`` (fail where it cannot) or ``python``.
     :param materialize: compute and store the DataFrame before any transaction opens (default), so
         the transaction window covers writing and committing only; False computes it inside the window.
+    :param store: where the computed frame waits for the write: ``auto`` (default) stages it in Arrow
+        files on the executors' host when the driver and the executors share one, else a checkpoint;
+        ``arrow`` or ``checkpoint`` force one.
     :param checkpoint_dir: store the computed frame there (a reliable checkpoint, which survives a lost
         executor; deleted after the export) instead of on the executors (a local checkpoint).
     :param commit_headroom_ms: what the commit keeps before the broker deadline (decision write and
@@ -181,6 +184,7 @@ class Kafka2PCExportOperator(BaseOperator):
         transaction_timeout_ms: int | None = None,
         writer: str = "auto",
         materialize: bool = True,
+        store: str = "auto",
         checkpoint_dir: str | None = None,
         commit_headroom_ms: int | None = None,
         handover_ms: int | None = None,
@@ -217,7 +221,10 @@ class Kafka2PCExportOperator(BaseOperator):
             "write_bytes_per_s": write_bytes_per_s,
         }
         self.window = WindowSettings(
-            materialize=materialize, checkpoint_dir=checkpoint_dir, **{k: v for k, v in given.items() if v is not None}
+            materialize=materialize,
+            store=store,
+            checkpoint_dir=checkpoint_dir,
+            **{k: v for k, v in given.items() if v is not None},
         )
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage

@@ -480,6 +480,7 @@ def export_dataframe(
 
     ``on_progress`` is called every ``progress_interval_s`` while the job runs and once when it
     has succeeded (classic Spark sessions; Spark Connect reports nothing)."""
+    from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.spark.window import WindowSettings
 
     started = time.monotonic()
@@ -501,10 +502,15 @@ def export_dataframe(
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
     stored, budget = _prepare_window(df, settings, window) if transactional else (None, None)
-    if stored is not None:
+    staged_dir = None
+    if isinstance(stored, StagedFrame):
+        df, staged_dir = stored.write_frame(df.sparkSession), stored.directory
+    elif stored is not None:
         df = stored.df
     try:
-        rows, write_s, write_started_ms = _write(df, settings, budget, on_progress, progress_interval_s, abort_opened)
+        rows, write_s, write_started_ms = _write(
+            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged_dir
+        )
     finally:
         if stored is not None:
             stored.release()
@@ -517,13 +523,13 @@ def export_dataframe(
 
 def _prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -> tuple[Any, WindowBudget]:
     """Materialize (unless turned off) and check the budget, all before any transaction opens."""
-    from airflow_provider_kafka2pc.spark.window import materialize, task_slots
+    from airflow_provider_kafka2pc.spark.window import task_slots
     from airflow_provider_kafka2pc.txn.window import WindowBudget, WriteEstimate, commit_headroom_ms
 
     assert settings.transaction_timeout_ms is not None
     stored, estimate = None, None
     if window.materialize:
-        stored = materialize(df, window)
+        stored = _compute_first(df, window)
         estimate = WriteEstimate.of(
             stored.sizes, task_slots(df.sparkSession), window.write_records_per_s, window.write_bytes_per_s
         )
@@ -555,6 +561,25 @@ def _prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -
     return stored, budget
 
 
+def _compute_first(df: Any, window: WindowSettings) -> Any:
+    """The source computed before any transaction opens: staged in Arrow files where the cluster
+    allows it (one pass), else stored with a checkpoint; the task log says which, and why."""
+    from airflow_provider_kafka2pc.spark.staging import machine_id, stage, staging_unavailable
+    from airflow_provider_kafka2pc.spark.window import materialize
+
+    why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
+    if why_not is None:
+        staged = stage(df)
+        if staged.machines <= {machine_id()}:
+            return staged
+        staged.release()  # this host's files; another host's stay in its temporary directory
+        why_not = f"staging tasks ran on {len(staged.machines)} machine(s), not only the driver's"
+    if window.store == "arrow":
+        raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'")
+    log.info("kafka2pc stores the frame with a checkpoint instead of staging Arrow files: %s", why_not)
+    return materialize(df, window)
+
+
 def _partition_count(df: Any) -> int:
     try:
         return int(df.rdd.getNumPartitions())
@@ -569,9 +594,11 @@ def _write(
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
     abort_opened: Callable[[], bool] | None,
+    staged_dir: str | None = None,
 ) -> tuple[list[Any], float, int]:
     """The write job, watched against the budget; on failure what it opened is aborted at once.
-    Returns its rows, its duration and its start (wall-clock ms on the driver)."""
+    With ``staged_dir``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its
+    input rows. Returns its rows, its duration and its start (wall-clock ms on the driver)."""
     from airflow_provider_kafka2pc.spark.window import ExecutorLostError, WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.window import WindowExceededError
 
@@ -584,6 +611,12 @@ def _write(
 
         ctx = TaskContext.get()
         assert ctx is not None
+        if staged_dir is not None:
+            from airflow_provider_kafka2pc.spark.staging import staged_batches
+
+            for _ in batches:  # the write frame's one placeholder row
+                pass
+            batches = staged_batches(staged_dir, ctx.partitionId())
         for out in write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches):
             if written is not None:
                 written.add(sum(out.column("records").to_pylist()))

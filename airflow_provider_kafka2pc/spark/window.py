@@ -38,6 +38,9 @@ class WindowSettings:
     """How an export keeps its window short; the defaults are what the operator uses.
 
     :param materialize: compute and store the DataFrame before any transaction opens.
+    :param store: how: ``auto`` stages Arrow files on the executors' host where the driver and the
+        executors share one (``spark/staging.py``), else a checkpoint; ``arrow`` or ``checkpoint``
+        force one (``arrow`` fails where it cannot).
     :param checkpoint_dir: store it there (a reliable checkpoint: survives a lost executor) instead
         of on the executors (a local checkpoint). Its files are deleted after the export.
     :param commit_headroom_ms: what the commit keeps before the broker deadline; derived when None.
@@ -47,6 +50,7 @@ class WindowSettings:
     """
 
     materialize: bool = True
+    store: str = "auto"
     checkpoint_dir: str | None = None
     commit_headroom_ms: int | None = None
     handover_ms: int = DEFAULT_HANDOVER_MS
@@ -55,6 +59,9 @@ class WindowSettings:
 
     def __post_init__(self) -> None:
         # Checked when the DAG is parsed, not after hours of materializing.
+        from airflow_provider_kafka2pc.spark.staging import validate_store
+
+        validate_store(self.store)
         if self.commit_headroom_ms is not None and self.commit_headroom_ms < 0:
             raise ValueError(f"commit_headroom_ms={self.commit_headroom_ms}: must be >= 0")
         if self.handover_ms < 0:

@@ -1,0 +1,130 @@
+"""Staging the computed source in Arrow files (spark/staging.py), without Spark."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_kafka2pc.spark.staging import (
+    machine_id,
+    stage_partition,
+    staged_batches,
+    staging_directory,
+    staging_unavailable,
+    validate_store,
+)
+from airflow_provider_kafka2pc.spark.window import WindowSettings
+
+
+def batches(*sizes: int) -> list[pa.RecordBatch]:
+    out, start = [], 0
+    for n in sizes:
+        keys = [f"k{i}" for i in range(start, start + n)]
+        out.append(pa.RecordBatch.from_pydict({"key": keys, "value": [f"value-{k}" for k in keys]}))
+        start += n
+    return out
+
+
+def test_a_partition_is_staged_whole_and_read_back_batch_by_batch(tmp_path: Path) -> None:
+    given = batches(3, 0, 5)
+    (summary,) = list(stage_partition(str(tmp_path), 2, 0, iter(given)))
+    row = summary.to_pylist()[0]
+    expected_bytes = sum(len(k) + len(f"value-{k}") for b in given for k in b.column(0).to_pylist())
+    assert row == {"partition": 2, "records": 8, "bytes": expected_bytes, "machine": machine_id()}
+    assert sorted(os.listdir(tmp_path)) == ["part-00002.arrows"]  # no partial file left
+    back = list(staged_batches(str(tmp_path), 2))
+    assert [b.num_rows for b in back] == [3, 5]  # the empty batch is not staged
+    assert pa.Table.from_batches(back).equals(pa.Table.from_batches([given[0], given[2]]))
+
+
+def test_an_empty_partition_leaves_no_file_and_reads_as_nothing(tmp_path: Path) -> None:
+    (summary,) = list(stage_partition(str(tmp_path), 0, 0, iter([])))
+    assert summary.to_pylist()[0]["records"] == 0
+    assert os.listdir(tmp_path) == []
+    assert list(staged_batches(str(tmp_path), 0)) == []
+
+
+def test_a_retried_attempt_replaces_the_file_of_a_failed_one(tmp_path: Path) -> None:
+    def failing() -> Any:
+        yield from batches(4)
+        raise RuntimeError("the task was killed")
+
+    with pytest.raises(RuntimeError):
+        list(stage_partition(str(tmp_path), 1, 0, failing()))
+    assert list(staged_batches(str(tmp_path), 1)) == []  # a torn attempt is never read
+    list(stage_partition(str(tmp_path), 1, 1, iter(batches(2, 2))))
+    assert sum(b.num_rows for b in staged_batches(str(tmp_path), 1)) == 4
+
+
+def test_the_store_is_checked_when_the_dag_is_parsed() -> None:
+    assert validate_store("auto") == "auto"
+    with pytest.raises(ValueError, match=r"store='disk': choose one of \['auto', 'arrow', 'checkpoint'\]"):
+        WindowSettings(store="disk")
+
+
+class Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+class Executor:
+    def __init__(self, host: str) -> None:
+        self._host = host
+
+    def host(self) -> str:
+        return self._host
+
+
+class Context:
+    def __init__(self, master: str, conf: dict[str, str] | None = None, hosts: tuple[str, ...] = ()) -> None:
+        self.master = master
+        self._conf = Conf(conf or {})
+        tracker = type("Tracker", (), {"getExecutorInfos": lambda _self: [Executor(h) for h in hosts]})()
+        sc = type("SC", (), {"statusTracker": lambda _self: tracker})()
+        self._jsc = type("JSC", (), {"sc": lambda _self: sc})()
+
+    def getConf(self) -> Conf:
+        return self._conf
+
+
+class Session:
+    def __init__(self, sc: Context | None, conf: dict[str, str] | None = None) -> None:
+        self._sc = sc
+        self.conf = Conf(conf or {})
+
+    @property
+    def sparkContext(self) -> Context:
+        if self._sc is None:
+            raise RuntimeError("[NOT_SUPPORTED_WITH_SPARK_CONNECT]")
+        return self._sc
+
+
+def test_staging_where_the_driver_and_every_executor_share_a_host_else_why_not() -> None:
+    assert staging_unavailable(Session(Context("local[2]")), "auto", None) is None
+    assert (
+        staging_unavailable(Session(Context("spark://h:7077", hosts=("127.0.0.1", "localhost"))), "auto", None) is None
+    )
+    assert staging_unavailable(Session(Context("local[2]")), "checkpoint", None) == "store='checkpoint'"
+    assert "checkpoint_dir" in str(staging_unavailable(Session(Context("local[2]")), "auto", "/shared/tmp"))
+    assert "Spark Connect" in str(staging_unavailable(Session(None), "auto", None))
+    dynamic = Context("yarn", {"spark.dynamicAllocation.enabled": "true"})
+    assert "dynamic allocation" in str(staging_unavailable(Session(dynamic), "auto", None))
+    remote = Context("spark://h:7077", hosts=("127.0.0.1", "worker-7.invalid"))
+    assert staging_unavailable(Session(remote), "auto", None) == (
+        "executors run on other hosts than the driver (worker-7.invalid)"
+    )
+
+
+def test_the_staging_directory_is_new_and_under_spark_local_dir(tmp_path: Path) -> None:
+    first = staging_directory(Session(Context("local[2]"), {"spark.local.dir": f"{tmp_path}/a,{tmp_path}/b"}))
+    second = staging_directory(Session(Context("local[2]"), {"spark.local.dir": f"{tmp_path}/a"}))
+    assert first != second
+    assert Path(first).parent == Path(second).parent == tmp_path / "a"
+    assert Path(first).name.startswith("kafka2pc-stage-")
