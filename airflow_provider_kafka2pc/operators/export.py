@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -12,7 +13,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
-from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
 from airflow_provider_kafka2pc.txn import naming
 from airflow_provider_kafka2pc.txn.config import redact
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
@@ -146,8 +147,10 @@ class Kafka2PCExportOperator(BaseOperator):
         EndTxn); derived from the timeout and the run's size when None. Give the commit the same value.
     :param handover_ms: time allowed between this task's end and the commit's first EndTxn (gate
         tasks between them run inside the window: add their time).
-    :param write_records_per_s: records per second and task slot the window budget assumes at least.
-    :param write_bytes_per_s: bytes per second and task slot the window budget assumes at least.
+    :param write_records_per_s: records per second and task slot this cluster writes, stated for the
+        window budget; unset, the budget uses the rate the exporter's previous run showed, and with
+        none refuses nothing up front (the deadline watch still stops a write that overruns).
+    :param write_bytes_per_s: likewise in bytes per second.
     """
 
     operator_extra_links = (Kafka2PCExportersLink(),)
@@ -214,18 +217,16 @@ class Kafka2PCExportOperator(BaseOperator):
         self.writer = validate_writer(writer)
         from airflow_provider_kafka2pc.spark.window import WindowSettings
 
-        given = {
-            "commit_headroom_ms": commit_headroom_ms,
-            "handover_ms": handover_ms,
-            "write_records_per_s": write_records_per_s,
-            "write_bytes_per_s": write_bytes_per_s,
-        }
         self.window = WindowSettings(
             materialize=materialize,
             store=store,
             checkpoint_dir=checkpoint_dir,
-            **{k: v for k, v in given.items() if v is not None},
+            commit_headroom_ms=commit_headroom_ms,
+            write_records_per_s=write_records_per_s,
+            write_bytes_per_s=write_bytes_per_s,
         )
+        if handover_ms is not None:
+            self.window = dataclasses.replace(self.window, handover_ms=handover_ms)
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -341,6 +342,19 @@ class Kafka2PCExportOperator(BaseOperator):
             )
         return done
 
+    def _window_with_shown_rate(self, context: Context) -> Any:
+        """The window settings with the write rate the exporter's last successful prepare showed (an
+        XCom of this task in an earlier run), which the budget uses when the user states none."""
+        from airflow_provider_kafka2pc.txn.window import WriteRate
+
+        try:
+            kept = context["ti"].xcom_pull(task_ids=self.task_id, key=WRITE_RATE_KEY, include_prior_dates=True)
+        except Exception as e:  # a courtesy: without it nothing is refused up front
+            self.log.info("kafka2pc: no earlier write rate readable (%s: %s)", type(e).__name__, e)
+            kept = None
+        shown = WriteRate.from_json(kept)
+        return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
 
@@ -413,9 +427,10 @@ class Kafka2PCExportOperator(BaseOperator):
             seen["aborted"] = self._abort_opened(hook, prefix, run, settings.run_key)
             return bool(seen["aborted"])
 
+        window = self._window_with_shown_rate(context)
         try:
             df = self._dataframe(spark, context)
-            result = export_dataframe(df, settings, on_progress=progress, window=self.window, abort_opened=abort_now)
+            result = export_dataframe(df, settings, on_progress=progress, window=window, abort_opened=abort_now)
             self._read = self._source_tables(spark)
         except BaseException as e:
             # Last, so that it is the line a user reads first: how far the prepare got, what is open.
@@ -424,6 +439,9 @@ class Kafka2PCExportOperator(BaseOperator):
         finally:
             spark.stop()
         self._stand_down_if_decided_meanwhile(hook, context, prefix, run, result.committables)
+        if result.write_rate is not None:  # the next run's budget refuses by what this one showed
+            shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
+            context["ti"].xcom_push(key=WRITE_RATE_KEY, value=shown.to_json())
         summary = result.summary()
         self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(

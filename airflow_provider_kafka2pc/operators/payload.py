@@ -20,6 +20,7 @@ PAYLOAD_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # Pushed by an export that skipped itself (its run is already decided): not a failure to abort.
 SKIPPED_KEY = "kafka2pc_skipped"
+WRITE_RATE_KEY = "kafka2pc_write_rate"  # the write rate per slot a successful prepare showed
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.window import WindowSettings
-    from airflow_provider_kafka2pc.txn.window import WindowBudget
+    from airflow_provider_kafka2pc.txn.window import WindowBudget, WriteRate
     from airflow_provider_kafka2pc.txn.writer import DeliveryWriter
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ class ExportResult:
     budget: WindowBudget | None = None  # EXACTLY_ONCE: the window the write phase had
     materialize_s: float = 0.0  # computing and storing the frame, before any transaction opened
     write_s: float = 0.0  # the write job: transactions open from its start
+    write_rate: WriteRate | None = None  # what a task slot wrote per second (materialized frames only)
+    staged_bytes: int = 0  # the Arrow files the source was staged in (spark/staging.py), if it was
 
     @property
     def first_write_ms(self) -> int | None:
@@ -108,6 +110,8 @@ class ExportResult:
             "duration_s": round(self.duration_s, 3),
             "retried_partitions": list(self.retried),
             "materialize_s": round(self.materialize_s, 3),
+            "write_rate": self.write_rate.to_json() if self.write_rate is not None else None,
+            "staged_bytes": self.staged_bytes,
             "write_s": round(self.write_s, 3),
             "first_write_ms": self.first_write_ms,
             # With first_write_ms, a lower bound of the broker deadline that a failed commit can name
@@ -502,9 +506,9 @@ def export_dataframe(
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
     stored, budget = _prepare_window(df, settings, window) if transactional else (None, None)
-    staged_dir = None
+    staged_dir, staged_bytes = None, 0
     if isinstance(stored, StagedFrame):
-        df, staged_dir = stored.write_frame(df.sparkSession), stored.directory
+        df, staged_dir, staged_bytes = stored.write_frame(df.sparkSession), stored.directory, stored.disk_bytes
     elif stored is not None:
         df = stored.df
     try:
@@ -515,7 +519,22 @@ def export_dataframe(
         if stored is not None:
             stored.release()
     result = _collect(rows, settings, time.monotonic() - started)
-    result = replace(result, budget=budget, materialize_s=stored.seconds if stored else 0.0, write_s=write_s)
+    result = replace(
+        result,
+        budget=budget,
+        materialize_s=stored.seconds if stored else 0.0,
+        write_s=write_s,
+        staged_bytes=staged_bytes,
+    )
+    if stored is not None:
+        from airflow_provider_kafka2pc.spark.window import task_slots
+        from airflow_provider_kafka2pc.txn.window import WriteRate
+
+        parallel = min(task_slots(df.sparkSession), result.partitions)
+        shown = WriteRate.shown(
+            result.records, result.bytes, write_s, result.partitions, parallel, "shown by an earlier write"
+        )
+        result = replace(result, write_rate=shown)
     if budget is not None:
         _check_window_left(result, budget, abort_opened, write_started_ms)
     return result
@@ -524,34 +543,44 @@ def export_dataframe(
 def _prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -> tuple[Any, WindowBudget]:
     """Materialize (unless turned off) and check the budget, all before any transaction opens."""
     from airflow_provider_kafka2pc.spark.window import task_slots
-    from airflow_provider_kafka2pc.txn.window import WindowBudget, WriteEstimate, commit_headroom_ms
+    from airflow_provider_kafka2pc.txn.window import NOT_MATERIALIZED, WindowBudget, WriteEstimate, commit_headroom_ms
 
     assert settings.transaction_timeout_ms is not None
-    stored, estimate = None, None
+    stored, estimate, unknown = None, None, NOT_MATERIALIZED
     if window.materialize:
         stored = _compute_first(df, window)
-        estimate = WriteEstimate.of(
-            stored.sizes, task_slots(df.sparkSession), window.write_records_per_s, window.write_bytes_per_s
-        )
-        log.info(
-            "kafka2pc materialized the frame in %.1f s, before any transaction opened (%s): %d records, %d bytes, "
-            "%d non-empty partition(s)",
-            stored.seconds,
-            stored.where,
-            estimate.records,
-            estimate.bytes,
-            estimate.partitions,
-        )
+        if stored.sizes is not None:
+            busy = [s for s in stored.sizes if s.records > 0]
+            log.info(
+                "kafka2pc materialized the frame in %.1f s, before any transaction opened (%s): %d records, "
+                "%d bytes, %d non-empty partition(s)",
+                stored.seconds,
+                stored.where,
+                sum(s.records for s in busy),
+                sum(s.bytes for s in busy),
+                len(busy),
+            )
+        rate = window.rate()
+        if rate is not None and stored.sizes is not None:
+            estimate = WriteEstimate.of(stored.sizes, task_slots(df.sparkSession), rate)
+        else:
+            unknown = "no write rate stated, and none shown by an earlier run of this exporter"
     else:
         log.warning(
             "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
         )
-    transactions = estimate.partitions if estimate is not None else _partition_count(df)
+    if stored is None:
+        transactions = _partition_count(df)
+    elif stored.sizes is None:
+        transactions = stored.partitions
+    else:
+        transactions = sum(1 for s in stored.sizes if s.records > 0)
     budget = WindowBudget(
         settings.transaction_timeout_ms,
         commit_headroom_ms(settings.transaction_timeout_ms, transactions, override_ms=window.commit_headroom_ms),
         window.handover_ms,
         estimate,
+        unknown,
     )
     log.info("kafka2pc window budget: %s", budget.describe())
     if not budget.fits:
@@ -564,9 +593,20 @@ def _prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -
 def _compute_first(df: Any, window: WindowSettings) -> Any:
     """The source computed before any transaction opens: staged in Arrow files where the cluster
     allows it (one pass), else stored with a checkpoint; the task log says which, and why."""
+    from airflow_provider_kafka2pc.spark.cache_manager import stored_already
     from airflow_provider_kafka2pc.spark.staging import machine_id, stage, staging_unavailable
-    from airflow_provider_kafka2pc.spark.window import materialize
+    from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
 
+    if window.store == "auto" and (already := stored_already(df)) is not None:
+        # Writing it computes nothing: no copy. Its size is counted only when a rate can budget it.
+        started = time.monotonic()
+        sizes = partition_sizes(df) if window.rate() is not None else None
+        log.info(
+            "kafka2pc writes %s as it is stored (%d partition(s)): nothing is computed in the window",
+            already.how,
+            already.partitions,
+        )
+        return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     if why_not is None:
         staged = stage(df)
@@ -658,15 +698,22 @@ def _write(
 
 
 def _overrun_fix(budget: WindowBudget) -> str:
-    if budget.estimate is None:
+    from airflow_provider_kafka2pc.txn.window import NOT_MATERIALIZED
+
+    if budget.estimate is None and budget.unknown == NOT_MATERIALIZED:
         return (
             "The source was computed inside the window (materialize=False): turn materialize on (the default) so "
             "that it is computed before any transaction opens, then clear the DAG run."
         )
+    expected = (
+        f"It was expected to take {budget.estimate.expected_ms / 1000:.1f} s"
+        if budget.estimate is not None
+        else f"Its time could not be estimated ({budget.unknown})"
+    )
     return (
-        f"It was expected to take {budget.estimate.expected_ms / 1000:.1f} s: a task was slow or queued (fewer task "
-        "slots than partitions, a lost executor, a slow or throttled broker). Clear the DAG run to try again; give "
-        "the export more task slots, or split it into several exports feeding one commit."
+        f"{expected}: a task was slow or queued (fewer task slots than partitions, a lost executor, a slow or "
+        "throttled broker). Clear the DAG run to try again; give the export more task slots, or split it into "
+        "several exports feeding one commit."
     )
 
 

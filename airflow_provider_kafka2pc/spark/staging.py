@@ -166,8 +166,14 @@ class StagedFrame:
     machines: frozenset[str]
 
     @property
+    def disk_bytes(self) -> int:
+        """What the staged files take on the local disk (the host is the driver's)."""
+        with os.scandir(self.directory) as entries:
+            return sum(e.stat().st_size for e in entries if e.is_file())
+
+    @property
     def where(self) -> str:
-        return f"Arrow files in {self.directory} on the executors' host"
+        return f"{self.disk_bytes} bytes of Arrow files in {self.directory} on the executors' host"
 
     def write_frame(self, spark: Any) -> Any:
         """The frame the write job maps: one row in each of ``partitions`` partitions, so that task

@@ -17,12 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-from airflow_provider_kafka2pc.txn.window import (
-    DEFAULT_HANDOVER_MS,
-    DEFAULT_WRITE_BYTES_PER_S,
-    DEFAULT_WRITE_RECORDS_PER_S,
-    PartitionSize,
-)
+from airflow_provider_kafka2pc.txn.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +40,9 @@ class WindowSettings:
         of on the executors (a local checkpoint). Its files are deleted after the export.
     :param commit_headroom_ms: what the commit keeps before the broker deadline; derived when None.
     :param handover_ms: allowance between the prepare's end and the commit's first EndTxn.
-    :param write_records_per_s: the rate per task slot the budget assumes, at least.
-    :param write_bytes_per_s: likewise for bytes.
+    :param write_records_per_s: the rate per task slot the user states for the budget (records/s).
+    :param write_bytes_per_s: likewise in bytes/s; with neither, the rate an earlier run showed.
+    :param shown_rate: the rate per slot an earlier run of the exporter showed (the operator passes it).
     """
 
     materialize: bool = True
@@ -54,8 +50,9 @@ class WindowSettings:
     checkpoint_dir: str | None = None
     commit_headroom_ms: int | None = None
     handover_ms: int = DEFAULT_HANDOVER_MS
-    write_records_per_s: int = DEFAULT_WRITE_RECORDS_PER_S
-    write_bytes_per_s: int = DEFAULT_WRITE_BYTES_PER_S
+    write_records_per_s: int | None = None
+    write_bytes_per_s: int | None = None
+    shown_rate: WriteRate | None = None
 
     def __post_init__(self) -> None:
         # Checked when the DAG is parsed, not after hours of materializing.
@@ -66,8 +63,22 @@ class WindowSettings:
             raise ValueError(f"commit_headroom_ms={self.commit_headroom_ms}: must be >= 0")
         if self.handover_ms < 0:
             raise ValueError(f"handover_ms={self.handover_ms}: must be >= 0")
-        if self.write_records_per_s <= 0 or self.write_bytes_per_s <= 0:
+        if any(r is not None and r <= 0 for r in (self.write_records_per_s, self.write_bytes_per_s)):
             raise ValueError("write_records_per_s and write_bytes_per_s must be positive")
+
+    def rate(self) -> WriteRate | None:
+        """The rate the budget refuses by: the one the user states, else one an earlier run showed."""
+        if self.write_records_per_s is None and self.write_bytes_per_s is None:
+            return self.shown_rate
+        stated = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("write_records_per_s", self.write_records_per_s),
+                ("write_bytes_per_s", self.write_bytes_per_s),
+            )
+            if value is not None
+        )
+        return WriteRate(self.write_records_per_s, self.write_bytes_per_s, f"stated: {stated}")
 
 
 class ExecutorLostError(Kafka2PCError):
@@ -77,9 +88,10 @@ class ExecutorLostError(Kafka2PCError):
 @dataclass
 class Materialized:
     df: Any
-    sizes: list[PartitionSize]
+    sizes: list[PartitionSize] | None  # None: not counted (a frame stored already, and no rate to budget by)
     seconds: float
     where: str
+    partitions: int = 0  # of the stored frame, when its sizes were not counted
     _cleanup_dir: str | None = None
     _spark: Any = None
     _stored_rdds: tuple[int, ...] = ()
@@ -152,12 +164,10 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
         _release(spark, tuple(_persistent_rdds(spark) - before), cleanup)
         raise
     stored_rdds = tuple(sorted(_persistent_rdds(spark) - before))
-    return Materialized(stored, sizes, time.monotonic() - started, where, cleanup, spark, stored_rdds)
+    return Materialized(stored, sizes, time.monotonic() - started, where, 0, cleanup, spark, stored_rdds)
 
 
 def _store_and_measure(df: Any, settings: WindowSettings, here: bool) -> tuple[Any, str, list[PartitionSize]]:
-    from pyspark.sql import functions as F
-
     if settings.checkpoint_dir:
         stored = df.checkpoint(eager=True)
         where = (
@@ -168,16 +178,22 @@ def _store_and_measure(df: Any, settings: WindowSettings, here: bool) -> tuple[A
     else:
         stored = df.localCheckpoint(eager=True)
         where = "a local checkpoint on the executors"
+    return stored, where, partition_sizes(stored)
+
+
+def partition_sizes(stored: Any) -> list[PartitionSize]:
+    """Records and key + value bytes of each non-empty partition of a stored frame (one small job)."""
+    from pyspark.sql import functions as F
+
     size = F.octet_length(F.col("value"))
-    if "key" in df.columns:
+    if "key" in stored.columns:
         size = size + F.coalesce(F.octet_length(F.col("key")), F.lit(0))
     rows = (
         stored.groupBy(F.spark_partition_id().alias("p"))
         .agg(F.count(F.lit(1)).alias("n"), F.sum(F.coalesce(size, F.lit(0))).alias("b"))
         .collect()
     )
-    sizes = sorted((PartitionSize(int(r["p"]), int(r["n"]), int(r["b"] or 0)) for r in rows), key=lambda s: s.partition)
-    return stored, where, sizes
+    return sorted((PartitionSize(int(r["p"]), int(r["n"]), int(r["b"] or 0)) for r in rows), key=lambda s: s.partition)
 
 
 def _classic_context(spark: Any) -> Any:
@@ -291,5 +307,6 @@ __all__ = [
     "WriteWatch",
     "is_executor_lost",
     "materialize",
+    "partition_sizes",
     "task_slots",
 ]

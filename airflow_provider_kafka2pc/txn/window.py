@@ -30,12 +30,13 @@ END_TXN_WAVE_MS = 250  # one parallel wave of EndTxn and its markers, generous (
 # next task, the commit's own start-up (imports, connections). Gate tasks add their own time.
 DEFAULT_HANDOVER_MS = 10_000
 
-# What the budget assumes one Spark task slot writes at least, per second (the benchmark measures
-# 0.25-0.9 M records/s and ~100 MB/s per core on two cores: these are ~5x below), and the fixed
-# cost of each task (init_transactions, prepare, the Python worker's start).
-DEFAULT_WRITE_RECORDS_PER_S = 50_000
-DEFAULT_WRITE_BYTES_PER_S = 10_000_000
+# The fixed cost of each write task (init_transactions, prepare, the Python worker's start), added
+# to what its records take at the rate in force.
 TASK_FIXED_MS = 1_000
+
+
+# Why a budget has no estimate: the frame was not computed first, so its size is unknown.
+NOT_MATERIALIZED = "the data is not materialized first"
 
 
 class WindowError(Kafka2PCError):
@@ -77,6 +78,63 @@ class PartitionSize:
 
 
 @dataclass(frozen=True)
+class WriteRate:
+    """What one task slot writes per second, and where that number comes from: stated by the user, or
+    shown by an earlier run of the exporter. A partition takes the longer of its records and its bytes
+    at these rates (either may be unknown)."""
+
+    records_per_s: float | None
+    bytes_per_s: float | None
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.records_per_s is None and self.bytes_per_s is None:
+            raise ValueError("a write rate needs records_per_s or bytes_per_s")
+        if any(r is not None and r <= 0 for r in (self.records_per_s, self.bytes_per_s)):
+            raise ValueError("write rates must be positive")
+
+    def seconds(self, records: int, nbytes: int) -> float:
+        by_records = records / self.records_per_s if self.records_per_s else 0.0
+        by_bytes = nbytes / self.bytes_per_s if self.bytes_per_s else 0.0
+        return max(by_records, by_bytes)
+
+    @classmethod
+    def shown(
+        cls, records: int, nbytes: int, seconds: float, partitions: int, parallel: int, source: str
+    ) -> WriteRate | None:
+        """The rate per slot a write job showed: its records and bytes over its duration less the
+        fixed cost its waves of tasks were budgeted (``WriteEstimate`` adds it back), on ``parallel``
+        slots at once; None when nothing was written."""
+        if records <= 0 or seconds <= 0 or parallel <= 0:
+            return None
+        waves = math.ceil(partitions / parallel)
+        moving = seconds - waves * TASK_FIXED_MS / 1000
+        if moving < seconds / 2:  # mostly fixed cost: the whole duration errs low, never high
+            moving = seconds
+        return cls(records / moving / parallel, nbytes / moving / parallel if nbytes > 0 else None, source)
+
+    def describe(self) -> str:
+        parts = [
+            f"{self.records_per_s:.0f} records/s" if self.records_per_s else "",
+            f"{self.bytes_per_s:.0f} bytes/s" if self.bytes_per_s else "",
+        ]
+        return f"{' and '.join(p for p in parts if p)} per slot ({self.source})"
+
+    def to_json(self) -> dict[str, object]:
+        return {"records_per_s": self.records_per_s, "bytes_per_s": self.bytes_per_s, "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: object) -> WriteRate | None:
+        """A rate kept by an earlier run; None for anything else (an older or foreign value)."""
+        if not isinstance(d, dict):
+            return None
+        try:
+            return cls(d.get("records_per_s"), d.get("bytes_per_s"), str(d["source"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class WriteEstimate:
     """The expected duration of the write job over materialized data, and what it is based on."""
 
@@ -85,24 +143,15 @@ class WriteEstimate:
     partitions: int  # non-empty ones: each opens one transaction
     slots: int  # Spark task slots the job can use at once
     expected_ms: int
-    records_per_s: int
-    bytes_per_s: int
+    rate: WriteRate
 
     @classmethod
-    def of(
-        cls,
-        sizes: list[PartitionSize],
-        slots: int,
-        records_per_s: int = DEFAULT_WRITE_RECORDS_PER_S,
-        bytes_per_s: int = DEFAULT_WRITE_BYTES_PER_S,
-    ) -> WriteEstimate:
-        """Each partition takes its fixed cost plus its records and bytes at the assumed rates; the
-        job takes its longest partition, or the sum spread over the slots if that is longer."""
-        if records_per_s <= 0 or bytes_per_s <= 0:
-            raise ValueError("the assumed write rates must be positive")
+    def of(cls, sizes: list[PartitionSize], slots: int, rate: WriteRate) -> WriteEstimate:
+        """Each partition takes its fixed cost plus its records and bytes at ``rate``; the job takes
+        its longest partition, or the sum spread over the slots if that is longer."""
         busy = [s for s in sizes if s.records > 0]
         slots = max(slots, 1)
-        times = [TASK_FIXED_MS + 1000 * s.records / records_per_s + 1000 * s.bytes / bytes_per_s for s in busy]
+        times = [TASK_FIXED_MS + 1000 * rate.seconds(s.records, s.bytes) for s in busy]
         expected = max(max(times, default=0.0), sum(times) / slots)
         return cls(
             records=sum(s.records for s in busy),
@@ -110,15 +159,13 @@ class WriteEstimate:
             partitions=len(busy),
             slots=slots,
             expected_ms=math.ceil(expected),
-            records_per_s=records_per_s,
-            bytes_per_s=bytes_per_s,
+            rate=rate,
         )
 
     def describe(self) -> str:
         return (
             f"{self.records} records, {self.bytes} bytes in {self.partitions} partition(s) on {self.slots} task "
-            f"slot(s): about {self.expected_ms / 1000:.1f} s at >= {self.records_per_s} records/s and "
-            f">= {self.bytes_per_s} bytes/s per slot"
+            f"slot(s): about {self.expected_ms / 1000:.1f} s at {self.rate.describe()}"
         )
 
 
@@ -129,7 +176,8 @@ class WindowBudget:
     timeout_ms: int
     headroom_ms: int
     handover_ms: int
-    estimate: WriteEstimate | None = None  # None: the data was not materialized, its size is unknown
+    estimate: WriteEstimate | None = None  # None: the size or the rate is unknown (``unknown`` says which)
+    unknown: str = NOT_MATERIALIZED
 
     @property
     def write_ms(self) -> int:
@@ -146,7 +194,8 @@ class WindowBudget:
         expected = (
             f"; expected write {self.estimate.describe()}"
             if self.estimate is not None
-            else "; expected write unknown (the data is not materialized first)"
+            else f"; expected write unknown ({self.unknown}): nothing is refused up front, the write is stopped "
+            f"if it runs past {self.write_ms} ms"
         )
         return (
             f"transaction.timeout.ms={self.timeout_ms}: commit headroom {self.headroom_ms} ms, hand-over to the "
@@ -171,18 +220,20 @@ class WindowBudget:
             f"the export was refused before any transaction opened: {why}. Nothing was written. Fixes: give the "
             "export more task slots (executors or cores) so partitions write in parallel; split it into several "
             "export tasks feeding one commit; raise the broker's transaction.max.timeout.ms where the service "
-            "allows it; or, if the write rates assumed here are too low for this cluster, raise "
+            "allows it; or, if this cluster writes faster than the rate used here, state its rate with "
             "write_records_per_s / write_bytes_per_s"
         )
 
 
 __all__ = [
     "DEFAULT_HANDOVER_MS",
+    "NOT_MATERIALIZED",
     "PartitionSize",
     "WindowBudget",
     "WindowError",
     "WindowExceededError",
     "WindowRefusedError",
     "WriteEstimate",
+    "WriteRate",
     "commit_headroom_ms",
 ]

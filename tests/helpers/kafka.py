@@ -113,6 +113,38 @@ class KafkaEnv:
         finally:
             c.close()
 
+    def count_committed(self, topic: str, key_prefix: bytes = b"", timeout_s: float = 120.0) -> tuple[int, int]:
+        """(records, distinct keys) a read_committed consumer sees in ``topic`` with keys starting with
+        ``key_prefix``, without keeping the records (for exports of millions)."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        c = Consumer(
+            {
+                **self.config,
+                "group.id": f"count-{uuid.uuid4().hex[:6]}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            md = c.list_topics(topic, timeout=10).topics[topic]
+            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.partitions])
+            pending, records, keys = set(md.partitions), 0, set()
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                assert time.monotonic() < deadline, f"read_committed did not reach the end of {pending}"
+                for m in c.consume(10000, 0.5):
+                    if m.error():
+                        assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                        pending.discard(m.partition())
+                    elif (key := m.key() or b"").startswith(key_prefix):
+                        records += 1
+                        keys.add(key)
+            return records, len(keys)
+        finally:
+            c.close()
+
     def describe(self, *tids: str) -> dict[str, TxnState | None]:
         return TransactionInspector(self.wire).describe(tids)
 

@@ -202,21 +202,21 @@ def _executor_pids(app_id: str, driver_url_part: str) -> list[int]:
     return pids
 
 
-def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
-    spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv
-) -> None:
-    """SIGKILL of one executor JVM while the (broker-throttled) write job runs: the partitions it
-    stored with the local checkpoint are gone and cannot be recomputed, so the job fails; the export
-    aborts what was opened at once and names the cause. Nothing visible, nothing open."""
+def _export_and_kill_an_executor(
+    spark: Any, kafka: KafkaEnv, topic: str, store: str, after_kill: Any = None
+) -> tuple[ExportSettings, dict[str, Any], list[str]]:
+    """Export 20,000 rows in 4 partitions, throttled by the broker (~150 s to write); SIGKILL one
+    executor JVM once the write job has transactions open; ``after_kill`` runs then."""
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
     rows = 20_000
-    topic = kafka.topic(4)
     df = spark.range(rows, numPartitions=4).selectExpr("cast(id as string) as key", "cast(id as string) as value")
     client_id = f"slow-{uuid.uuid4().hex[:6]}"
     kafka.set_producer_byte_rate(client_id, 2_000)  # ~150 s to write: time to kill an executor meanwhile
     s = ExportSettings(f"c{uuid.uuid4().hex[:8]}", {**kafka.config, "client.id": client_id}, topic)
     log = _log(kafka)
     aborts: list[str] = []
-    outcome: dict[str, BaseException] = {}
+    outcome: dict[str, Any] = {}
 
     def abort_opened() -> bool:
         done, last = abort_open_now(kafka, s.transactional_id_prefix, log)
@@ -225,7 +225,7 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
 
     def export() -> None:
         try:
-            export_dataframe(df, s, abort_opened=abort_opened)
+            outcome["result"] = export_dataframe(df, s, window=WindowSettings(store=store), abort_opened=abort_opened)
         except BaseException as e:
             outcome["error"] = e
 
@@ -239,8 +239,22 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
     pids = _executor_pids(sc.applicationId, f"@127.0.0.1:{sc.getConf().get('spark.driver.port')}")
     assert len(pids) == WORKERS, pids
     os.kill(pids[0], signal.SIGKILL)
-    writer.join(180)
+    if after_kill is not None:
+        after_kill(client_id)
+    writer.join(240)
     assert not writer.is_alive()
+    outcome["log"] = log
+    return s, outcome, aborts
+
+
+def test_an_executor_lost_while_writing_a_local_checkpoint_aborts_the_run_whole_at_once(
+    spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv
+) -> None:
+    """The partitions it stored with the local checkpoint are gone and cannot be recomputed, so the
+    job fails; the export aborts what was opened at once and names the cause. Nothing visible,
+    nothing open."""
+    topic = kafka.topic(4)
+    s, outcome, aborts = _export_and_kill_an_executor(spark, kafka, topic, "checkpoint")
     error = outcome.get("error")
     assert isinstance(error, ExecutorLostError), repr(error)
     message = str(error)
@@ -251,3 +265,23 @@ def test_an_executor_lost_during_the_write_aborts_the_run_whole_at_once(
     assert len(aborts) == 1
     assert kafka.open_transactions(s.transactional_id_prefix, settle_s=2) == []
     assert kafka.read_committed(topic) == []
+
+
+def test_an_executor_lost_while_writing_staged_files_is_survived_exactly_once(
+    spark: Any, cluster: StandaloneCluster, kafka: KafkaEnv
+) -> None:
+    """Staged Arrow files stay on the host's disk: the lost tasks are retried on another executor,
+    which reads the same files and fences the lost attempts' transactions with init_transactions.
+    The throttle is lifted after the kill so that the retries finish in seconds."""
+    topic = kafka.topic(4)
+    s, outcome, aborts = _export_and_kill_an_executor(
+        spark, kafka, topic, "arrow", after_kill=lambda client_id: kafka.set_producer_byte_rate(client_id, 1e9)
+    )
+    result = outcome.get("result")
+    assert result is not None, repr(outcome.get("error"))
+    assert result.staged_bytes > 0 and result.retried != (), result.summary()
+    assert result.records == 20_000 and len(result.committables) == 4
+    assert aborts == []
+    commit_prepared(result.committables, kafka.wire, outcome["log"], run="lost-executor")
+    assert kafka.count_committed(topic) == (20_000, 20_000)
+    assert kafka.open_transactions(s.transactional_id_prefix) == []

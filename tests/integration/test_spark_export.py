@@ -221,3 +221,70 @@ def test_the_byte_bound_the_guide_gives_turns_sparks_per_row_check_off_and_the_l
         assert arrow_batch_bounds(spark).startswith("10000 records, bytes unchecked")
     finally:
         spark.conf.unset(ARROW_MAX_BYTES_PER_BATCH)
+
+
+def test_the_cache_manager_surface_tells_a_whole_stored_frame_from_one_that_is_not(spark: Any) -> None:
+    """The private Spark calls behind spark/cache_manager.py, on the pinned Spark: an upgrade that
+    moves them fails here (stored_already would then answer None: a staging pass, never a
+    computation inside the window)."""
+    from airflow_provider_kafka2pc.spark.cache_manager import stored_already
+
+    def frame() -> Any:
+        return spark.range(400, numPartitions=4).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+
+    cached = frame().cache()
+    try:
+        assert stored_already(cached) is None  # cached lazily: nothing loaded yet
+        cached.count()
+        loaded = stored_already(cached)
+        assert loaded is not None and loaded.partitions == 4, loaded
+        assert loaded.how.startswith("a cached frame, every partition loaded (Disk Memory Deserialized")
+        assert stored_already(frame()) == loaded  # the same plan is the same cached query
+        assert stored_already(cached.select("value", "key")) is None  # a plan on top computes
+    finally:
+        cached.unpersist()
+    memory_only = frame().persist(__import__("pyspark").StorageLevel.MEMORY_ONLY)
+    try:
+        memory_only.count()
+        assert stored_already(memory_only) is None  # an evicted partition would be recomputed
+    finally:
+        memory_only.unpersist()
+    checkpoint = frame().localCheckpoint()
+    assert stored_already(checkpoint) is not None and stored_already(checkpoint).how == "a checkpoint"  # type: ignore[union-attr]
+    assert stored_already(frame()) is None
+
+
+def test_a_cached_frame_is_written_as_stored_and_a_computed_one_is_staged_first(
+    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both exactly once; the log says which way each went and the staging leaves no file."""
+    import logging
+    from pathlib import Path
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+    staging_root = Path(spark.conf.get("spark.local.dir", None) or __import__("tempfile").gettempdir())
+    before = set(staging_root.glob("kafka2pc-stage-*"))
+    for tag, cache in (("cached", True), ("computed", False)):
+        topic = kafka.topic(4)
+        df = spark.range(20_000, numPartitions=4).selectExpr(
+            f"concat('{tag}-', CAST(id AS STRING)) AS key", "CAST(id AS STRING) AS value"
+        )
+        if cache:
+            df = df.cache()
+            df.count()
+        s = _settings(kafka, topic)
+        caplog.clear()
+        try:
+            result = export_dataframe(df, s)
+        finally:
+            if cache:
+                df.unpersist()
+        text = caplog.text
+        if cache:
+            assert "writes a cached frame, every partition loaded" in text and result.staged_bytes == 0
+        else:
+            assert "bytes of Arrow files in" in text and result.staged_bytes > 0
+        commit_prepared(result.committables, kafka.wire, _log(kafka), run=tag)
+        assert kafka.count_committed(topic, f"{tag}-".encode()) == (20_000, 20_000)
+        assert kafka.open_transactions(s.transactional_id_prefix) == []
+    assert set(staging_root.glob("kafka2pc-stage-*")) == before

@@ -9,6 +9,7 @@ from airflow_provider_kafka2pc.txn.window import (
     WindowBudget,
     WindowRefusedError,
     WriteEstimate,
+    WriteRate,
     commit_headroom_ms,
 )
 
@@ -34,27 +35,52 @@ def test_a_configured_headroom_wins_and_must_not_be_negative() -> None:
         commit_headroom_ms(30_000, 8, override_ms=-1)
 
 
+RATE = WriteRate(50_000, 10_000_000, "stated: write_records_per_s=50000, write_bytes_per_s=10000000")
+
+
 def test_the_write_estimate_takes_the_longest_partition_or_the_sum_over_the_slots() -> None:
     sizes = [PartitionSize(p, 2_000, 30_000) for p in range(8)] + [PartitionSize(8, 0, 0)]
-    # Each partition: 1 s fixed + 2,000 / 50,000 s + 30,000 / 10 MB/s = 1.043 s; 8 of them on 2 slots.
-    estimate = WriteEstimate.of(sizes, slots=2)
+    # Each partition: 1 s fixed + the longer of 2,000 / 50,000 s and 30,000 / 10 MB/s = 1.04 s; 8 on 2 slots.
+    estimate = WriteEstimate.of(sizes, slots=2, rate=RATE)
     assert (estimate.records, estimate.bytes, estimate.partitions) == (16_000, 240_000, 8)
-    assert estimate.expected_ms == 4_172
-    skewed = WriteEstimate.of([PartitionSize(0, 1_000_000, 0), PartitionSize(1, 10, 0)], slots=8)
+    assert estimate.expected_ms == 4_160
+    skewed = WriteEstimate.of([PartitionSize(0, 1_000_000, 0), PartitionSize(1, 10, 0)], slots=8, rate=RATE)
     assert skewed.expected_ms == 21_000  # one big partition: no number of slots helps
-    assert WriteEstimate.of([], slots=2).expected_ms == 0
+    assert WriteEstimate.of([], slots=2, rate=RATE).expected_ms == 0
+    by_bytes = WriteEstimate.of([PartitionSize(0, 10, 50_000_000)], slots=1, rate=RATE)
+    assert by_bytes.expected_ms == 6_000  # its bytes take longer than its records
+    assert "about 4.2 s at 50000 records/s and 10000000 bytes/s per slot (stated: " in estimate.describe()
+
+
+def test_a_rate_shown_by_a_write_is_per_slot_and_survives_an_xcom() -> None:
+    # 8 partitions on 2 slots: 4 waves, 4 s of the 8 s were the tasks' fixed cost; 4 s moved records.
+    shown = WriteRate.shown(3_000_000, 320_000_000, 8.0, partitions=8, parallel=2, source="shown by run r1")
+    assert shown is not None
+    assert (shown.records_per_s, shown.bytes_per_s) == (375_000, 40_000_000)
+    assert WriteRate.from_json(shown.to_json()) == shown
+    sizes = [PartitionSize(p, 375_000, 40_000_000) for p in range(8)]
+    assert WriteEstimate.of(sizes, 2, shown).expected_ms == 8_000  # the same export: the time it took
+    tiny = WriteRate.shown(10, 1_000, 1.2, partitions=1, parallel=1, source="x")
+    assert tiny is not None and tiny.records_per_s == 10 / 1.2  # mostly fixed cost: the whole time
+    assert WriteRate.shown(0, 0, 1.0, 1, 2, "x") is None  # nothing written shows no rate
+    assert WriteRate.from_json({"records_per_s": -1, "bytes_per_s": None, "source": "x"}) is None
+    assert WriteRate.from_json("garbage") is None and WriteRate.from_json(None) is None
+    with pytest.raises(ValueError, match="needs records_per_s or bytes_per_s"):
+        WriteRate(None, None, "x")
 
 
 def test_a_budget_that_fits_and_one_that_does_not() -> None:
-    estimate = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2)
+    estimate = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2, rate=RATE)
     fits = WindowBudget(30_000, 7_750, 10_000, estimate)
     assert fits.write_ms == 12_250 and fits.fits
     assert "left for writing 12250 ms; expected write 16000 records" in fits.describe()
-    slow = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2, records_per_s=100)
+    slow_rate = WriteRate(100, None, "stated: write_records_per_s=100")
+    slow = WriteEstimate.of([PartitionSize(p, 2_000, 30_000) for p in range(8)], slots=2, rate=slow_rate)
     refused = WindowBudget(30_000, 7_750, 10_000, slow)
     assert not refused.fits
     message = str(refused.refusal())
     assert message.startswith("the export was refused before any transaction opened: writing 16000 records")
+    assert "at 100 records/s per slot (stated: write_records_per_s=100)" in message
     assert "more than the 12250 ms left for writing within transaction.timeout.ms=30000" in message
     assert "Nothing was written" in message and "more task slots" in message
 
@@ -70,7 +96,12 @@ def test_a_timeout_too_short_for_the_headroom_leaves_no_time_to_write() -> None:
 def test_without_materializing_the_budget_only_bounds_the_time() -> None:
     budget = WindowBudget(900_000, 90_250, 10_000, None)
     assert budget.fits
-    assert "expected write unknown (the data is not materialized first)" in budget.describe()
+    assert (
+        "expected write unknown (the data is not materialized first): nothing is refused up front, the write "
+        "is stopped if it runs past 799750 ms" in budget.describe()
+    )
+    unknown_rate = WindowBudget(30_000, 7_750, 10_000, None, "no write rate stated, and none shown")
+    assert unknown_rate.fits and "expected write unknown (no write rate stated" in unknown_rate.describe()
 
 
 @pytest.mark.parametrize(("opened_ago_ms", "says"), [(25_000, "ms before"), (40_000, "ms after")])
