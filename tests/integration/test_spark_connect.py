@@ -57,7 +57,11 @@ def _log(env: KafkaEnv) -> DecisionLog:
     return DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}")
 
 
-def test_export_through_spark_connect_is_exactly_once(spark: Any, kafka: KafkaEnv) -> None:
+def test_export_through_spark_connect_is_exactly_once(
+    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
     from pyspark.core.context import SparkContext
     from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 
@@ -68,7 +72,14 @@ def test_export_through_spark_connect_is_exactly_once(spark: Any, kafka: KafkaEn
     )
     assert isinstance(df, ConnectDataFrame)
     s = _settings(kafka, topic)
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     result = export_dataframe(df, s)
+    # Staging needs to see the executors' hosts: the client cannot, so it falls back, and says why.
+    assert (
+        "kafka2pc stores the frame with a checkpoint instead of staging Arrow files: Spark Connect: the client "
+        "cannot see where the executors run" in caplog.text
+    )
+    assert result.materialize_s > 0 and result.staged_bytes == 0
     # No Spark context in this process: the tasks ran in the server.
     assert SparkContext._active_spark_context is None
 
