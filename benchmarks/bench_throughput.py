@@ -4,7 +4,7 @@
 (b)  Spark's built-in Kafka sink, as shipped (kafka-clients defaults)
 (b') Spark's Kafka sink with kafka2pc's producer tuning (an extra row, for a like-for-like view)
 (c)  kafka2pc EXACTLY_ONCE: export_dataframe (prepare) + commit_prepared, the Python produce loop
-(n)  the same on the native writer (Arrow batches into rd_kafka_produce_batch, txn/native.py)
+(n)  the same on the native writer (Arrow batches into rd_kafka_produce_batch, txn/kafka/native.py)
 (n+) (n) with the user guide's setting for small records: Spark's per-row byte check of the Arrow
      batches off (spark.sql.execution.arrow.maxBytesPerBatch = Int.MaxValue) for that job only
 (d)  kafka2pc AT_LEAST_ONCE: export_dataframe (the writer the job chooses: native where it can)
@@ -136,7 +136,7 @@ class Runner:
     def _raw(self, topic: str) -> dict[str, float]:
         from confluent_kafka import Producer
 
-        from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
+        from airflow_provider_kafka2pc.txn.kafka.writer import PRODUCER_DEFAULTS
 
         producer = Producer({**PRODUCER_DEFAULTS, **self.kafka.config, "acks": "all", "enable.idempotence": True})
         # Connected and the producer id acquired before timing: (a) measures the produce loop itself.
@@ -174,17 +174,14 @@ class Runner:
     def _exactly_once(
         self, topic: str, writer: str, arrow_bytes_unchecked: bool = False, materialize: bool = True
     ) -> dict[str, float]:
-        from airflow_provider_kafka2pc.spark.job import (
-            ARROW_BYTES_UNCHECKED,
-            ARROW_MAX_BYTES_PER_BATCH,
-            ExportSettings,
-            export_dataframe,
-        )
+        from airflow_provider_kafka2pc.spark.job import export_dataframe
         from airflow_provider_kafka2pc.spark.window import WindowSettings
-        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-        from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-        from airflow_provider_kafka2pc.txn.outcome import Verdict
-        from airflow_provider_kafka2pc.txn.wire import WireClient
+        from airflow_provider_kafka2pc.spark.write_job import ARROW_BYTES_UNCHECKED, ARROW_MAX_BYTES_PER_BATCH
+        from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+        from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+        from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         settings = ExportSettings(_prefix(), self.kafka.config, topic, writer=writer)
         decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
@@ -225,7 +222,8 @@ class Runner:
 
     # (d) ---------------------------------------------------------------------------------
     def _at_least_once(self, topic: str) -> dict[str, float]:
-        from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, export_dataframe
+        from airflow_provider_kafka2pc.spark.job import export_dataframe
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
 
         settings = ExportSettings(
             _prefix(), self.kafka.config, topic, delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE

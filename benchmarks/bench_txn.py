@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from bench_env import Kafka, Phases
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 
 PREPARE_THREADS = 64
 
@@ -25,9 +25,9 @@ PREPARE_THREADS = 64
 @contextlib.contextmanager
 def coordinator_phases(phases: Phases) -> Iterator[None]:
     """Time the parts of ``commit_prepared`` / ``recover`` (a resolve that describes first includes it)."""
-    from airflow_provider_kafka2pc.txn.coordinator import TransactionResolver
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import TransactionResolver
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(phases.timing(DecisionLog, "read", "decision log read"))
@@ -46,8 +46,8 @@ def prepare_many(
     kafka: Kafka, topic: str, prefix: str, count: int, records_each: int, timeout_ms: int
 ) -> list[Committable]:
     """``count`` open transactions ``{prefix}-0`` … of ``records_each`` records, like ``count`` Spark tasks."""
-    from airflow_provider_kafka2pc.txn import naming
-    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+    from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
+    from airflow_provider_kafka2pc.txn.protocol import naming
 
     def one(slot: int) -> Committable:
         writer = TransactionalWriter(kafka.config, naming.transactional_id(prefix, slot), timeout_ms).open()
@@ -63,12 +63,12 @@ def prepare_many(
 
 def commit_many(kafka: Kafka, decision_topic: str, count: int = 200, records_each: int = 10) -> dict[str, Any]:
     """Time ``commit_prepared`` on ``count`` prepared transactions."""
-    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-    from airflow_provider_kafka2pc.txn.outcome import Verdict
-    from airflow_provider_kafka2pc.txn.wire import WireClient
-    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
     topic = kafka.topic("commit")
     prefix = f"benchc{uuid.uuid4().hex[:6]}"
@@ -106,13 +106,13 @@ def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_e
     Like a run that died between its COMMIT decision and the EndTxns, half of them carry a COMMIT
     decision (recovery commits those); the other half have none, like a prepare that died
     (recovery aborts those)."""
-    from airflow_provider_kafka2pc.txn.coordinator import decide_commit
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-    from airflow_provider_kafka2pc.txn.outcome import Verdict
-    from airflow_provider_kafka2pc.txn.recovery import recover
-    from airflow_provider_kafka2pc.txn.wire import WireClient
-    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import decide_commit
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 
     topic = kafka.topic("recovery")
     prefix = f"benchr{uuid.uuid4().hex[:6]}"
@@ -169,8 +169,8 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
 
     from confluent_kafka import Producer
 
-    from airflow_provider_kafka2pc.txn.decision_log import HISTORY_PARTITION, DecisionLog
-    from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunRecord, RunStatus, new_decision
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import HISTORY_PARTITION, DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunRecord, RunStatus, new_decision
 
     topic = f"kafka2pc_bench_history_{uuid.uuid4().hex[:8]}"
     log = DecisionLog(kafka.config, topic=topic)

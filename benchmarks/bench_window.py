@@ -32,11 +32,12 @@ def slow_source(spark: Any) -> Any:
 
 
 def window_run(kafka: Kafka, spark: Any, decisions: str, materialize: bool) -> dict[str, Any]:
-    from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.window import WindowSettings
-    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
     from tests.helpers.stall import StallProbe
 
     topic = kafka.topic(f"window{int(materialize)}")

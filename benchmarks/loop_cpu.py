@@ -54,7 +54,8 @@ def _full_shape(partition: list[Any], topic: str) -> list[Any]:
 def one_run(
     kafka: Kafka, batches: list[Any], shape: str, timeout_ms: int, overrides: dict[str, Any], writer: str = "auto"
 ) -> tuple[float, float, float, str]:
-    from airflow_provider_kafka2pc.spark.job import ExportSettings, write_partition
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
 
     topic = kafka.topic("loopcpu")
     if shape == "full":
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     use_repo()
     from airflow_provider_kafka2pc.spark import job
-    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
 
     kafka = Kafka(args.bootstrap)
     timeout_ms = broker_max_transaction_timeout_ms(kafka.config)

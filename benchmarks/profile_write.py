@@ -37,13 +37,14 @@ from bench_env import Kafka, Phases, broker, use_repo
 from bench_txn import coordinator_phases
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 
 
 def write_all(kafka: Kafka, partitions: list[list[Any]], topic: str, timeout_ms: int) -> tuple[list[Committable], str]:
     """Every partition through ``write_partition`` as one transaction; returns committables and prefix."""
-    from airflow_provider_kafka2pc.spark.job import ExportSettings, write_partition
-    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
 
     settings = ExportSettings(f"prof{uuid.uuid4().hex[:8]}", kafka.config, topic, transaction_timeout_ms=timeout_ms)
     committables: list[Committable] = []
@@ -54,9 +55,9 @@ def write_all(kafka: Kafka, partitions: list[list[Any]], topic: str, timeout_ms:
 
 
 def commit(kafka: Kafka, committables: list[Committable], decisions: str) -> None:
-    from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
     decision_log = DecisionLog(kafka.config, topic=decisions)
     with WireClient(kafka.config) as wire:
@@ -74,9 +75,9 @@ COMMIT_PHASES = {
 
 def abort_prefix(kafka: Kafka, prefix: str, decisions: str) -> None:
     """Abort what a profiling run left open (it has no COMMIT decision), as the abort task would."""
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.recovery import recover
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 
     with WireClient(kafka.config) as wire:
         recover(wire, prefix, DecisionLog(kafka.config, topic=decisions), run="prof-cleanup")
@@ -84,9 +85,9 @@ def abort_prefix(kafka: Kafka, prefix: str, decisions: str) -> None:
 
 def phase_run(kafka: Kafka, partitions: list[list[Any]], timeout_ms: int, decisions: str) -> dict[str, float]:
     """One instrumented write + commit; returns seconds per phase (and the read_committed count)."""
-    from airflow_provider_kafka2pc.spark import job
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, TransactionalWriter
+    from airflow_provider_kafka2pc.txn.two_phase import partition_writer as job
 
     topic = kafka.topic("profile")
     DecisionLog(kafka.config, topic=decisions).ensure_topic()
@@ -175,14 +176,14 @@ def variants(kafka: Kafka, partitions: list[list[Any]], repeat: int, timeout_ms:
     """Per-record cost of alternatives for the conversion and for the produce loop."""
     import pyarrow as pa
 
-    from airflow_provider_kafka2pc.spark import job
+    from airflow_provider_kafka2pc.txn.two_phase import partition_writer as job
 
     batches = [b for part in partitions for b in part]
     rows = sum(b.num_rows for b in batches)
 
     conversions: dict[str, Callable[[Any], list[Any]]] = {
         "to_pylist() + str.encode() (before)": lambda c: [None if v is None else v.encode() for v in c.to_pylist()],
-        "job._encode_column (cast to binary, to_pylist)": job._encode_column,
+        "partition_writer._encode_column (cast to binary, to_pylist)": job._encode_column,
         "cast(pa.binary()).to_pylist()": lambda c: c.cast(pa.binary()).to_pylist(),
         "cast(pa.binary()).to_numpy(zero_copy_only=False).tolist()": lambda c: (
             c.cast(pa.binary()).to_numpy(zero_copy_only=False).tolist()
@@ -242,7 +243,7 @@ def _ns(times: list[tuple[float, float]], rows: int) -> str:
 def _txn_producer(kafka: Kafka, timeout_ms: int, only_errors: bool, on_delivery: Any = None) -> Any:
     from confluent_kafka import Producer
 
-    from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
+    from airflow_provider_kafka2pc.txn.kafka.writer import PRODUCER_DEFAULTS
 
     conf: dict[str, Any] = {
         **PRODUCER_DEFAULTS,
@@ -273,7 +274,7 @@ def _finish(producer: Any, started: tuple[float, float]) -> tuple[float, float]:
 def _loop_writer(
     kafka: Kafka, topic: str, keys: list[bytes], values: list[bytes], timeout_ms: int
 ) -> tuple[float, float]:
-    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+    from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     writer = TransactionalWriter(kafka.config, f"profvar-{uuid.uuid4().hex[:8]}", timeout_ms).open()
     produce = writer.produce
@@ -342,8 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per variant")
     args = ap.parse_args(argv)
     use_repo()
-    from airflow_provider_kafka2pc.spark import job
-    from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.two_phase import partition_writer as job
 
     print(f"profiling {job.__file__}", flush=True)
     partitions = bench_data.arrow_partitions(args.rows, args.payload)

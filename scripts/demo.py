@@ -109,8 +109,8 @@ def main() -> int:
         result = json.loads(next((ln for ln in reversed(lines) if ln.startswith('{"run_id"')), "{}") or "{}")
         say(f"DAG run: {result.get('state', 'crashed')}; tasks {result.get('tasks')}; full log in {log}")
 
-        from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-        from airflow_provider_kafka2pc.txn.wire import WireClient
+        from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+        from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
         keys = read_committed(bootstrap)
         wire = WireClient({"bootstrap.servers": bootstrap})

@@ -36,24 +36,23 @@ from typing import Any, TextIO
 
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
-from airflow_provider_kafka2pc.txn import naming, survey
-from airflow_provider_kafka2pc.txn.access import authorization_error_of, check_connection, needs_authentication
-from airflow_provider_kafka2pc.txn.config import ClientConfigError, connection_only, redact
-from airflow_provider_kafka2pc.txn.coordinator import Resolution
-from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of, check_connection, needs_authentication
+from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError, connection_only, redact
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, WireClient
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+from airflow_provider_kafka2pc.txn.protocol.errors import (
     BrokerUnavailableError,
     InvalidPrefixError,
     Kafka2PCError,
     LostTransaction,
 )
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import TxnRef, Verdict
-from airflow_provider_kafka2pc.txn.protocol import (
-    LogState,
-)
-from airflow_provider_kafka2pc.txn.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
-from airflow_provider_kafka2pc.txn.wire import TxnListing, WireClient
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef, Verdict
+from airflow_provider_kafka2pc.txn.two_phase import survey
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import Resolution
+from airflow_provider_kafka2pc.txn.two_phase.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
 
 EXIT_OK = 0
 EXIT_OPEN = 1

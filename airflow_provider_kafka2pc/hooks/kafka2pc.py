@@ -23,24 +23,24 @@ from airflow_provider_kafka2pc.connection_form import (
     RELABELING,
     field_of_setting,
 )
-from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-from airflow_provider_kafka2pc.txn.config import (
+from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.client_logs import quiet_third_party_logs
+from airflow_provider_kafka2pc.txn.kafka.config import (
     ClientConfigError,
     UnmappableConfigError,
     kafka_python_settings,
     redact,
 )
-from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC, DecisionLogError
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-from airflow_provider_kafka2pc.txn.logs import quiet_third_party_logs
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC, DecisionLogError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.protocol import Lease
-    from airflow_provider_kafka2pc.txn.recovery import RecoveryResult
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class Kafka2PCHook(BaseHook):
         within ``timeout_s``. Over PLAINTEXT nothing can be refused: no extra round trip unless
         ``contact_plaintext``. Once per hook.
         """
-        from airflow_provider_kafka2pc.txn.access import check_connection, needs_authentication
+        from airflow_provider_kafka2pc.txn.kafka.access import check_connection, needs_authentication
 
         if self._connection_checked:
             return
@@ -232,7 +232,7 @@ class Kafka2PCHook(BaseHook):
         """The principal may Read, Write and DescribeConfigs the decision topic, when it exists
         (docs/acls.md); otherwise ``KafkaAuthorizationError`` names the ACL and the ``kafka-acls``
         command."""
-        from airflow_provider_kafka2pc.txn.access import check_decision_topic_access
+        from airflow_provider_kafka2pc.txn.kafka.access import check_decision_topic_access
 
         check_decision_topic_access(self.get_config(), self.decision_topic)
 
@@ -241,7 +241,7 @@ class Kafka2PCHook(BaseHook):
         and raise that named error (the decision log's own says only TOPIC_AUTHORIZATION_FAILED);
         return when none is, so the caller re-raises ``error``. Asked only after a failure:
         nothing is added to a run that works."""
-        from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+        from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 
         try:
             self.check_decision_topic_access()
@@ -251,21 +251,21 @@ class Kafka2PCHook(BaseHook):
             log.debug("could not check the decision topic's ACLs after %s", error, exc_info=True)
 
     def wire_client(self, bootstrap_timeout_ms: int = 30000) -> WireClient:
-        from airflow_provider_kafka2pc.txn.wire import WireClient
+        from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
         wire = WireClient(self.get_config(), bootstrap_timeout_ms=bootstrap_timeout_ms)
         self._connection_checked = True  # WireClient asks librdkafka first when SASL or TLS is on
         return wire
 
     def decision_log(self) -> DecisionLog:
-        from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+        from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 
         self.check_connection()
         return DecisionLog(self.get_config(), topic=self.decision_topic)
 
     def recover(self, prefix: str, run: str, run_key: str | None = None) -> RecoveryResult:
         """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once."""
-        from airflow_provider_kafka2pc.txn.recovery import recover
+        from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 
         wire = self.wire_client()
         decision_log = self.decision_log()
@@ -299,7 +299,7 @@ class Kafka2PCHook(BaseHook):
         included (Airflow counts ``max_active_runs`` per backfill). The decision log orders the
         runs; the scheduler says which are still live, so a run that died never blocks the next.
         """
-        from airflow_provider_kafka2pc.txn.protocol import Lease
+        from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
 
         decision_log = self.decision_log()
         try:
@@ -318,13 +318,13 @@ class Kafka2PCHook(BaseHook):
         the ``kafka-acls`` command; the transactional id's Write is refused by the first
         InitProducerId, which writes nothing (docs/acls.md).
         """
-        from airflow_provider_kafka2pc.txn.access import (
+        from airflow_provider_kafka2pc.txn.kafka.access import (
             DECISION_TOPIC_OPERATIONS,
             acl_command,
             check_topic_access,
             principal_of,
         )
-        from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+        from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
         config = self.get_config()
         wire = self.wire_client()

@@ -13,16 +13,16 @@ from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, pull_exports
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_kafka2pc.txn.committable import Committable
-    from airflow_provider_kafka2pc.txn.coordinator import CommitReport
-    from airflow_provider_kafka2pc.txn.outcome import TxnRef
-    from airflow_provider_kafka2pc.txn.status import CommitProgress
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+    from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import CommitReport
 
 
 # The alias the commit reports its topics' assets through (a topic is only known at run time).
@@ -77,7 +77,7 @@ class _PhaseTwo(BaseOperator):
         return payloads
 
     def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.txn.outcome import Verdict
+        from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 
         counts = {v.name.lower(): report.count(v) for v in (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)}
         for r in report.resolutions:
@@ -124,7 +124,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
     :param asset_alias: the alias the topic assets are emitted through; None emits none.
     :param commit_headroom_ms: refuse to start (and abort the run whole) when a transaction has less
         than this before its broker deadline; derived from the timeout and the run's size when None
-        (``txn.window.commit_headroom_ms``).
+        (``txn.protocol.window.commit_headroom_ms``).
     """
 
     def __init__(
@@ -147,7 +147,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+        from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
 
         try:
             payloads = self.payloads(context)
@@ -169,7 +169,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 return self._answer_finished(context, finished)
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
-        from airflow_provider_kafka2pc.txn.status import CommitProgress
+        from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
 
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         run = decision_run(context)
@@ -225,8 +225,8 @@ class Kafka2PCCommitOperator(_PhaseTwo):
     def _answer_finished(self, context: Context, prefixes: Sequence[str]) -> dict[str, Any]:
         """A clear of a finished run: green, with its records' answer first ("already committed: …");
         a LOST one fails loudly. Writes nothing, emits no asset event (nothing new became visible)."""
-        from airflow_provider_kafka2pc.txn.coordinator import answer_from_run_records
-        from airflow_provider_kafka2pc.txn.protocol import RunStatus
+        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import answer_from_run_records
 
         run = decision_run(context)
         decision_log = Kafka2PCHook(self.kafka2pc_conn_id).decision_log()
@@ -300,7 +300,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         run: str,
         progress: CommitProgress | None = None,
     ) -> CommitReport:
-        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
         wire, decision_log = hook.wire_client(), hook.decision_log()
         try:
@@ -349,8 +349,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, ref_of
-        from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
+        from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, ref_of
 
         payloads = self.payloads(context)
         ti = context["ti"]

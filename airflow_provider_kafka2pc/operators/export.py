@@ -14,17 +14,17 @@ from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.config import redact
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
+from airflow_provider_kafka2pc.txn.kafka.config import redact
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_kafka2pc.spark.job import Progress
+    from airflow_provider_kafka2pc.spark.progress import Progress
     from airflow_provider_kafka2pc.spark.sources import SourceTable
-    from airflow_provider_kafka2pc.txn.committable import Committable
-    from airflow_provider_kafka2pc.txn.protocol import RunRecord
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
 
@@ -198,7 +198,7 @@ class Kafka2PCExportOperator(BaseOperator):
         super().__init__(**kwargs)
         if sum(x is not None for x in (source, sql, table)) != 1:
             raise ValueError("give exactly one of source (a callable), sql or table")
-        from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee
 
         self.transactional_id_prefix = transactional_id_prefix
         self.topic = topic
@@ -212,7 +212,7 @@ class Kafka2PCExportOperator(BaseOperator):
         self.delivery_guarantee = DeliveryGuarantee(str(delivery_guarantee).upper())
         self.producer_config = dict(producer_config or {})
         self.transaction_timeout_ms = transaction_timeout_ms
-        from airflow_provider_kafka2pc.spark.job import validate_writer
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import validate_writer
 
         self.writer = validate_writer(writer)
         from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -258,10 +258,10 @@ class Kafka2PCExportOperator(BaseOperator):
 
     def _skip_or_fail(self, context: Context, prefix: str, run: str, status: RunRecord) -> None:
         """A run the decision log already decided is never exported again; a lost one is loud."""
-        from airflow_provider_kafka2pc.txn.coordinator import lost_of_run
-        from airflow_provider_kafka2pc.txn.errors import TransactionLostError
-        from airflow_provider_kafka2pc.txn.protocol import RunStatus
-        from airflow_provider_kafka2pc.txn.visibility import of_run_record
+        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
+        from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import lost_of_run
+        from airflow_provider_kafka2pc.txn.two_phase.visibility import of_run_record
 
         if status.status is RunStatus.LOST:
             raise TransactionLostError(lost_of_run(status), [of_run_record(status)])
@@ -283,7 +283,7 @@ class Kafka2PCExportOperator(BaseOperator):
         """A run whose record is final (COMMITTED, ACKNOWLEDGED; LOST fails) skips before anything else.
         A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the recovery pass below,
         which rolls it forward; the status check after it then skips."""
-        from airflow_provider_kafka2pc.txn.protocol import RunStatus
+        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
 
         decision_log = hook.decision_log()
         try:
@@ -301,7 +301,7 @@ class Kafka2PCExportOperator(BaseOperator):
         aborted (ABORT appended first) before the task stands down, not left open for the next run."""
         if not committables:
             return
-        from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, ref_of
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, ref_of
 
         decision_log, wire = hook.decision_log(), hook.wire_client()
         try:
@@ -321,7 +321,7 @@ class Kafka2PCExportOperator(BaseOperator):
         """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
         does), instead of leaving it open, stalling read_committed readers, until the abort task.
         True when nothing of the exporter is left open."""
-        from airflow_provider_kafka2pc.txn.recovery import recover_until_clear
+        from airflow_provider_kafka2pc.txn.two_phase.recovery import recover_until_clear
 
         try:
             done, result = recover_until_clear(lambda: hook.recover(prefix, run, run_key))
@@ -345,7 +345,7 @@ class Kafka2PCExportOperator(BaseOperator):
     def _window_with_shown_rate(self, context: Context) -> Any:
         """The window settings with the write rate the exporter's last successful prepare showed (an
         XCom of this task in an earlier run), which the budget uses when the user states none."""
-        from airflow_provider_kafka2pc.txn.window import WriteRate
+        from airflow_provider_kafka2pc.txn.protocol.window import WriteRate
 
         try:
             kept = context["ti"].xcom_pull(task_ids=self.task_id, key=WRITE_RATE_KEY, include_prior_dates=True)
@@ -356,7 +356,8 @@ class Kafka2PCExportOperator(BaseOperator):
         return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+        from airflow_provider_kafka2pc.spark.job import export_dataframe
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         prefix = self.transactional_id_prefix
         naming.validate_prefix(prefix)

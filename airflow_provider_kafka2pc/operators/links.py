@@ -24,7 +24,7 @@ class Kafka2PCExportersLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk import conf
 
-        from airflow_provider_kafka2pc.plugins.exporters import has_page, page_url
+        from airflow_provider_kafka2pc.plugins.urls import has_page, page_url
 
         if not has_page():
             return ""

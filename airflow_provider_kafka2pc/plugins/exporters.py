@@ -9,54 +9,19 @@ the FastAPI app, the Kafka clients and the reports load on the first request to 
 
 from __future__ import annotations
 
-import re
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from airflow.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/kafka2pc"  # where the FastAPI app is mounted
-PAGE = "exporters"  # the page, relative to URL_PREFIX
-URL_ROUTE = "kafka2pc-exporters"  # the UI's route of the external view: /plugin/kafka2pc-exporters
-VIEW_NAME = "Kafka exporters"
+from airflow_provider_kafka2pc.plugins.urls import PAGE, URL_PREFIX, URL_ROUTE, VIEW_NAME, has_page
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-def airflow_version() -> tuple[int, int]:
-    """Airflow core's (major, minor); (0, 0) where only the Task SDK is installed."""
-    try:
-        from airflow import __version__
-    except ImportError:
-        return (0, 0)
-    found = re.match(r"(\d+)\.(\d+)", __version__)
-    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
-
-
-def has_page() -> bool:
-    """Airflow 3.1 brought external views and the cookie the page authenticates the browser with."""
-    return airflow_version() >= (3, 1)
-
-
-def page_query(conn_id: str, prefixes: Sequence[str]) -> str:
-    return urlencode([("conn_id", conn_id), *(("prefix", p) for p in prefixes)])
-
-
-def page_url(base_url: str, conn_id: str, prefixes: Sequence[str]) -> str:
-    """The exporters page of ``prefixes`` on connection ``conn_id``, for the Airflow at ``base_url``
-    (``[api] base_url``). From Airflow 3.3 on inside the UI's frame (``/plugin/<route>/<path>``
-    deep links); before, the page itself."""
-    base = base_url.rstrip("/")
-    path = urlsplit(base).path  # a base_url behind a proxy path: /airflow
-    inner = f"{path}{URL_PREFIX}/{PAGE}?{page_query(conn_id, prefixes)}"
-    if airflow_version() >= (3, 3):
-        return f"{base}/plugin/{URL_ROUTE}{inner}"
-    return f"{base}{inner[len(path) :]}"
 
 
 class _LazyApp:

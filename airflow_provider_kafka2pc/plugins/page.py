@@ -8,8 +8,8 @@ Every endpoint asks Airflow's auth manager, with the user of the request (the UI
 cookie or an ``Authorization: Bearer`` JWT): no user is 401; reading needs GET on DAG runs
 (``is_authorized_dag``, ``DagAccessEntity.RUN``); acknowledging a loss needs, on top, PUT on the
 connection the page reads Kafka with (``is_authorized_connection``: "can edit on Connections"), a
-same-origin request, and the run id typed again. The reports are ``txn.survey``'s, the CLI's own;
-the acknowledgement is ``txn.recovery.acknowledge_loss``, the CLI's own.
+same-origin request, and the run id typed again. The reports are ``txn.two_phase.survey``'s, the CLI's own;
+the acknowledgement is ``txn.two_phase.recovery.acknowledge_loss``, the CLI's own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from airflow_provider_kafka2pc.plugins.exporters import PAGE, page_query
+from airflow_provider_kafka2pc.plugins.urls import PAGE, page_query
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -117,16 +117,16 @@ def _hook(conn_id: str) -> Kafka2PCHook:
 
 
 def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
-    """Per prefix, ``txn.survey``'s exporter and describe reports plus the runs table; and the
+    """Per prefix, ``txn.two_phase.survey``'s exporter and describe reports plus the runs table; and the
     prefixes the decision log knows (their claims). Read-only: a missing decision topic is not
     created."""
     from airflow_provider_kafka2pc.cli.commands import Connection as Clients
     from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError
-    from airflow_provider_kafka2pc.txn import naming
-    from airflow_provider_kafka2pc.txn import survey as reports
-    from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-    from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-    from airflow_provider_kafka2pc.txn.protocol import LogState
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.protocol import naming
+    from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+    from airflow_provider_kafka2pc.txn.two_phase import survey as reports
 
     for prefix in prefixes:
         try:
@@ -274,8 +274,8 @@ def acknowledge(
     confirm_run: Annotated[str, Form()] = "",
     note: Annotated[str, Form()] = "",
 ) -> Response:
-    from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-    from airflow_provider_kafka2pc.txn.recovery import NotLostError, acknowledge_loss
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import NotLostError, acknowledge_loss
 
     if not _same_origin(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: the form was sent from another site")
@@ -400,7 +400,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], table_id: str)
 
 
 def _when(ms: int | None) -> str:
-    from airflow_provider_kafka2pc.txn.survey import iso
+    from airflow_provider_kafka2pc.txn.two_phase.survey import iso
 
     return iso(ms) if ms else "-"
 

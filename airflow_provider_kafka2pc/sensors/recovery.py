@@ -11,8 +11,8 @@ from airflow.sdk import BaseSensorOperator, conf
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger, waiting_message
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -67,7 +67,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
     def failure_line(self, error: BaseException, cause: str = "") -> str:
         """What a failed recovery leaves and the next click. ``cause``: the class name of the error the
         trigger met (deferrable mode hands the task only its message)."""
-        from airflow_provider_kafka2pc.txn.errors import TransactionLostError, acknowledge_command
+        from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError, acknowledge_command
 
         prefix = self.transactional_id_prefix
         cause = cause or type(error).__name__

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 
 class SchemaError(Kafka2PCError, ValueError):

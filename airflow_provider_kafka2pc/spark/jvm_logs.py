@@ -15,7 +15,7 @@ import re
 import threading
 from typing import IO, Any
 
-from airflow_provider_kafka2pc.txn.logs import SELF_RESOLVING, demote
+from airflow_provider_kafka2pc.txn.kafka.client_logs import SELF_RESOLVING, demote
 
 log = logging.getLogger("airflow_provider_kafka2pc.spark.jvm")
 # Every Spark start-up prints these, about the machine and not about the run.

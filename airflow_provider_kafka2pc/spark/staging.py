@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.window import PartitionSize
+from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
    checkpoint on the executors by default, or a reliable checkpoint directory), and its size per
    partition is read from the stored data; the write job then only moves stored rows into Kafka.
 2. ``WriteWatch``: the driver stops the write job when it runs past the budget of
-   ``txn.window.WindowBudget``, so that a prepare never ends holding doomed transactions.
+   ``txn.protocol.window.WindowBudget``, so that a prepare never ends holding doomed transactions.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-from airflow_provider_kafka2pc.txn.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from tests.conftest import SECURE_EXPORTER, _start
 from tests.e2e.test_dag_runs import exactly_once, visible_keys
 from tests.helpers.airflow_standalone import StandaloneAirflow
@@ -416,7 +416,7 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
 
 
 def prepare(kafka: KafkaEnv, topic: str, prefix: str, slot: int, records: int, run: str) -> Committable:
-    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+    from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     writer = TransactionalWriter(kafka.config, naming.transactional_id(prefix, slot), 300_000).open()
     for i in range(records):
@@ -435,11 +435,11 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
 ) -> None:
     from selenium.webdriver.common.by import By
 
-    from airflow_provider_kafka2pc.txn.coordinator import Decided, TransactionResolver, decide_commit, ref_of
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.errors import TransactionLostError
-    from airflow_provider_kafka2pc.txn.outcome import Intent
-    from airflow_provider_kafka2pc.txn.recovery import recover
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+    from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, TransactionResolver, decide_commit, ref_of
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 
     tag = uuid.uuid4().hex[:6]
     topic = kafka.topic(partitions=2)

@@ -15,10 +15,11 @@ import sys
 import threading
 from pathlib import Path
 
-from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.wire import WireClient
+from airflow_provider_kafka2pc.spark.job import export_dataframe
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
 
 def _workers_anon_kb() -> int:

@@ -13,9 +13,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -197,7 +197,7 @@ class KafkaEnv:
 def abort_open_now(env: KafkaEnv, prefix: str, decision_log: Any) -> tuple[bool, str]:
     """What the export operator's at-once abort does, for tests that call ``export_dataframe``
     directly. Returns (nothing left open, the last pass)."""
-    from airflow_provider_kafka2pc.txn.recovery import recover, recover_until_clear
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover, recover_until_clear
 
     done, result = recover_until_clear(lambda: recover(env.wire, prefix, decision_log, run="test-abort-now"))
     return done, result.describe()

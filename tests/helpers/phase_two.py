@@ -25,9 +25,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
     DecisionConflictError,
     TransactionResolver,
     abort_prepared,
@@ -35,13 +41,7 @@ from airflow_provider_kafka2pc.txn.coordinator import (
     decide_commit,
     ref_of,
 )
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import RunAbortedError, TransactionLostError
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Intent
-from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.wire import WireClient
-from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 
 
 def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
 
 def _b(v: str | None) -> bytes | None:

@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, UnsafeDecisionTopicError
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, UnsafeDecisionTopicError
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.errors import (
     ForeignCommittableError,
     MalformedCommittableError,
     StaleCommittableError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.naming import Members, NamingStrategy, check_members
-from airflow_provider_kafka2pc.txn.protocol import Kind, RunStatus
-from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, check_members
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import REPO, KafkaEnv
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared, decide_commit
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogUnavailableError
-from airflow_provider_kafka2pc.txn.outcome import Verdict
-from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, DecisionLogUnavailableError
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared, decide_commit
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.helpers.kafka import (
     KafkaEnv,
     generate,

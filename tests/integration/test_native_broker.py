@@ -1,4 +1,4 @@
-"""The native path (txn/native.py) against the real broker, judged by a read_committed consumer.
+"""The native path (txn/kafka/native.py) against the real broker, judged by a read_committed consumer.
 
 ``write_partition`` is called as a Spark task would call it (without Spark: the writers are the
 subject here), once per path, and the records are compared per partition, in order.
@@ -15,12 +15,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, write_partition
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import RunAbortedError
-from airflow_provider_kafka2pc.txn.native import NativeTransactionalWriter
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.native import NativeTransactionalWriter
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
 from tests.helpers.kafka import KafkaEnv, Record
 
 pytestmark = pytest.mark.kafka
@@ -152,7 +153,7 @@ def test_a_headers_column_falls_back_to_the_python_loop_with_identical_records(
 
 
 def test_forcing_native_where_it_cannot_write_fails_loudly(kafka: KafkaEnv) -> None:
-    from airflow_provider_kafka2pc.txn.native import NativeUnsupportedError
+    from airflow_provider_kafka2pc.txn.kafka.native import NativeUnsupportedError
 
     batch = pa.record_batch([pa.array([b"v"]), pa.array([None], pa.list_(HEADER))], names=["value", "headers"])
     settings = _settings(kafka, kafka.topic(1), "native", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
@@ -166,7 +167,7 @@ def test_a_record_over_the_topic_limit_is_named_and_the_failed_prepare_aborts_it
     """The broker refuses the batch (MSG_SIZE_TOO_LARGE in the delivery-report events): the error
     names topic, partition, the largest record and both limits, as the Python writer's does, and
     the writer aborts its own transaction (its purged records' reports served meanwhile)."""
-    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+    from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError
 
     topic = kafka.topic(1, config={"max.message.bytes": "20000"})
     big = os.urandom(50_000)  # incompressible: the limit applies to the compressed batch
@@ -182,7 +183,7 @@ def test_a_record_over_the_topic_limit_is_named_and_the_failed_prepare_aborts_it
 
 
 def test_a_record_over_the_producer_limit_is_refused_locally_and_named(kafka: KafkaEnv) -> None:
-    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+    from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError
 
     topic = kafka.topic(2)
     settings = _settings(kafka, topic, "native", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
@@ -197,7 +198,7 @@ def test_native_writer_over_sasl_ssl_names_a_missing_acl_and_then_commits(kafka_
     """SCRAM-SHA-512 over TLS through the wheel's librdkafka, as the exporter user: without the
     TransactionalId ACL the writer's own error names it (the Python writer's helper, reused); with
     it, the native prepare commits and reads back once. The password shows in no error."""
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
     from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
     from tests.helpers.acls import Acl, set_acls
 
@@ -254,7 +255,7 @@ def test_a_full_local_queue_is_waited_out_and_the_order_kept(kafka: KafkaEnv) ->
 def test_a_partition_the_topic_does_not_have_is_named_and_nothing_stays_open(kafka: KafkaEnv, writer: str) -> None:
     """A partition column naming partition 7 of a 4-partition topic: on both paths the prepare fails
     naming the unknown partition, aborts its own transaction, and nothing becomes visible."""
-    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+    from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError
 
     topic = kafka.topic(4)
     batch = pa.record_batch(
@@ -305,7 +306,7 @@ def test_a_partition_the_topic_lacks_is_refused_at_once_with_librdkafkas_own_par
     record of a mixed batch, and the abort then waits out its timeout), and nothing stays open."""
     import time
 
-    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+    from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError
 
     topic = kafka.topic(4)
     batch = pa.record_batch(

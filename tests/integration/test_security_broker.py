@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from tests.conftest import OIDC_CLIENT, OIDC_SECRET, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
 from tests.helpers.acls import Acl, acls_of, set_acls
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, sasl_connection
@@ -73,8 +73,8 @@ class Exporter:
         self, run: str, timeout_ms: int | None = TIMEOUT_MS, big: int = 0, hook: Any = None
     ) -> list[Committable]:
         """The export operator's path, then the commit task's: what one DAG run does."""
-        from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-        from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+        from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
         hook = hook or self.hook()
         hook.check_export_access(self.topic)
@@ -169,8 +169,8 @@ MISSING = ["data Write", "id Write", "decision Read", "decision Write", "decisio
 def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter, missing: str) -> None:
     """Without one documented ACL: an error naming it, nothing visible, nothing open; granting it
     (the user's next step) makes the same run go through exactly once."""
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-    from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
     ex = exporter
     documented = set(ex.documented_acls())
@@ -198,7 +198,7 @@ def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter
 
 
 def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(exporter: Exporter) -> None:
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -216,8 +216,8 @@ def test_an_mtls_client_is_named_by_its_certificate_subject_as_the_broker_author
     ACL; the documented ACLs for that principal then let the export through exactly once."""
     import shlex
 
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError, principal_of
-    from airflow_provider_kafka2pc.txn.errors import MissingTopicError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
+    from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
     ex, kl = exporter, kafka_local()
     client = kl.client_certificate(ex.env.directory, f"mtls-{ex.prefix}")
@@ -248,7 +248,7 @@ def test_an_mtls_client_is_named_by_its_certificate_subject_as_the_broker_author
 
 
 def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporter) -> None:
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -327,7 +327,7 @@ def test_the_first_task_names_a_refused_login_or_certificate_within_10_s(exporte
     import asyncio
 
     from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError, KafkaTlsError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError, KafkaTlsError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -369,8 +369,8 @@ def test_the_first_task_names_a_refused_login_or_certificate_within_10_s(exporte
 def test_a_missing_decision_topic_write_is_named_by_the_first_task(exporter: Exporter) -> None:
     """Without Write on the decision topic, the recovery sensor's first append (its POOLING lease, or
     INCREMENTING recovery's ABORT of an undecided transaction) names principal, ACL and command."""
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-    from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     ex = exporter
     documented = set(ex.documented_acls())
@@ -453,7 +453,7 @@ def test_debug_run_shows_the_password_nowhere(exporter: Exporter, capfd: pytest.
 def test_record_over_the_topic_limit_names_partition_and_limit(exporter: Exporter, kafka_secure: KafkaEnv) -> None:
     """The prepare fails naming the partition, the record's size and the topic's limit, and aborts
     its own transaction: nothing visible, nothing open, without waiting for the broker's timeout."""
-    from airflow_provider_kafka2pc.txn.errors import DeliveryError
+    from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError
 
     ex = exporter
     ex.topic = kafka_secure.topic(partitions=2, config={"max.message.bytes": "20000"})
@@ -472,8 +472,8 @@ def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter)
     """The broker validates RS256 tokens of a local OIDC provider (tests/helpers/oidc.py); librdkafka
     (producers, decision log) and kafka-python (commit, recovery) fetch them with the same client
     credentials. The official kafka connection type uses the default decision topic."""
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
-    from airflow_provider_kafka2pc.txn.decision_log import DEFAULT_DECISION_TOPIC
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC
 
     ex = exporter
     ex.decision_topic = DEFAULT_DECISION_TOPIC
@@ -503,7 +503,7 @@ def test_decision_log_reads_leave_no_denied_line_with_the_reader_group_acl(expor
     Group ACL of docs/acls.md, an append, reads and a whole run leave no DENIED line at all."""
     from pathlib import Path
 
-    from airflow_provider_kafka2pc.txn.decision_log import READER_GROUP
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import READER_GROUP
 
     ex = exporter
     documented = set(ex.documented_acls())

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.coordinator import Decided, decide_commit
-from airflow_provider_kafka2pc.txn.writer import TransactionalWriter
+from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
 from tests.conftest import SECURE_EXPORTER_PASSWORD, SECURE_OPERATOR, SECURE_OPERATOR_PASSWORD
 from tests.helpers.acls import Acl, set_acls
 from tests.helpers.kafka import REPO, KafkaEnv

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import ExportResult, ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.spark.job import ExportResult, export_dataframe
 from airflow_provider_kafka2pc.spark.window import ExecutorLostError
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 from tests.helpers.kafka import REPO, KafkaEnv, abort_open_now
 from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
 

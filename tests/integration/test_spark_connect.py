@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
+from airflow_provider_kafka2pc.spark.job import export_dataframe
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 from tests.helpers.kafka import KafkaEnv
 from tests.helpers.spark_cluster import ConnectServer, connect_server
 

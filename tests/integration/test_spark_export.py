@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.spark.contract import SchemaError
-from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, export_dataframe
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.spark.job import export_dataframe
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.helpers.kafka import KafkaEnv
 
 pytestmark = pytest.mark.kafka
@@ -209,7 +210,11 @@ def test_the_byte_bound_the_guide_gives_turns_sparks_per_row_check_off_and_the_l
     """The user guide's tuning: 10,000 records of 8,000 bytes (80 MB) in one partition come in two
     batches under Spark's default byte bound (64 MiB), in one of 10,000 (the record bound) with
     the bound at Int.MaxValue, for which Spark skips its check; the task log line says which."""
-    from airflow_provider_kafka2pc.spark.job import ARROW_BYTES_UNCHECKED, ARROW_MAX_BYTES_PER_BATCH, arrow_batch_bounds
+    from airflow_provider_kafka2pc.spark.write_job import (
+        ARROW_BYTES_UNCHECKED,
+        ARROW_MAX_BYTES_PER_BATCH,
+        arrow_batch_bounds,
+    )
 
     df = spark.range(10_000, numPartitions=1).selectExpr("repeat('x', 8000) AS value")
     by_default = _batch_rows(df)

@@ -7,8 +7,13 @@ import uuid
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent, Observation, Verdict
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
     DecisionConflictError,
     TransactionResolver,
     abort_prepared,
@@ -16,12 +21,7 @@ from airflow_provider_kafka2pc.txn.coordinator import (
     decide_commit,
     ref_of,
 )
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import RunAbortedError
-from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, Verdict
-from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.recovery import recover
-from airflow_provider_kafka2pc.txn.writer import broker_max_transaction_timeout_ms
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import KafkaEnv, generate, prepare_in_subprocess
 
@@ -301,7 +301,7 @@ def test_f_recovery_commits_decided_aborts_the_rest_and_leaves_other_prefixes_al
 
 
 def test_a_prefix_claimed_by_another_exporter_is_refused(kafka: KafkaEnv) -> None:
-    from airflow_provider_kafka2pc.txn.errors import PrefixCollisionError
+    from airflow_provider_kafka2pc.txn.protocol.errors import PrefixCollisionError
 
     log, prefix = _log(kafka), _prefix()
     log.claim_prefix(prefix, "dag_a.export")
@@ -314,8 +314,8 @@ def test_a_prefix_claimed_by_another_exporter_is_refused(kafka: KafkaEnv) -> Non
 def test_a_broker_that_is_down_gives_a_clear_error_and_loses_nothing(kafka: KafkaEnv) -> None:
     import socket
 
-    from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

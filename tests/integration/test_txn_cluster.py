@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.coordinator import abort_prepared, commit_prepared, decide_commit
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Verdict
-from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.helpers.kafka import KafkaEnv, generate, kafka_local, prepare_in_subprocess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]

@@ -16,16 +16,17 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+from airflow_provider_kafka2pc.spark.job import export_dataframe
 from airflow_provider_kafka2pc.spark.window import WindowSettings
-from airflow_provider_kafka2pc.txn.coordinator import commit_prepared
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.window import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.protocol.window import (
     PartitionSize,
     WindowExceededError,
     WindowRefusedError,
     WriteEstimate,
 )
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 from tests.helpers.kafka import KafkaEnv, abort_open_now
 from tests.helpers.stall import StallProbe
 
@@ -254,18 +255,18 @@ def test_a_write_slowed_by_the_broker_is_stopped_and_aborted_at_once(spark: Any,
 def test_a_reliable_checkpoint_directory_is_used_and_emptied(
     spark: Any, kafka_cap30: KafkaEnv, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_kafka2pc.spark import job
+    from airflow_provider_kafka2pc.spark import write_job
 
     env, ex = kafka_cap30, Exporter(kafka_cap30)
     topic = env.topic(partitions=4)
     seen: list[list[str]] = []
-    write = job._write
+    write = write_job.run_write_job
 
     def write_and_look(*args: Any, **kwargs: Any) -> Any:
         seen.append(sorted(p.name for p in tmp_path.iterdir()))  # the stored rows, while writing
         return write(*args, **kwargs)
 
-    monkeypatch.setattr(job, "_write", write_and_look)
+    monkeypatch.setattr(write_job, "run_write_job", write_and_look)
     result = ex.export(frame(spark, "reliable"), topic, window=WindowSettings(checkpoint_dir=str(tmp_path)))
     assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].startswith("kafka2pc-"), seen
     assert list(tmp_path.iterdir()) == []  # deleted after the export

@@ -54,8 +54,9 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from airflow_provider_kafka2pc.spark.job import ExportSettings, export_dataframe
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
     bootstrap = sys.argv[1]
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn import coordinator
-from airflow_provider_kafka2pc.txn import inspect as txn_inspect
+from airflow_provider_kafka2pc.txn.kafka import transactions as txn_inspect
+from airflow_provider_kafka2pc.txn.two_phase import coordinator
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog
 
 

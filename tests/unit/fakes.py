@@ -18,9 +18,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import struct_time
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, Position
-from airflow_provider_kafka2pc.txn.outcome import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, Position
+from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
+    DECISION_KEY,
+    Covered,
+    DecisionRecord,
+    Entry,
+    Kind,
+    new_decision,
+)
+from airflow_provider_kafka2pc.txn.protocol.outcome import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_TXN_STATE,
@@ -30,8 +39,6 @@ from airflow_provider_kafka2pc.txn.outcome import (
     TRANSACTIONAL_ID_NOT_FOUND,
     TxnRef,
 )
-from airflow_provider_kafka2pc.txn.protocol import DECISION_KEY, Covered, DecisionRecord, Entry, Kind, new_decision
-from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient
 
 TOPIC = "events"
 DEFAULT_TIMEOUT_MS = 900_000  # the broker's default transaction.max.timeout.ms

@@ -1,4 +1,4 @@
-"""Who the client is and which ACL it lacks, said without secrets (txn/access.py, no broker)."""
+"""Who the client is and which ACL it lacks, said without secrets (txn/kafka/access.py, no broker)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.access import (
+from airflow_provider_kafka2pc.txn.kafka.access import (
     KafkaAuthorizationError,
     acl_command,
     authorization_error_of,
@@ -143,8 +143,8 @@ def test_the_admin_clients_of_the_access_checks_log_through_python_logging(monke
     every-line-a-log-record check once)."""
     import confluent_kafka.admin
 
-    from airflow_provider_kafka2pc.txn.access import check_topic_access, topic_config_value
-    from airflow_provider_kafka2pc.txn.logs import LIBRDKAFKA_LOG
+    from airflow_provider_kafka2pc.txn.kafka.access import check_topic_access, topic_config_value
+    from airflow_provider_kafka2pc.txn.kafka.client_logs import LIBRDKAFKA_LOG
 
     configs: list[dict[str, object]] = []
 

@@ -17,8 +17,8 @@ import pytest
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook, client_config
 from airflow_provider_kafka2pc.operators.export import PoolingNeedsOneActiveRunError
 from airflow_provider_kafka2pc.operators.payload import ExportPayload
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
 
 SASL = {
     "conn_type": "kafka2pc",
@@ -318,7 +318,8 @@ def test_export_needs_exactly_one_source() -> None:
 
 def test_an_unknown_writer_is_refused_at_parse_time_and_by_the_job() -> None:
     from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
-    from airflow_provider_kafka2pc.spark.job import ExportSettings, choose_writer
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import choose_writer
 
     with pytest.raises(ValueError, match=r"writer='rust': choose one of \['auto', 'native', 'python'\]"):
         Kafka2PCExportOperator(task_id="x", transactional_id_prefix="p", sql="select 1", writer="rust")

@@ -15,12 +15,11 @@ import pytest
 
 from airflow_provider_kafka2pc import cli
 from airflow_provider_kafka2pc.cli import commands, render
-from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
-from airflow_provider_kafka2pc.txn.inspect import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, probe_id
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, probe_id
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     Covered,
     DecisionRecord,
     Kind,
@@ -32,7 +31,8 @@ from airflow_provider_kafka2pc.txn.protocol import (
     new_decision,
     run_key,
 )
-from airflow_provider_kafka2pc.txn.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from tests.helpers.no_airflow import REFUSE_AIRFLOW
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, ref, txn_state
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, client_config
-from airflow_provider_kafka2pc.txn.config import (
+from airflow_provider_kafka2pc.txn.kafka.config import (
     OidcTokenProvider,
     UnmappableConfigError,
     connection_only,
@@ -195,7 +195,7 @@ def test_oauthbearer_oidc_client_credentials_on_both_sides(token_endpoint: str) 
     # kafka-python accepts only its own AbstractTokenProvider subclasses: the adapter wraps ours.
     import kafka.net.sasl.oauth as oauth
 
-    from airflow_provider_kafka2pc.txn.wire import kafka_python_token_provider
+    from airflow_provider_kafka2pc.txn.kafka.wire import kafka_python_token_provider
 
     wrapped = kafka_python_token_provider(provider)
     assert isinstance(wrapped, oauth.AbstractTokenProvider)

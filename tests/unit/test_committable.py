@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
 
 EXPECTED_KEYS = {
     "transactional_id",

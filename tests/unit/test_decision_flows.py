@@ -10,18 +10,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import (
-    DecisionConflictError,
-    abort_prepared,
-    commit_prepared,
-    covered,
-    now_ms,
-)
-from airflow_provider_kafka2pc.txn.decision_log import Position
-from airflow_provider_kafka2pc.txn.errors import TransactionLostError
-from airflow_provider_kafka2pc.txn.outcome import Verdict
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import Position
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     DECISION_KEY,
     DecisionRecord,
     Kind,
@@ -29,7 +20,16 @@ from airflow_provider_kafka2pc.txn.protocol import (
     RunStatus,
     new_decision,
 )
-from airflow_provider_kafka2pc.txn.recovery import recover
+from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
+    DecisionConflictError,
+    abort_prepared,
+    commit_prepared,
+    covered,
+    now_ms,
+)
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
 TIDS = ("orders-0", "orders-1", "orders-2")

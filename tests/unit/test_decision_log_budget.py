@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from airflow_provider_kafka2pc.txn import decision_log as dl
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogError, DecisionLogUnavailableError
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
-from airflow_provider_kafka2pc.txn.protocol import Covered, Entry, Kind, new_decision, replay
+from airflow_provider_kafka2pc.txn.kafka import decision_log as dl
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, DecisionLogError, DecisionLogUnavailableError
+from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Entry, Kind, new_decision, replay
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 
 def _log(timeout_s: float = 0.5, topic: str = "decisions") -> DecisionLog:

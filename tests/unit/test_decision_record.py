@@ -7,11 +7,10 @@ import json
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only, redact
-from airflow_provider_kafka2pc.txn.coordinator import committed_in
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog, DecisionLogError
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, connection_only, redact
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, DecisionLogError
+from airflow_provider_kafka2pc.txn.kafka.writer import PRODUCER_DEFAULTS
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     DECISION_KEY,
     Covered,
     DecisionRecord,
@@ -24,7 +23,8 @@ from airflow_provider_kafka2pc.txn.protocol import (
     new_decision,
     replay,
 )
-from airflow_provider_kafka2pc.txn.writer import PRODUCER_DEFAULTS
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import committed_in
 from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 
 CONFIG = {
@@ -230,7 +230,7 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
     run's prepare failed on it): retriable errors are waited out, any other is raised."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
     class Consumer:
         def __init__(self, failures: int, error: int) -> None:
@@ -252,7 +252,7 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
 def test_a_leader_down_past_the_budget_is_named_not_raw() -> None:
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    from airflow_provider_kafka2pc.txn.decision_log import DecisionLogUnavailableError
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLogUnavailableError
 
     class Down:
         def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:

@@ -87,7 +87,7 @@ class Hook:
 def exporters_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Page]:
     from airflow.api_fastapi.core_api import security
 
-    from airflow_provider_kafka2pc.txn import recovery
+    from airflow_provider_kafka2pc.txn.two_phase import recovery
 
     auth = AuthManager()
     surveyed: list[tuple[str, list[str]]] = []

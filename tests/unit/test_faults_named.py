@@ -15,9 +15,14 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
 from airflow_provider_kafka2pc.operators import commit as commit_module
-from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError, KafkaTlsError, _tls_message, check_connection
-from airflow_provider_kafka2pc.txn.config import ClientConfigError, UnmappableConfigError
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.kafka.access import (
+    KafkaAuthenticationError,
+    KafkaTlsError,
+    _tls_message,
+    check_connection,
+)
+from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError, UnmappableConfigError
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
 from tests.unit.fakes import FakeBroker, MemoryDecisionLog
 from tests.unit.test_phase_two_operators import RUN_ID, FakeTI, abort_task, context, kafka, no_kafka, payload
 
@@ -68,7 +73,7 @@ def test_a_failed_certificate_check_names_the_ca_setting() -> None:
 def test_an_unreachable_broker_is_one_error_not_kafka_pythons_connection_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
     caplog.set_level(logging.INFO)
     kafka_logger = logging.getLogger("kafka")
@@ -84,7 +89,7 @@ def test_an_unreachable_broker_is_one_error_not_kafka_pythons_connection_lines(
 
 
 def test_at_debug_the_connection_lines_are_still_there_as_debug(caplog: pytest.LogCaptureFixture) -> None:
-    from airflow_provider_kafka2pc.txn.wire import WireClient
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
     caplog.set_level(logging.DEBUG, logger="kafka")
     with pytest.raises(BrokerUnavailableError):

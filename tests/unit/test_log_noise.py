@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from airflow_provider_kafka2pc.spark import jvm_logs
-from airflow_provider_kafka2pc.txn.logs import LIBRDKAFKA_LOG
+from airflow_provider_kafka2pc.txn.kafka.client_logs import LIBRDKAFKA_LOG
 
 
 @pytest.mark.parametrize(

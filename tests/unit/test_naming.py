@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.errors import InvalidPrefixError
-from airflow_provider_kafka2pc.txn.naming import (
+from airflow_provider_kafka2pc.txn.protocol.errors import InvalidPrefixError
+from airflow_provider_kafka2pc.txn.protocol.naming import (
     NamingStrategy,
     ParsedId,
     belongs_to,

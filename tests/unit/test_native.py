@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_provider_kafka2pc.txn import librdkafka as rd
-from airflow_provider_kafka2pc.txn import native
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
+from airflow_provider_kafka2pc.txn.kafka import native
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 
 def _read(pointer: int, length: int) -> bytes | None:

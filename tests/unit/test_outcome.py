@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from airflow_provider_kafka2pc.txn import outcome
-from airflow_provider_kafka2pc.txn.outcome import (
+from airflow_provider_kafka2pc.txn.protocol import outcome
+from airflow_provider_kafka2pc.txn.protocol.outcome import (
     OUTCOME_TABLE,
     RETRIABLE,
     Intent,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.operators.payload import ExportPayload
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
 
 RUN_KEY = naming.sanitize_run_key("scheduled__2026-11-23T00:00:00+00:00")
 

@@ -26,14 +26,14 @@ from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator, P
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
+from airflow_provider_kafka2pc.txn.protocol.errors import (
     ForeignCommittableError,
     LostTransaction,
     MalformedCommittableError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.protocol import Lease
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
 DAG_ID = "export_orders"
@@ -109,7 +109,7 @@ def kafka(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> Iterator[tuple[F
     monkeypatch.setattr(Kafka2PCHook, "wire_client", lambda self, *a, **k: broker)
     monkeypatch.setattr(Kafka2PCHook, "decision_log", lambda self: log)
     # The export's ACL check asks a real broker; these tests are about the decision protocol.
-    monkeypatch.setattr("airflow_provider_kafka2pc.txn.access.check_topic_access", lambda *a, **k: None)
+    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.access.check_topic_access", lambda *a, **k: None)
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
     yield broker, log
 
@@ -332,8 +332,8 @@ def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepar
     """Cleared while the run's commit went on: the commit finished during the Spark job."""
     from airflow_provider_kafka2pc.spark import job
     from airflow_provider_kafka2pc.spark.job import ExportResult
-    from airflow_provider_kafka2pc.txn.coordinator import ref_of
-    from airflow_provider_kafka2pc.txn.protocol import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import ref_of
 
     broker, log = kafka
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
@@ -366,7 +366,7 @@ def test_a_cleared_finished_run_skips_its_prepare_first_and_its_commit_answers_g
     monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], caplog: pytest.LogCaptureFixture
 ) -> None:
     from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
-    from airflow_provider_kafka2pc.txn.protocol import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord, RunStatus
 
     broker, log = kafka
     Turns(None).install(monkeypatch)
@@ -568,7 +568,7 @@ def test_version_2_payload_cannot_carry_a_foreign_committable() -> None:
 
 
 def committed_report(committed: bool) -> Any:
-    from airflow_provider_kafka2pc.txn.coordinator import CommitReport
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import CommitReport
 
     return CommitReport((), note="", committed=committed)
 
@@ -576,7 +576,7 @@ def committed_report(committed: bool) -> Any:
 def run_commit(monkeypatch: pytest.MonkeyPatch, op: Kafka2PCCommitOperator, dag: Any, committed: bool) -> Any:
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    from airflow_provider_kafka2pc.txn.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 
     two_topics = Committable("orders-1", 7, 0, 30, counts_by_topic={"events": 10, "audit": 20})
     one_topic = Committable("orders-2", 8, 0, 5, counts_by_topic={"events": 5})

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.decision_log import UnsafeDecisionTopicError, check_topic_settings
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import UnsafeDecisionTopicError, check_topic_settings
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     ABORT_RETENTION_SLACK_MS,
     OUTCOME_KEY,
     Covered,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.errors import InvalidPrefixError, TransactionLostError
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, LogState, LostTxn, RunRecord, RunStatus
-from airflow_provider_kafka2pc.txn.recovery import plan_recovery, recover
+from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, LogState, LostTxn, RunRecord, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.errors import InvalidPrefixError, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.two_phase.recovery import plan_recovery, recover
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, decision_item, legacy_record, ref, txn_state
 
 
@@ -134,7 +134,7 @@ def test_a_transaction_reopened_under_its_abort_is_aborted_again(clock: FakeCloc
     """A dying writer's late batch reopens its transaction after the export's at-once abort (same
     producer id and epoch). Its ABORT's outcome already says aborted; recovery and the abort task
     must still end it, not leave it open until the broker's timeout (adversarial review)."""
-    from airflow_provider_kafka2pc.txn.coordinator import abort_prepared
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
     from tests.unit.fakes import committable
 
     c = committable("orders-0")

@@ -13,16 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.coordinator import (
-    Resolution,
-    TransactionResolver,
-    abort_prepared,
-    commit_prepared,
-    ref_of,
-)
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, OutcomeRecord, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.errors import (
     CoordinatorError,
     ForeignCommittableError,
     MalformedCommittableError,
@@ -30,9 +25,8 @@ from airflow_provider_kafka2pc.txn.errors import (
     StaleCommittableError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.naming import Members, NamingStrategy, broker_pattern
-from airflow_provider_kafka2pc.txn.outcome import (
+from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, broker_pattern
+from airflow_provider_kafka2pc.txn.protocol.outcome import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
     INVALID_PRODUCER_EPOCH,
@@ -47,7 +41,13 @@ from airflow_provider_kafka2pc.txn.outcome import (
     TxnRef,
     Verdict,
 )
-from airflow_provider_kafka2pc.txn.protocol import Kind, OutcomeRecord, RunStatus
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
+    Resolution,
+    TransactionResolver,
+    abort_prepared,
+    commit_prepared,
+    ref_of,
+)
 from tests.unit.fakes import (
     FakeBroker,
     FakeClock,

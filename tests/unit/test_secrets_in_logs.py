@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.config import SECRET_FILTER, protect_kafka_python_logs, redact
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
-from airflow_provider_kafka2pc.txn.wire import WireClient
+from airflow_provider_kafka2pc.txn.kafka.config import SECRET_FILTER, protect_kafka_python_logs, redact
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 PASSWORD = "pw-Hunter2-never-logged"
 KEY_PASSWORD = "key-pass-never-logged"
@@ -58,7 +58,7 @@ def everything_at_debug() -> Iterator[Capture]:
 
 def test_wire_client_logs_no_password_at_debug(everything_at_debug: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
     # librdkafka's authentication probe would answer first (nothing listens); this is about kafka-python.
-    monkeypatch.setattr("airflow_provider_kafka2pc.txn.access.check_authentication", lambda *a, **k: None)
+    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.access.check_authentication", lambda *a, **k: None)
     config = {
         "bootstrap.servers": "127.0.0.1:1",  # nothing listens: bootstrap fails after the config is logged
         "security.protocol": "SASL_PLAINTEXT",

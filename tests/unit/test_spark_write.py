@@ -13,9 +13,10 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import DeliveryGuarantee, ExportSettings, write_partition
-from airflow_provider_kafka2pc.txn.errors import DeliveryError, Kafka2PCError
-from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, TransactionalWriter, enqueued_by_partition
+from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, TransactionalWriter, enqueued_by_partition
+from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
 
 TOPIC = "events"
 HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -233,7 +234,7 @@ def test_a_full_local_queue_is_waited_out_without_losing_or_reordering_records()
 
 
 def test_a_failed_delivery_raises_delivery_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_kafka2pc.txn import access
+    from airflow_provider_kafka2pc.txn.kafka import access
 
     asked: list[tuple[str, str]] = []
     monkeypatch.setattr(access, "topic_config_value", lambda config, topic, key: asked.append((topic, key)) or "2")
@@ -249,7 +250,7 @@ def test_a_failed_delivery_raises_delivery_error(monkeypatch: pytest.MonkeyPatch
 
 def test_a_failed_prepare_aborts_its_own_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rather than leaving it Ongoing until the broker's timeout aborts it."""
-    from airflow_provider_kafka2pc.txn import access
+    from airflow_provider_kafka2pc.txn.kafka import access
 
     monkeypatch.setattr(access, "topic_config_value", lambda *a: None)
     FakeProducer.fail_values = {b"bad"}

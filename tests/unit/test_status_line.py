@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.protocol.errors import (
     BrokerUnavailableError,
     LostTransaction,
     RunAbortedError,
@@ -10,7 +10,7 @@ from airflow_provider_kafka2pc.txn.errors import (
     TransactionLostError,
     Visibility,
 )
-from airflow_provider_kafka2pc.txn.status import CommitProgress
+from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
 from tests.unit.fakes import committable
 
 T0 = 1_790_000_000_000  # 2026-09-21 14:13:20 UTC
@@ -80,7 +80,7 @@ def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_cl
     from airflow.sdk.exceptions import AirflowSensorTimeout
 
     from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
 
     sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
     down = sensor.failure_line(BrokerUnavailableError("cannot reach Kafka"))

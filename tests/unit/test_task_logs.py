@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_kafka2pc.spark.job import Progress
 from airflow_provider_kafka2pc.spark.jvm_logs import level_of
-from airflow_provider_kafka2pc.txn.logs import LIBRDKAFKA_LOG, quiet_third_party_logs, with_log
+from airflow_provider_kafka2pc.spark.progress import Progress
+from airflow_provider_kafka2pc.txn.kafka.client_logs import LIBRDKAFKA_LOG, quiet_third_party_logs, with_log
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn import visibility
-from airflow_provider_kafka2pc.txn.errors import TransactionLostError
-from airflow_provider_kafka2pc.txn.outcome import Observation, TxnRef
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     Covered,
     Kind,
     LogState,
@@ -17,6 +14,9 @@ from airflow_provider_kafka2pc.txn.protocol import (
     RunStatus,
     new_decision,
 )
+from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Observation, TxnRef
+from airflow_provider_kafka2pc.txn.two_phase import visibility
 
 
 def covered(tid: str, records: int = 100) -> Covered:

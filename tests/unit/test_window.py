@@ -1,10 +1,10 @@
-"""The transaction window's arithmetic (txn/window.py): headroom, write estimate, budget, refusal."""
+"""The transaction window's arithmetic (txn/protocol/window.py): headroom, write estimate, budget, refusal."""
 
 from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.window import (
+from airflow_provider_kafka2pc.txn.protocol.window import (
     PartitionSize,
     WindowBudget,
     WindowRefusedError,
@@ -109,9 +109,10 @@ def test_a_prepare_that_ends_too_close_to_its_deadline_aborts_and_fails(opened_a
     """A write job that finished, but left the commit too little time: never a green prepare."""
     import time
 
-    from airflow_provider_kafka2pc.spark.job import ExportResult, _check_window_left
-    from airflow_provider_kafka2pc.txn.committable import Committable
-    from airflow_provider_kafka2pc.txn.window import WindowExceededError
+    from airflow_provider_kafka2pc.spark.job import ExportResult
+    from airflow_provider_kafka2pc.spark.write_job import check_window_left as _check_window_left
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
 
     now = int(time.time() * 1000)
     c = Committable("orders-0", 7, 0, 10, first_write_ms=now - opened_ago_ms)

@@ -1,4 +1,4 @@
-"""The kafka-python surface behind ``txn/wire.py``: an upgrade that moves it must fail here, loudly.
+"""The kafka-python surface behind ``txn/kafka/wire.py``: an upgrade that moves it must fail here, loudly.
 
 The adapter's own calls are also run against a connection manager that speaks kafka-python's
 real protocol classes (encode, decode, version negotiation) without a socket.
@@ -39,8 +39,8 @@ from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, Fin
 from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
 from packaging.requirements import Requirement
 
-from airflow_provider_kafka2pc.txn import wire
-from airflow_provider_kafka2pc.txn.wire import Coordinator, TxnListing, TxnState, WireClient, kafka_python_config
+from airflow_provider_kafka2pc.txn.kafka import wire
+from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient, kafka_python_config
 
 END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID = 26, 10, 22
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
@@ -188,7 +188,7 @@ def test_kafka_python_config_translates_how_to_connect() -> None:
 
 
 def test_every_translated_setting_is_a_kafka_python_admin_setting() -> None:
-    from airflow_provider_kafka2pc.txn import config
+    from airflow_provider_kafka2pc.txn.kafka import config
 
     made = {*config._KAFKA_PYTHON_NAMES.values(), *config._INLINE_PEM.values()}
     made |= {"ssl_check_hostname", "sasl_oauth_token_provider"}
@@ -472,10 +472,10 @@ def test_txn_package_imports_neither_airflow_nor_pyspark() -> None:
         """
         import importlib, pkgutil, sys
         import airflow_provider_kafka2pc.txn as txn
-        names = [m.name for m in pkgutil.iter_modules(txn.__path__)]
-        assert len(names) >= 11, names
+        names = [m.name for m in pkgutil.walk_packages(txn.__path__, "airflow_provider_kafka2pc.txn.")]
+        assert len(names) >= 23, names
         for name in names:
-            importlib.import_module(f"airflow_provider_kafka2pc.txn.{name}")
+            importlib.import_module(name)
         heavy = sorted(
             m for m in sys.modules
             if m.split(".")[0] in ("airflow", "pyspark", "py4j", "pandas", "pyarrow")
@@ -486,3 +486,41 @@ def test_txn_package_imports_neither_airflow_nor_pyspark() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_core_layers_import_only_downwards_and_nothing_imports_in_a_cycle() -> None:
+    """txn/protocol imports nothing of the package but itself; txn/kafka adds protocol; txn/two_phase
+    adds both; no module of the package imports another that imports it back (lazy imports count)."""
+    import ast
+    import graphlib
+
+    root = REPO / "airflow_provider_kafka2pc"
+    modules = {
+        ".".join(("airflow_provider_kafka2pc", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in root.rglob("*.py")
+    }
+    imports: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("airflow_provider_kafka2pc"):
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
+        imports[name] = {m for m in found if m in modules and m != name}
+    order = {"protocol": 0, "kafka": 1, "two_phase": 2}
+
+    def layer(module: str) -> int | None:
+        parts = module.split(".")
+        return order.get(parts[2]) if len(parts) > 3 and parts[1] == "txn" else None
+
+    upward = [
+        (m, d)
+        for m, ds in imports.items()
+        if layer(m) is not None
+        for d in ds
+        if not d.startswith("airflow_provider_kafka2pc.txn") or (layer(d) or 0) > (layer(m) or 0)
+    ]
+    assert upward == []
+    graphlib.TopologicalSorter(imports).prepare()  # raises CycleError naming the cycle

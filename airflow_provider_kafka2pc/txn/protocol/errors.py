@@ -184,3 +184,12 @@ class RunAbortedError(Kafka2PCError):
             f"run {run} was aborted as a whole, nothing of it is visible: {transactions} transaction(s) with "
             f"{records} record(s). {len(self.why)} of them could no longer commit:\n" + "\n".join(lines) + f"\n{fix}"
         )
+
+
+class DecisionConflictError(Kafka2PCError):
+    """The run's COMMIT came after another decision for one of its transactions: the run is aborted."""
+
+
+class SecondExportError(DecisionConflictError):
+    """Transactions of a second export of a run that already has its COMMIT: they were aborted; the
+    run stays as its first decision made it (visible, or being committed)."""

@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_kafka2pc.txn import naming, visibility
-from airflow_provider_kafka2pc.txn.coordinator import ref_of
-from airflow_provider_kafka2pc.txn.errors import acknowledge_command
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import DecisionRecord, LogState, LostTxn, RunRecord
-from airflow_provider_kafka2pc.txn.recovery import RecoveryPlan, plan_recovery
-from airflow_provider_kafka2pc.txn.wire import TxnState
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.decisions import DecisionRecord, LogState, LostTxn, RunRecord
+from airflow_provider_kafka2pc.txn.protocol.errors import acknowledge_command
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.two_phase import visibility
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import ref_of
+from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryPlan, plan_recovery
 
 ACTIONS = {"commit": "roll forward", "abort": "abort", "wait": "wait"}
 

@@ -7,17 +7,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from airflow_provider_kafka2pc.txn import naming
-from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError
-from airflow_provider_kafka2pc.txn.errors import CoordinatorError
-from airflow_provider_kafka2pc.txn.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
-from airflow_provider_kafka2pc.txn.wire import (
+from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.wire import (
     TxnListing,
     TxnState,
     WireClient,
     error_name,
     is_connection_error,
 )
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError
+from airflow_provider_kafka2pc.txn.protocol.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
 
 log = logging.getLogger(__name__)
 

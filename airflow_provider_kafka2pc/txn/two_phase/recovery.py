@@ -18,8 +18,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.txn import naming, visibility
-from airflow_provider_kafka2pc.txn.coordinator import (
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, LogState, RunRecord, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    Kafka2PCError,
+    LostTransaction,
+    TransactionLostError,
+    Visibility,
+)
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.two_phase import visibility
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
     Resolution,
     TransactionResolver,
     abort_reopened,
@@ -29,12 +41,6 @@ from airflow_provider_kafka2pc.txn.coordinator import (
     obey,
     ref_of,
 )
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError, LostTransaction, TransactionLostError, Visibility
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol import Kind, LogState, RunRecord, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient
 
 log = logging.getLogger(__name__)
 

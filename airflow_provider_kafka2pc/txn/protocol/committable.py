@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
 
 TopicPartition = tuple[str, int]
 

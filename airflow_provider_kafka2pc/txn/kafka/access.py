@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.config import connection_only, kafka_python_settings
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError
-from airflow_provider_kafka2pc.txn.logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only, kafka_python_settings
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
 
 # Kafka error names -> the resource type whose ACL refused (KafkaError names in both clients).
 _AUTHORIZATION_ERRORS = {
@@ -240,7 +240,7 @@ def _tls_message(config: Mapping[str, Any], text: str) -> str:
 
 
 def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
-    from airflow_provider_kafka2pc.txn.config import REDACTED, is_secret_key
+    from airflow_provider_kafka2pc.txn.kafka.config import REDACTED, is_secret_key
 
     for k, v in config.items():
         if is_secret_key(str(k)) and isinstance(v, str) and v:

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from airflow_provider_kafka2pc.txn import librdkafka as rd
-from airflow_provider_kafka2pc.txn.config import is_secret_key
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
-from airflow_provider_kafka2pc.txn.writer import DeliveryWriter, RefusedRecord, TransactionalWriter
+from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
+from airflow_provider_kafka2pc.txn.kafka.config import is_secret_key
+from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, RefusedRecord, TransactionalWriter
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 log = logging.getLogger(__name__)
 

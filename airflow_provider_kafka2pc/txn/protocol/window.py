@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.txn.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 # The commit's headroom is a quarter of the timeout within [floor, ceiling], plus one EndTxn wave
 # per ``max_workers`` transactions. The floor covers a decision write and a retried EndTxn on a

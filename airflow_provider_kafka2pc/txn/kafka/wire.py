@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
 # v0..3). EndTxn v5 would ask the coordinator for version-2 rules (epoch bump on every end),
@@ -96,7 +96,7 @@ class WireClient:
     ) -> None:
         from kafka import KafkaAdminClient
 
-        from airflow_provider_kafka2pc.txn.access import check_authentication, principal_of
+        from airflow_provider_kafka2pc.txn.kafka.access import check_authentication, principal_of
 
         cfg, pems = kafka_python_settings(config)
         self.principal = principal_of(config)  # named in permission errors, with the cluster

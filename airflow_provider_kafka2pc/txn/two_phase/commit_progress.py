@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.errors import (
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    DecisionConflictError,
     MalformedCommittableError,
     RunAbortedError,
+    SecondExportError,
     TransactionLostError,
     acknowledge_command,
 )
@@ -86,7 +88,6 @@ class CommitProgress:
                 f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: re-export the lost "
                 f"partitions, then acknowledge the loss with {commands}."
             )
-        from airflow_provider_kafka2pc.txn.coordinator import DecisionConflictError, SecondExportError  # imports us
 
         if isinstance(error, SecondExportError):
             return (

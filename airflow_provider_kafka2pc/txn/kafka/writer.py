@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, DeliveryError, Kafka2PCError
-from airflow_provider_kafka2pc.txn.logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, connection_only
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, DeliveryError, Kafka2PCError
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class DeliveryWriter:
         # a partition) here, while the records only see _PURGE_QUEUE.
         if self._client_error is None and err.name() not in _CONSEQUENCES:
             self._client_error = f"{err.name()}: {err.str()}"
-            from airflow_provider_kafka2pc.txn.access import authorization_error_of
+            from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 
             topics = ",".join(sorted(self._counts)) or "?"
             named = authorization_error_of(err.name(), self._config, topics, "Write")
@@ -131,7 +131,7 @@ class DeliveryWriter:
                 self._client_error = str(named)
 
     def _new_producer(self) -> Any:
-        """The librdkafka producer: confluent-kafka's here, the native one in ``txn/native.py``."""
+        """The librdkafka producer: confluent-kafka's here, the native one in ``txn/kafka/native.py``."""
         from confluent_kafka import Producer
 
         return Producer(self._config)
@@ -291,7 +291,7 @@ class DeliveryWriter:
         """Which partition refused which record, and the limits, read when it happens (rare)."""
         if self._too_large is None:
             return None
-        from airflow_provider_kafka2pc.txn.access import topic_config_value
+        from airflow_provider_kafka2pc.txn.kafka.access import topic_config_value
 
         topic, partition, size = self._too_large
         limit = topic_config_value(self._config, topic, "max.message.bytes") or "unknown (no DescribeConfigs on it)"
@@ -404,7 +404,7 @@ class TransactionalWriter(DeliveryWriter):
     def open(self) -> TransactionalWriter:
         from confluent_kafka import KafkaException
 
-        from airflow_provider_kafka2pc.txn.access import authorization_error_of
+        from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 
         super().open()
         # InitProducerId bumps the epoch: an older writer of this id (a failed Spark task
@@ -491,7 +491,7 @@ def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: floa
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-    from airflow_provider_kafka2pc.txn.access import KafkaAuthorizationError, principal_of
+    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
 
     admin = AdminClient(with_log(connection_only(config)))
     unavailable = (

@@ -19,10 +19,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.txn.errors import LostTransaction, Visibility
-from airflow_provider_kafka2pc.txn.inspect import TransactionInspector
-from airflow_provider_kafka2pc.txn.outcome import Intent, Observation, TxnRef, Verdict, observe_row, reason, verdict
-from airflow_provider_kafka2pc.txn.protocol import Covered, Kind, LogState, LostTxn, RunRecord, RunStatus, prefix_of
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
+    Covered,
+    Kind,
+    LogState,
+    LostTxn,
+    RunRecord,
+    RunStatus,
+    prefix_of,
+)
+from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction, Visibility
+from airflow_provider_kafka2pc.txn.protocol.outcome import (
+    Intent,
+    Observation,
+    TxnRef,
+    Verdict,
+    observe_row,
+    reason,
+    verdict,
+)
 
 
 def observe_broker(inspector: TransactionInspector, refs: Iterable[TxnRef]) -> dict[TxnRef, Observation]:

@@ -1,7 +1,7 @@
 """The two-phase-commit coordinator: finishing prepared transactions from another process (DESIGN §4-§6).
 
 Not Kafka's transaction coordinator (the broker that owns a transactional id, found by
-``txn/inspect.py``): this module decides for a run and tells those brokers.
+``txn/kafka/transactions.py``): this module decides for a run and tells those brokers.
 
 ``TransactionResolver`` ends transactions by (transactional id, producer id, epoch) over the
 public wire protocol and classifies every result by the outcome table. ``commit_prepared`` and
@@ -18,32 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from airflow_provider_kafka2pc.txn import naming, visibility
-from airflow_provider_kafka2pc.txn.committable import Committable
-from airflow_provider_kafka2pc.txn.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.errors import (
-    CoordinatorError,
-    Kafka2PCError,
-    LostTransaction,
-    MalformedCommittableError,
-    RunAbortedError,
-    StaleCommittableError,
-    TransactionLostError,
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.transactions import (
+    OPEN_STATES,
+    RetriableCoordinatorError,
+    TransactionInspector,
+    retry,
 )
-from airflow_provider_kafka2pc.txn.inspect import OPEN_STATES, RetriableCoordinatorError, TransactionInspector, retry
-from airflow_provider_kafka2pc.txn.outcome import (
-    NONE,
-    RETRIABLE,
-    STALE_COORDINATOR,
-    Intent,
-    Observation,
-    TxnRef,
-    Verdict,
-    observe_row,
-    reason,
-    verdict,
-)
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     Covered,
     DecisionRecord,
     Kind,
@@ -57,9 +42,31 @@ from airflow_provider_kafka2pc.txn.protocol import (
     prefix_of,
     run_key,
 )
-from airflow_provider_kafka2pc.txn.status import CommitProgress
-from airflow_provider_kafka2pc.txn.window import commit_headroom_ms
-from airflow_provider_kafka2pc.txn.wire import TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    CoordinatorError,
+    DecisionConflictError,
+    LostTransaction,
+    MalformedCommittableError,
+    RunAbortedError,
+    SecondExportError,
+    StaleCommittableError,
+    TransactionLostError,
+)
+from airflow_provider_kafka2pc.txn.protocol.outcome import (
+    NONE,
+    RETRIABLE,
+    STALE_COORDINATOR,
+    Intent,
+    Observation,
+    TxnRef,
+    Verdict,
+    observe_row,
+    reason,
+    verdict,
+)
+from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
+from airflow_provider_kafka2pc.txn.two_phase import visibility
+from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +385,7 @@ def commit_prepared(
     progress: CommitProgress | None = None,
 ) -> CommitReport:
     """Phase two, COMMIT, by the protocol of DESIGN §3a. ``progress`` records how far it got, for
-    the line a failed commit task ends with (``txn.status``).
+    the line a failed commit task ends with (``txn.two_phase.commit_progress``).
 
     1. The run's own record says it is final → answer from it ("already committed", or the loss),
        writing nothing: a clear of an old run never writes over newer runs' state. Only handed
@@ -386,7 +393,7 @@ def commit_prepared(
        finished run) are aborted, and ``DecisionConflictError`` says so.
     2. Every transaction is described. If one can no longer commit (aborted, timed out, fenced,
        within the commit's headroom of its broker deadline: ``headroom_ms``, else
-       ``txn.window.commit_headroom_ms`` bounded by the commit's own timeouts), the whole run is
+       ``txn.protocol.window.commit_headroom_ms`` bounded by the commit's own timeouts), the whole run is
        aborted: ABORT is appended, read back, obeyed, and ``RunAbortedError`` says why (nothing
        of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
@@ -648,15 +655,6 @@ def _aborted_whole(
 # Observations that mean the broker's timer ran out (OPEN: within the commit's headroom of it), or
 # may have (SUPERSEDED: the epoch moved on, by the timeout or by a newer producer of the id).
 _TIMED_OUT = (Observation.OPEN, Observation.FENCING, Observation.SUPERSEDED)
-
-
-class DecisionConflictError(Kafka2PCError):
-    """The run's COMMIT came after another decision for one of its transactions: the run is aborted."""
-
-
-class SecondExportError(DecisionConflictError):
-    """Transactions of a second export of a run that already has its COMMIT: they were aborted; the
-    run stays as its first decision made it (visible, or being committed)."""
 
 
 def _abort_run(

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from airflow_provider_kafka2pc.txn.errors import ForeignCommittableError, InvalidPrefixError
+from airflow_provider_kafka2pc.txn.protocol.errors import ForeignCommittableError, InvalidPrefixError
 
 DELIMITER = "-"
 # Kafka allows almost any id; we allow what is safe in a regex, a file name and a log line.

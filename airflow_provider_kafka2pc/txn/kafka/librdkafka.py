@@ -1,6 +1,6 @@
 """Every ctypes declaration kafka2pc relies on, in one place: librdkafka as shipped in confluent-kafka's wheel.
 
-The native writer (``txn/native.py``) calls the same librdkafka the Python writer uses through
+The native writer (``txn/kafka/native.py``) calls the same librdkafka the Python writer uses through
 confluent-kafka, so its SASL/SSL support is the same and no compiler is needed. What it relies on
 is the public C API of ``rdkafka.h``: the functions declared below and the layouts of
 ``rd_kafka_message_t`` (72 bytes on 64-bit) and of the three metadata structs read.

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from airflow_provider_kafka2pc.txn.errors import LostTransaction
-from airflow_provider_kafka2pc.txn.naming import parse_transactional_id
-from airflow_provider_kafka2pc.txn.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
+from airflow_provider_kafka2pc.txn.protocol.naming import parse_transactional_id
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 
 # Key families of the decision topic. ':' never occurs in a transactional id kafka2pc writes, so a
 # key without one of these prefixes is a per-id record of 0.1.0 (read for the upgrade).

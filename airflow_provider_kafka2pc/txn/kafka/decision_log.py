@@ -1,4 +1,4 @@
-"""The decision topic: reading and appending records of the decision protocol (``txn/protocol.py``).
+"""The decision topic: reading and appending records of the decision protocol (``txn/protocol/decisions.py``).
 
 Compacted, LogAppendTime, acks=all with an idempotent producer. Partition 0 is the protocol (its
 one total order); partition 1 holds the run records of finished runs, the history, which only a
@@ -22,11 +22,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from airflow_provider_kafka2pc.txn.config import CONNECTION_DEFAULTS, connection_only
-from airflow_provider_kafka2pc.txn.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
-from airflow_provider_kafka2pc.txn.logs import with_log
-from airflow_provider_kafka2pc.txn.naming import validate_prefix
-from airflow_provider_kafka2pc.txn.protocol import (
+from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, connection_only
+from airflow_provider_kafka2pc.txn.protocol.decisions import (
     CLAIM_KEY,
     RUN_KEY,
     DecisionRecord,
@@ -37,6 +35,8 @@ from airflow_provider_kafka2pc.txn.protocol import (
     replay,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ class DecisionLog:
             raise named
 
     def _unauthorized(self, error_name: str, operation: str) -> Kafka2PCError | None:
-        from airflow_provider_kafka2pc.txn.access import authorization_error_of
+        from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 
         resource = READER_GROUP if error_name == "GROUP_AUTHORIZATION_FAILED" else self.topic
         return authorization_error_of(error_name, self._config, resource, operation)

@@ -1,0 +1,116 @@
+"""Computing the source before any transaction opens, and the budget checked then (DESIGN §3b.1-2).
+
+``prepare_window`` takes the cheapest way the session allows (a frame stored already, staged Arrow
+files, a checkpoint; ``compute_first``), says which and why in the task log, and refuses up front
+what cannot fit at a rate this cluster is known to reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
+
+log = logging.getLogger(__name__)
+
+
+def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -> tuple[Any, WindowBudget]:
+    """Materialize (unless turned off) and check the budget, all before any transaction opens."""
+    from airflow_provider_kafka2pc.spark.window import task_slots
+    from airflow_provider_kafka2pc.txn.protocol.window import (
+        NOT_MATERIALIZED,
+        WindowBudget,
+        WriteEstimate,
+        commit_headroom_ms,
+    )
+
+    assert settings.transaction_timeout_ms is not None
+    stored, estimate, unknown = None, None, NOT_MATERIALIZED
+    if window.materialize:
+        stored = compute_first(df, window)
+        if stored.sizes is not None:
+            busy = [s for s in stored.sizes if s.records > 0]
+            log.info(
+                "kafka2pc materialized the frame in %.1f s, before any transaction opened (%s): %d records, "
+                "%d bytes, %d non-empty partition(s)",
+                stored.seconds,
+                stored.where,
+                sum(s.records for s in busy),
+                sum(s.bytes for s in busy),
+                len(busy),
+            )
+        rate = window.rate()
+        if rate is not None and stored.sizes is not None:
+            estimate = WriteEstimate.of(stored.sizes, task_slots(df.sparkSession), rate)
+        else:
+            unknown = "no write rate stated, and none shown by an earlier run of this exporter"
+    else:
+        log.warning(
+            "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
+        )
+    if stored is None:
+        transactions = partition_count(df)
+    elif stored.sizes is None:
+        transactions = stored.partitions
+    else:
+        transactions = sum(1 for s in stored.sizes if s.records > 0)
+    budget = WindowBudget(
+        settings.transaction_timeout_ms,
+        commit_headroom_ms(settings.transaction_timeout_ms, transactions, override_ms=window.commit_headroom_ms),
+        window.handover_ms,
+        estimate,
+        unknown,
+    )
+    log.info("kafka2pc window budget: %s", budget.describe())
+    if not budget.fits:
+        if stored is not None:
+            stored.release()
+        raise budget.refusal()
+    return stored, budget
+
+
+def compute_first(df: Any, window: WindowSettings) -> Any:
+    """The source computed before any transaction opens: staged in Arrow files where the cluster
+    allows it (one pass), else stored with a checkpoint; the task log says which, and why."""
+    from airflow_provider_kafka2pc.spark.cache_manager import stored_already
+    from airflow_provider_kafka2pc.spark.staging import machine_id, stage, staging_unavailable
+    from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
+
+    if window.store == "auto" and (already := stored_already(df)) is not None:
+        # Writing it computes nothing: no copy. Its size is counted only when a rate can budget it.
+        started = time.monotonic()
+        sizes = partition_sizes(df) if window.rate() is not None else None
+        log.info(
+            "kafka2pc writes %s as it is stored (%d partition(s)): nothing is computed in the window",
+            already.how,
+            already.partitions,
+        )
+        return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
+    why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
+    if why_not is None:
+        staged = stage(df)
+        if staged.machines <= {machine_id()}:
+            return staged
+        staged.release()  # this host's files; another host's stay in its temporary directory
+        why_not = f"staging tasks ran on {len(staged.machines)} machine(s), not only the driver's"
+    if window.store == "arrow":
+        raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'")
+    log.info("kafka2pc stores the frame with a checkpoint instead of staging Arrow files: %s", why_not)
+    return materialize(df, window)
+
+
+def partition_count(df: Any) -> int:
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect has no RDDs; the headroom then counts one EndTxn wave
+        return 1
+
+
+__all__ = ["compute_first", "partition_count", "prepare_window"]

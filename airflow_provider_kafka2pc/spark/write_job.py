@@ -1,0 +1,207 @@
+"""The write job: the transactions' side of the window (DESIGN §3b.3).
+
+``run_write_job`` maps the (stored or staged) frame through the partition writer, watched against
+the budget: a job that fails or overruns is stopped and what it opened is aborted at once.
+``check_window_left`` refuses a prepare that ends too close to its broker deadline. Every message
+here says what became of the opened transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_kafka2pc.spark.progress import Progress, ProgressReporter
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema, write_partition
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.export_result import ExportResult
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
+
+log = logging.getLogger(__name__)
+
+
+ARROW_MAX_BYTES_PER_BATCH = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+ARROW_MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+# Spark skips its per-row size check of an Arrow batch for exactly this byte bound (Int.MaxValue).
+
+ARROW_BYTES_UNCHECKED = 2**31 - 1
+
+
+def arrow_batch_bounds(spark: Any) -> str:
+    """How Spark bounds the Arrow batches it hands the writers, said in the task log: Spark checks
+    the byte bound after every row, ~40 % of its JVM's CPU in that hop (docs/design.md), and the
+    user guide says when to turn the check off. Read only, never changed here: without the byte
+    bound, large records make batches of hundreds of MB, or fail Arrow's 2 GiB buffer limit."""
+    try:
+        records = int(spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH))
+        size = str(spark.conf.get(ARROW_MAX_BYTES_PER_BATCH))
+    except Exception as e:  # a courtesy: never fail the export for it
+        return f"unknown ({e!r})"
+    count = f"{records} records" if records > 0 else "no record bound"
+    if size.rstrip("b") == str(ARROW_BYTES_UNCHECKED):
+        return f"{count}, bytes unchecked ({ARROW_MAX_BYTES_PER_BATCH}={size})"
+    return (
+        f"{count} or {size}, the bytes checked after every row (for records of a few KB, "
+        f"{ARROW_MAX_BYTES_PER_BATCH}={ARROW_BYTES_UNCHECKED} skips the check: see the user guide)"
+    )
+
+
+def run_write_job(
+    df: Any,
+    settings: ExportSettings,
+    budget: WindowBudget | None,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+    abort_opened: Callable[[], bool] | None,
+    staged_dir: str | None = None,
+) -> tuple[list[Any], float, int]:
+    """The write job, watched against the budget; on failure what it opened is aborted at once.
+    With ``staged_dir``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its
+    input rows. Returns its rows, its duration and its start (wall-clock ms on the driver)."""
+    from airflow_provider_kafka2pc.spark.window import ExecutorLostError, WriteWatch, is_executor_lost
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
+
+    payload = settings.to_json()
+    reporter = ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
+    written = reporter.written if reporter is not None else None
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if staged_dir is not None:
+            from airflow_provider_kafka2pc.spark.staging import staged_batches
+
+            for _ in batches:  # the write frame's one placeholder row
+                pass
+            batches = staged_batches(staged_dir, ctx.partitionId())
+        for out in write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches):
+            if written is not None:
+                written.add(sum(out.column("records").to_pylist()))
+            yield out
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
+    watch = WriteWatch(df.sparkSession, budget.write_ms) if budget is not None else None
+    started, started_ms = time.monotonic(), int(time.time() * 1000)
+    try:
+        with reporter or contextlib.nullcontext(), watch or contextlib.nullcontext():
+            if watch is not None:
+                log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
+            rows = df.mapInArrow(run, from_arrow_schema(result_schema())).collect()
+    except Exception as e:
+        if watch is None:
+            raise
+        seconds = time.monotonic() - started
+        ended = watch.wait_tasks_ended()
+        aborted = _abort_now(abort_opened, ended)
+        assert budget is not None
+        if watch.overran:
+            raise WindowExceededError(
+                f"the write phase ran past its budget: {budget.write_ms} ms of transaction.timeout.ms="
+                f"{budget.timeout_ms} (commit headroom {budget.headroom_ms} ms, hand-over {budget.handover_ms} ms). "
+                f"The job was stopped after {seconds:.1f} s and {aborted}: nothing of the run is visible. "
+                + _overrun_fix(budget)
+            ) from e
+        if is_executor_lost(e):
+            raise ExecutorLostError(
+                f"an executor holding materialized partitions was lost during the write ({seconds:.1f} s in); "
+                f"the write job failed and {aborted}: nothing of the run is visible. Clear the DAG run to export "
+                "it again; to survive a lost executor without recomputing, give the export a reliable "
+                "checkpoint_dir (HDFS, S3, a shared disk)."
+            ) from e
+        raise
+    return rows, time.monotonic() - started, started_ms
+
+
+def _overrun_fix(budget: WindowBudget) -> str:
+    from airflow_provider_kafka2pc.txn.protocol.window import NOT_MATERIALIZED
+
+    if budget.estimate is None and budget.unknown == NOT_MATERIALIZED:
+        return (
+            "The source was computed inside the window (materialize=False): turn materialize on (the default) so "
+            "that it is computed before any transaction opens, then clear the DAG run."
+        )
+    expected = (
+        f"It was expected to take {budget.estimate.expected_ms / 1000:.1f} s"
+        if budget.estimate is not None
+        else f"Its time could not be estimated ({budget.unknown})"
+    )
+    return (
+        f"{expected}: a task was slow or queued (fewer task slots than partitions, a lost executor, a slow or "
+        "throttled broker). Clear the DAG run to try again; give the export more task slots, or split it into "
+        "several exports feeding one commit."
+    )
+
+
+def check_window_left(
+    result: ExportResult, budget: WindowBudget, abort_opened: Callable[[], bool] | None, write_started_ms: int
+) -> None:
+    """A prepare never ends green holding transactions the commit can no longer commit in time.
+    The window is counted from the write job's start on the driver's clock, or from the first
+    record if an executor's clock says earlier."""
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
+
+    if not result.committables:
+        return
+    first = min(write_started_ms, result.first_write_ms or write_started_ms)
+    now = int(time.time() * 1000)
+    left = first + budget.timeout_ms - now
+    log.info(
+        "kafka2pc prepared %d transaction(s): the first opened %s; they must be committed by %s (%d ms from now, "
+        "the commit keeps %d ms of headroom)",
+        len(result.committables),
+        iso(first),
+        iso(first + budget.timeout_ms),
+        left,
+        budget.headroom_ms,
+    )
+    if left >= budget.headroom_ms + budget.handover_ms:
+        return
+    aborted = _abort_now(abort_opened, True)
+    raise WindowExceededError(
+        f"the write phase ended {_before_or_after(left)} the broker's deadline of its first transaction, with less "
+        f"than the commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms) left: the "
+        "commit could not end in time. "
+        f"It prepared {len(result.committables)} transaction(s) with {result.records} records, and "
+        f"{aborted}: nothing of the run is visible. " + _overrun_fix(budget)
+    )
+
+
+def _before_or_after(left_ms: int) -> str:
+    return f"{left_ms} ms before" if left_ms >= 0 else f"{-left_ms} ms after"
+
+
+def _abort_now(abort_opened: Callable[[], bool] | None, tasks_ended: bool) -> str:
+    """Abort what the write job opened, now; says truthfully what became of it."""
+    if abort_opened is None:
+        return "the abort task aborts every transaction it opened"
+    if abort_opened() and tasks_ended:
+        return "every transaction it opened was aborted at once"
+    return (
+        "what it opened could not all be aborted at once (see the log above): the abort task aborts the rest, "
+        "and until then read_committed readers of its partitions wait"
+    )
+
+
+def iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+__all__ = [
+    "ARROW_BYTES_UNCHECKED",
+    "ARROW_MAX_BYTES_PER_BATCH",
+    "ARROW_MAX_RECORDS_PER_BATCH",
+    "arrow_batch_bounds",
+    "check_window_left",
+    "iso",
+    "run_write_job",
+]

@@ -1,0 +1,67 @@
+"""What an export writes and how: the settings every partition writer gets, serialisable for Spark tasks.
+
+Also callable without Spark: the settings are plain data, sent to each task as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.protocol import naming
+
+
+class DeliveryGuarantee(StrEnum):
+    EXACTLY_ONCE = "EXACTLY_ONCE"  # one transaction per partition, committed by the coordinator
+    AT_LEAST_ONCE = "AT_LEAST_ONCE"  # idempotent producer, flushed; a retried task may duplicate
+    NONE = "NONE"  # acks=1, no idempotence
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    transactional_id_prefix: str
+    producer_config: Mapping[str, Any]
+    topic: str | None = None
+    naming_strategy: naming.NamingStrategy = naming.NamingStrategy.POOLING
+    run_key: str | None = None
+    delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    transaction_timeout_ms: int | None = None
+    # Testing aid: the first attempt of this partition raises after writing N records.
+    fail_first_attempt: tuple[int, int] | None = None
+    # "auto": the native path (Arrow buffers into librdkafka's batch API, txn/kafka/native.py) where it
+    # can write the frame, the Python loop otherwise; "native" or "python" force one (native fails
+    # loudly where it cannot).
+    writer: str = "auto"
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["producer_config"] = dict(self.producer_config)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> ExportSettings:
+        d = json.loads(text)
+        d["naming_strategy"] = naming.NamingStrategy(d["naming_strategy"])
+        d["delivery_guarantee"] = DeliveryGuarantee(d["delivery_guarantee"])
+        if d.get("fail_first_attempt") is not None:
+            d["fail_first_attempt"] = tuple(d["fail_first_attempt"])
+        return cls(**d)
+
+    def transactional_id(self, slot: int) -> str:
+        return naming.transactional_id(self.transactional_id_prefix, slot, self.naming_strategy, self.run_key)
+
+
+WRITERS = ("auto", "native", "python")
+
+
+def validate_writer(writer: str) -> str:
+    """``writer`` when it names a path of ``WRITERS``; else a ValueError naming the choices."""
+    if writer not in WRITERS:
+        raise ValueError(f"writer={writer!r}: choose one of {list(WRITERS)}")
+    return writer
+
+
+__all__ = ["WRITERS", "DeliveryGuarantee", "ExportSettings", "validate_writer"]
