@@ -27,7 +27,7 @@ def coordinator_phases(phases: Phases) -> Iterator[None]:
     """Time the parts of ``commit_prepared`` / ``recover`` (a resolve that describes first includes it)."""
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import TransactionResolver
+    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(phases.timing(DecisionLog, "read", "decision log read"))

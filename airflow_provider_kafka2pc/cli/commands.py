@@ -51,8 +51,8 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.two_phase import survey
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import Resolution
 from airflow_provider_kafka2pc.txn.two_phase.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
+from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution
 
 EXIT_OK = 0
 EXIT_OPEN = 1

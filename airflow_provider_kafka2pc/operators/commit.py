@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
     from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import CommitReport
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport
 
 
 # The alias the commit reports its topics' assets through (a topic is only known at run time).
@@ -350,7 +350,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
-        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, ref_of
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
+        from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
         payloads = self.payloads(context)
         ti = context["ti"]

@@ -260,7 +260,7 @@ class Kafka2PCExportOperator(BaseOperator):
         """A run the decision log already decided is never exported again; a lost one is loud."""
         from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
         from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
-        from airflow_provider_kafka2pc.txn.two_phase.coordinator import lost_of_run
+        from airflow_provider_kafka2pc.txn.two_phase.ruling import lost_of_run
         from airflow_provider_kafka2pc.txn.two_phase.visibility import of_run_record
 
         if status.status is RunStatus.LOST:
@@ -301,7 +301,8 @@ class Kafka2PCExportOperator(BaseOperator):
         aborted (ABORT appended first) before the task stands down, not left open for the next run."""
         if not committables:
             return
-        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, ref_of
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
+        from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
         decision_log, wire = hook.decision_log(), hook.wire_client()
         try:

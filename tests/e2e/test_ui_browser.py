@@ -438,8 +438,10 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
     from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, TransactionResolver, decide_commit, ref_of
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
     from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
     tag = uuid.uuid4().hex[:6]
     topic = kafka.topic(partitions=2)

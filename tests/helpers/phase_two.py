@@ -31,17 +31,12 @@ from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, RunAbortedError, TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
-    DecisionConflictError,
-    TransactionResolver,
-    abort_prepared,
-    commit_prepared,
-    decide_commit,
-    ref_of,
-)
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
 
 def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ import pytest
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, new_decision
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, now_ms
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.ruling import now_ms
 from tests.helpers.kafka import REPO, KafkaEnv, generate, prepare_in_subprocess
 from tests.helpers.no_airflow import REFUSE_AIRFLOW
 

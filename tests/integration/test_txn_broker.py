@@ -11,17 +11,12 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError
+from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, RunAbortedError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent, Observation, Verdict
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
-    DecisionConflictError,
-    TransactionResolver,
-    abort_prepared,
-    commit_prepared,
-    decide_commit,
-    ref_of,
-)
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.kafka import KafkaEnv, generate, prepare_in_subprocess
 

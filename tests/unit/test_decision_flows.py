@@ -20,16 +20,11 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     RunStatus,
     new_decision,
 )
-from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
-    DecisionConflictError,
-    abort_prepared,
-    commit_prepared,
-    covered,
-    now_ms,
-)
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.ruling import covered, now_ms
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
 TIDS = ("orders-0", "orders-1", "orders-2")

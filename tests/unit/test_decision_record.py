@@ -24,7 +24,7 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     replay,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import committed_in
+from airflow_provider_kafka2pc.txn.two_phase.ruling import committed_in
 from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 
 CONFIG = {

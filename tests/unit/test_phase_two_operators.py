@@ -333,7 +333,7 @@ def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepar
     from airflow_provider_kafka2pc.spark import job
     from airflow_provider_kafka2pc.spark.job import ExportResult
     from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord, RunStatus
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import ref_of
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
     broker, log = kafka
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
@@ -568,7 +568,7 @@ def test_version_2_payload_cannot_carry_a_foreign_committable() -> None:
 
 
 def committed_report(committed: bool) -> Any:
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import CommitReport
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport
 
     return CommitReport((), note="", committed=committed)
 

@@ -41,13 +41,9 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     TxnRef,
     Verdict,
 )
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
-    Resolution,
-    TransactionResolver,
-    abort_prepared,
-    commit_prepared,
-    ref_of,
-)
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.unit.fakes import (
     FakeBroker,
     FakeClock,

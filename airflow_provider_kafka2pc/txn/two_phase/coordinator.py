@@ -12,20 +12,14 @@ EndTxn, then the final record.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.transactions import (
     OPEN_STATES,
-    RetriableCoordinatorError,
-    TransactionInspector,
-    retry,
 )
-from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import (
@@ -33,335 +27,48 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     DecisionRecord,
     Kind,
     LogState,
-    LostTxn,
-    OutcomeRecord,
     RunRecord,
     RunStatus,
-    finalize,
     new_decision,
     prefix_of,
     run_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.errors import (
-    CoordinatorError,
     DecisionConflictError,
     LostTransaction,
-    MalformedCommittableError,
     RunAbortedError,
     SecondExportError,
     StaleCommittableError,
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
-    NONE,
-    RETRIABLE,
-    STALE_COORDINATOR,
-    Intent,
     Observation,
     TxnRef,
     Verdict,
-    observe_row,
     reason,
-    verdict,
 )
 from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
+from airflow_provider_kafka2pc.txn.two_phase.ruling import (
+    CommitReport,
+    abort_reopened,
+    committed_in,
+    covered,
+    deadline_of,
+    lost_of_decisions,
+    lost_of_run,
+    now_ms,
+    obey,
+    partitions_of,
+    ref_of,
+)
+from airflow_provider_kafka2pc.txn.two_phase.ruling import (
+    iso as _iso,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """How one transaction ended, and what the broker answered on the way."""
-
-    ref: TxnRef
-    outcome: Verdict  # COMMITTED, ABORTED or LOST
-    observation: Observation  # the last thing DescribeTransactions showed
-    detail: str
-    end_txn_codes: tuple[str, ...] = field(default=())
-
-
-class TransactionResolver:
-    def __init__(
-        self,
-        wire: WireClient,
-        committed_in_log: Callable[[TxnRef], bool] = lambda _ref: False,
-        max_workers: int = 16,
-        timeout_s: float = 60.0,
-    ) -> None:
-        self.wire = wire
-        self.inspector = TransactionInspector(wire, timeout_s)
-        self.committed_in_log = committed_in_log
-        self.max_workers = max_workers
-        self.timeout_s = timeout_s
-
-    def observe_all(self, refs: Sequence[TxnRef]) -> dict[str, tuple[Observation, TxnState | None]]:
-        states = self.inspector.describe(r.transactional_id for r in refs)
-        return {r.transactional_id: (observe_row(r, s := states.get(r.transactional_id)), s) for r in refs}
-
-    def resolve(
-        self,
-        refs: Sequence[TxnRef],
-        intent: Intent,
-        observed: dict[str, tuple[Observation, TxnState | None]] | None = None,
-    ) -> list[Resolution]:
-        """End every transaction as ``intent`` says, in parallel; never raises for a lost one."""
-        _check_unique(refs)
-        if not refs:
-            return []
-        observed = observed if observed is not None else self.observe_all(refs)
-        with ThreadPoolExecutor(
-            max_workers=min(self.max_workers, len(refs)), thread_name_prefix="kafka2pc-endtxn"
-        ) as ex:
-            resolutions = list(ex.map(lambda r: self._resolve_one(r, intent, observed[r.transactional_id][0]), refs))
-        self._await_markers(resolutions)
-        return resolutions
-
-    def _await_markers(self, resolutions: Sequence[Resolution], timeout_s: float = 30.0) -> None:
-        """Wait until the broker has written the markers of what was just ended.
-
-        EndTxn answers once the decision is in the transaction log (PrepareCommit/PrepareAbort);
-        the markers that make records visible to read_committed consumers follow. Returning
-        only after CompleteCommit means "commit succeeded" also means "the data is visible".
-        """
-        pending = {r.ref.transactional_id: r.ref for r in resolutions if r.outcome is not Verdict.LOST}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            states = self.inspector.describe(pending)
-            for tid, ref in list(pending.items()):
-                s = states.get(tid)
-                if s is None or (s.producer_id, s.producer_epoch) != (ref.producer_id, ref.producer_epoch):
-                    del pending[tid]  # another producer has the id now: nothing of ours is in flight
-                elif s.state not in _IN_FLIGHT:
-                    del pending[tid]
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                log.warning("transaction markers still pending after %.0f s: %s", timeout_s, sorted(pending))
-                return
-            time.sleep(0.02)
-
-    def _resolve_one(self, ref: TxnRef, intent: Intent, obs: Observation) -> Resolution:
-        codes: list[str] = []
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            v = verdict(obs, intent)
-            if v is Verdict.END_TXN:
-                if len(codes) >= 3:
-                    raise CoordinatorError(
-                        f"EndTxn({ref.transactional_id!r}) keeps failing while the transaction is still open: {codes}"
-                    )
-                code = self._end_txn(ref, intent, codes)
-                if code == NONE:
-                    done = Verdict.COMMITTED if intent is Intent.COMMIT else Verdict.ABORTED
-                    return Resolution(ref, done, obs, f"{done.value} by this call", tuple(codes))
-                # Not retriable: ask the broker what happened instead of guessing from the code.
-                obs = self._observe_one(ref)
-                continue
-            if v is Verdict.WAIT:
-                if time.monotonic() > deadline:
-                    raise CoordinatorError(f"{ref.transactional_id!r} stayed in state {obs.value} too long")
-                time.sleep(0.2)
-                obs = self._observe_one(ref)
-                continue
-            if v is Verdict.CONSULT_LOG:
-                if self.committed_in_log(ref):
-                    return Resolution(
-                        ref, Verdict.COMMITTED, obs, "the decision log records it COMMITTED", tuple(codes)
-                    )
-                if intent is Intent.ABORT:
-                    return Resolution(ref, Verdict.ABORTED, obs, reason(obs), tuple(codes))
-                return Resolution(ref, Verdict.LOST, obs, reason(obs), tuple(codes))
-            detail = (
-                "already committed"
-                if v is Verdict.COMMITTED
-                else ("already aborted" if v is Verdict.ABORTED else reason(obs))
-            )
-            return Resolution(ref, v, obs, detail, tuple(codes))
-
-    def _observe_one(self, ref: TxnRef) -> Observation:
-        return observe_row(ref, self.inspector.describe([ref.transactional_id]).get(ref.transactional_id))
-
-    def _end_txn(self, ref: TxnRef, intent: Intent, codes: list[str]) -> int:
-        """EndTxn with re-lookup and backoff on retriable errors; returns NONE or a final code."""
-
-        def attempt() -> int:
-            node = self.inspector.coordinators([ref.transactional_id])[ref.transactional_id]
-            code = self.wire.end_txn(
-                node, ref.transactional_id, ref.producer_id, ref.producer_epoch, commit=intent is Intent.COMMIT
-            )
-            if code != NONE:
-                codes.append(error_name(code))
-            if code in RETRIABLE:
-                if code in STALE_COORDINATOR:
-                    log.info("EndTxn(%s): %s; looking the coordinator up again", ref.transactional_id, error_name(code))
-                raise RetriableCoordinatorError(code, f"EndTxn({ref.transactional_id!r})")
-            return code
-
-        return retry(f"EndTxn({ref.transactional_id!r})", attempt, self.timeout_s)
-
-
-_IN_FLIGHT = ("PrepareCommit", "PrepareAbort")
-
-
-def _check_unique(refs: Sequence[TxnRef]) -> None:
-    seen: set[str] = set()
-    for r in refs:
-        if r.transactional_id in seen:
-            raise MalformedCommittableError(f"two committables share transactional id {r.transactional_id!r}")
-        seen.add(r.transactional_id)
-
-
-class _HoldsProducer(Protocol):
-    @property
-    def transactional_id(self) -> str: ...
-    @property
-    def producer_id(self) -> int: ...
-    @property
-    def producer_epoch(self) -> int: ...
-
-
-def ref_of(c: _HoldsProducer) -> TxnRef:
-    """The (id, pid, epoch) of a committable, a DescribeTransactions row or a decision record."""
-    return TxnRef(c.transactional_id, c.producer_id, c.producer_epoch)
-
-
-@dataclass(frozen=True)
-class CommitReport:
-    resolutions: tuple[Resolution, ...]
-    note: str = ""  # e.g. "already committed", from the run's own record
-    # Every transaction of the run ended committed: by this call, an earlier try, or per its run record.
-    committed: bool = False
-
-    def count(self, v: Verdict) -> int:
-        return sum(1 for r in self.resolutions if r.outcome is v)
-
-
-def deadline_of(state: TxnState | None) -> int | None:
-    """The broker's deadline of an open transaction: its start time + transaction.timeout.ms."""
-    if state is None or state.start_time_ms <= 0 or state.timeout_ms <= 0:
-        return None
-    return state.start_time_ms + state.timeout_ms
-
-
-def covered(c: Committable, state: TxnState | None) -> Covered:
-    return Covered(
-        c.transactional_id, c.producer_id, c.producer_epoch, c.records, _partitions(c, state), deadline_of(state)
-    )
-
-
-def _partitions(c: Committable, state: TxnState | None) -> tuple[str, ...]:
-    """The transaction's partitions as the broker lists them while it is open for this producer;
-    else as the committable has them (none when it came through a version-2 XCom)."""
-    if state is not None and state.topic_partitions and ref_of(state) == ref_of(c):
-        return tuple(f"{t}-{p}" for t, p in state.topic_partitions)
-    return c.describe_partitions()
-
-
-def covered_state(s: TxnState) -> Covered:
-    """A transaction known only from the broker (recovery, abort): no record count."""
-    return Covered(
-        s.transactional_id,
-        s.producer_id,
-        s.producer_epoch,
-        0,
-        tuple(f"{t}-{p}" for t, p in s.topic_partitions),
-        deadline_of(s),
-    )
-
-
-def obey(
-    decision_log: DecisionLog,
-    state: LogState,
-    decision_ids: Sequence[str],
-    resolver: TransactionResolver,
-) -> list[Resolution]:
-    """End what each decision in force rules and has not ended yet; record outcomes; retire what
-    is final. Returns the resolutions of this call (transactions already resolved are skipped)."""
-    done: list[Resolution] = []
-    items: list[tuple[bytes, bytes | None]] = []
-    for did in dict.fromkeys(decision_ids):
-        if not state.in_force(did):
-            items += finalize(state, did, now_ms())
-            continue
-        d = state.decisions[did]
-        todo = state.unresolved(did)
-        intent = Intent.COMMIT if d.kind is Kind.COMMIT else Intent.ABORT
-        if todo:
-            log.info(
-                "%s %d transaction(s) under %s decision %s of %s (%s)",
-                intent.value.lower(),
-                len(todo),
-                d.kind.value,
-                did,
-                d.run,
-                d.actor,
-            )
-        resolutions = resolver.resolve([c.ref for c in todo], intent)
-        done += resolutions
-        by_tid = {c.transactional_id: c for c in d.txns}
-        outcome = state.outcome(did).merge(
-            OutcomeRecord(
-                did,
-                frozenset(r.ref.transactional_id for r in resolutions if r.outcome is Verdict.COMMITTED),
-                frozenset(r.ref.transactional_id for r in resolutions if r.outcome is Verdict.ABORTED),
-                tuple(
-                    LostTxn(by_tid[r.ref.transactional_id], r.detail) for r in resolutions if r.outcome is Verdict.LOST
-                ),
-            )
-        )
-        state.outcomes[did] = outcome
-        if resolutions:
-            items.append((outcome.key, outcome.to_json()))
-        items += finalize(state, did, now_ms())
-    if items:
-        decision_log.append(items)
-    return done
-
-
-def abort_reopened(
-    resolver: TransactionResolver, state: LogState, refs: Iterable[TxnRef], ended: Iterable[Resolution]
-) -> list[Resolution]:
-    """End what is open again under an ABORT whose outcome already says aborted: a dying writer's
-    late batch reopened it (same producer id and epoch: transaction version 1 allows it), and
-    ``obey`` skips what its outcome records. Aborting what an ABORT rules is always safe."""
-    done = {r.ref for r in ended}
-    ruled = [r for r in refs if r not in done and (d := state.ruled_by(r)) is not None and d.kind is Kind.ABORT]
-    if not ruled:
-        return []
-    observed = resolver.observe_all(ruled)
-    reopened = [r for r in ruled if observed[r.transactional_id][0] is Observation.OPEN]
-    if not reopened:
-        return []
-    log.warning("%d transaction(s) open again under their ABORT: aborting them again", len(reopened))
-    return resolver.resolve(reopened, Intent.ABORT, observed)
-
-
-def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
-    """For the outcome table's CONSULT_LOG: did an actor see this transaction committed?"""
-
-    def committed(ref: TxnRef) -> bool:
-        did = state.ruling.get(ref)
-        return did is not None and ref.transactional_id in state.outcome(did).committed
-
-    return committed
-
-
-def lost_of_decisions(state: LogState, decision_ids: Sequence[str]) -> list[LostTransaction]:
-    return [
-        t
-        for did in dict.fromkeys(decision_ids)
-        for t in _lost_transactions(state.outcome(did).lost, state.decisions[did].run if did in state.decisions else "")
-    ]
-
-
-def lost_of_run(rec: RunRecord) -> list[LostTransaction]:
-    return _lost_transactions(rec.lost, rec.run)
-
-
-def _lost_transactions(lost: Iterable[LostTxn], run: str) -> list[LostTransaction]:
-    return [t.reported(run) for t in lost]
 
 
 @dataclass
@@ -433,7 +140,7 @@ def decide_commit(
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
-    _check_unique(refs)
+    check_unique(refs)
     exporters = _members(prefixes)
     if exporters:  # before anything is read or decided: another exporter's committable is never decided
         naming.check_members((r.transactional_id for r in refs), exporters)
@@ -726,7 +433,7 @@ def abort_prepared(
     With ``prefixes``, a committable of another exporter (or run) is refused before anything is
     decided, as is one the broker knows under another producer (``check_current_producers``)."""
     refs = [_as_ref(c) for c in committables]
-    _check_unique(refs)
+    check_unique(refs)
     exporters = _members(prefixes)
     if exporters:
         naming.check_members((r.transactional_id for r in refs), exporters)
@@ -767,36 +474,25 @@ def _covered_any(c: Committable | TxnRef | Covered, s: TxnState | None) -> Cover
     return Covered(c.transactional_id, c.producer_id, c.producer_epoch, 0, (), deadline_of(s))
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _iso(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
-
-
 def _lost(
     by_tid: Mapping[str, Committable],
     reasons: Mapping[str, str],
     observed: Mapping[str, tuple[Observation, TxnState | None]],
 ) -> list[LostTransaction]:
     return [
-        LostTransaction(tid, c.producer_id, c.producer_epoch, c.records, _partitions(c, observed[tid][1]), reasons[tid])
+        LostTransaction(
+            tid, c.producer_id, c.producer_epoch, c.records, partitions_of(c, observed[tid][1]), reasons[tid]
+        )
         for tid, c in by_tid.items()
         if tid in reasons
     ]
 
 
 __all__ = [
-    "CommitReport",
     "Decided",
-    "DecisionConflictError",
-    "Resolution",
-    "SecondExportError",
-    "TransactionResolver",
     "abort_prepared",
+    "answer_from_run_records",
+    "check_current_producers",
     "commit_prepared",
     "decide_commit",
-    "obey",
-    "ref_of",
 ]

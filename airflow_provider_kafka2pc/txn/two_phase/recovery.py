@@ -31,9 +31,8 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.two_phase import visibility
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import (
-    Resolution,
-    TransactionResolver,
+from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     abort_reopened,
     committed_in,
     covered_state,

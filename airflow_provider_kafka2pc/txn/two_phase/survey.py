@@ -19,8 +19,8 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import DecisionRecord, Log
 from airflow_provider_kafka2pc.txn.protocol.errors import acknowledge_command
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.two_phase import visibility
-from airflow_provider_kafka2pc.txn.two_phase.coordinator import ref_of
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryPlan, plan_recovery
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
 ACTIONS = {"commit": "roll forward", "abort": "abort", "wait": "wait"}
 

@@ -122,7 +122,9 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
         if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
             from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
-            from airflow_provider_kafka2pc.txn.two_phase.coordinator import TransactionResolver, decide_commit, ref_of
+            from airflow_provider_kafka2pc.txn.two_phase.coordinator import decide_commit
+            from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+            from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
             payloads = [p for p in self.payloads(context).values() if p is not None]
             committables = [c for p in payloads for c in p.committables]
