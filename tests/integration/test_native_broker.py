@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.native import NativeTransactionalWriter
+from airflow_provider_kafka2pc.txn.kafka.native_writer import NativeTransactionalWriter
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import RunAbortedError
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared

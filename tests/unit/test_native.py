@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_provider_kafka2pc.txn.kafka import java_partitioner, message_arrays, native
 from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
-from airflow_provider_kafka2pc.txn.kafka import native
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 
@@ -51,7 +51,7 @@ def test_rd_kafka_message_t_layout_is_the_64_bit_abi() -> None:
         "offset": 56,
         "_private": 64,
     }
-    dtype = native.message_dtype()
+    dtype = message_arrays.message_dtype()
     assert dtype.itemsize == 72
     assert {name: dtype.fields[name][1] for name in dtype.names} == rd.field_offsets()
 
@@ -96,7 +96,7 @@ def test_messages_round_trip_through_librdkafka(
         values = pa.array(["v0", None, "", "v3"])
         keys = pa.array([b"k0", b"k1", None, b""], pa.binary())
         refused: list[tuple[int, str]] = []
-        messages = native.message_array(values, keys)
+        messages = message_arrays.message_array(values, keys)
         p.produce_messages("t_roundtrip", messages, lambda i, e: refused.append((i, e.name())))
         assert refused == []
         assert p.flush(10) == 0
@@ -109,7 +109,7 @@ def test_messages_round_trip_through_librdkafka(
             ],
             key=lambda f: f[3] or b"",
         )
-        big = native.message_array(pa.array([b"x", b"y" * 5000, b"z"]))
+        big = message_arrays.message_array(pa.array([b"x", b"y" * 5000, b"z"]))
         p.produce_messages("t_roundtrip", big, lambda i, e: refused.append((i, e.name())))
         assert refused == [(1, "MSG_SIZE_TOO_LARGE")]
         assert int(big["err"][1]) == 10 and int(big["err"][0]) == 0  # written back at offset 0
@@ -142,7 +142,7 @@ def test_keys_values_and_nulls_of_every_string_and_binary_type(kind: pa.DataType
     raw = ["alpha", None, "", "δέλτα", "e" * 300]
     values = pa.array(raw, kind)
     keys = pa.array(list(reversed(raw)), kind)
-    got = _rows(native.message_array(values, keys))
+    got = _rows(message_arrays.message_array(values, keys))
     enc = [None if s is None else s.encode() for s in raw]
     assert got == [(k, v, -1) for k, v in zip(reversed(enc), enc, strict=True)]
 
@@ -154,7 +154,7 @@ def test_slices_with_a_non_zero_offset_point_into_the_parents_buffers() -> None:
     for start, length in ((0, 100), (13, 40), (99, 1), (50, 0)):
         part = batch.slice(start, length)
         assert part.column(1).offset == start
-        got = _rows(native.message_array(part.column(1), part.column(0)))
+        got = _rows(message_arrays.message_array(part.column(1), part.column(0)))
         want = [
             (None if i % 5 == 0 else f"key-{i}".encode(), None if i % 7 == 0 else f"value-{i}".encode(), -1)
             for i in range(start, start + length)
@@ -164,25 +164,27 @@ def test_slices_with_a_non_zero_offset_point_into_the_parents_buffers() -> None:
 
 def test_explicit_partitions_and_unassigned_ones() -> None:
     values = pa.array([b"a", b"b", b"c", b"d"])
-    got = native.message_array(values, None, native.explicit_partitions(pa.array([3, None, -5, 0], pa.int64()), 4))
+    got = message_arrays.message_array(
+        values, None, message_arrays.explicit_partitions(pa.array([3, None, -5, 0], pa.int64()), 4)
+    )
     assert [int(p) for p in got["partition"]] == [3, -1, -1, 0]
-    assert [int(p) for p in native.message_array(values)["partition"]] == [-1, -1, -1, -1]
+    assert [int(p) for p in message_arrays.message_array(values)["partition"]] == [-1, -1, -1, -1]
     assert [int(k) for k in got["key"]] == [0, 0, 0, 0]  # no key column: NULL keys
 
 
 def test_a_partition_above_int32_is_refused_not_wrapped_onto_another() -> None:
     with pytest.raises(Kafka2PCError, match=r"row 1 is 4294967297, above the largest partition number"):
-        native.explicit_partitions(pa.array([0, 2**32 + 1], pa.int64()), 2)
+        message_arrays.explicit_partitions(pa.array([0, 2**32 + 1], pa.int64()), 2)
 
 
 def test_an_all_empty_column_still_gives_non_null_pointers() -> None:
-    got = _rows(native.message_array(pa.array(["", "", None]), pa.array([b"", None, b""])))
+    got = _rows(message_arrays.message_array(pa.array(["", "", None]), pa.array([b"", None, b""])))
     assert got == [(b"", b"", -1), (None, b"", -1), (b"", None, -1)]
 
 
 def test_other_column_types_are_refused() -> None:
     with pytest.raises(native.NativeUnsupportedError, match="int64"):
-        native.message_array(pa.array([1, 2]))
+        message_arrays.message_array(pa.array([1, 2]))
 
 
 # -- Java's partitioner -------------------------------------------------------------------------
@@ -202,7 +204,7 @@ _KAFKA_MURMUR2 = {
 def test_murmur2_gives_kafkas_reference_values(kind: pa.DataType) -> None:
     keys = list(_KAFKA_MURMUR2)
     column = pa.array([k if kind in (pa.binary(), pa.large_binary()) else k.decode() for k in keys], kind)
-    got = native.java_murmur2(column)
+    got = java_partitioner.java_murmur2(column)
     assert [int(h) - (1 << 32) if h >= 1 << 31 else int(h) for h in got] == list(_KAFKA_MURMUR2.values())
 
 
@@ -216,36 +218,38 @@ def test_murmur2_partitions_agree_with_librdkafkas_own_partitioner() -> None:
     column = pa.array([b"skipped", *keys, b"after"], pa.binary()).slice(1, len(keys))
     partitioner = rd.load().rd_kafka_msg_partitioner_murmur2
     want = [partitioner(None, k, len(k), 7919, None, None) for k in keys]
-    got = (native.java_murmur2(column) & 0x7FFFFFFF) % 7919
+    got = (java_partitioner.java_murmur2(column) & 0x7FFFFFFF) % 7919
     assert [int(p) for p in got] == want
     # Keys longer than numpy hashes (one by one through librdkafka), among short ones and nulls.
     mixed = [b"short", bytes(range(256)) * 2, None, b"x" * 257, b"", b"y" * 5000, b"abc"]
     column = pa.array(mixed, pa.binary())
-    got = native.java_partitions(column, native.explicit_partitions(None, len(mixed)), 7919, keyless_partition=3)
+    got = java_partitioner.java_partitions(
+        column, message_arrays.explicit_partitions(None, len(mixed)), 7919, keyless_partition=3
+    )
     want = [3 if k is None else partitioner(None, k, len(k), 7919, None, None) for k in mixed]
     assert got.tolist() == want
     # numpy alone, no length limit: each word round on the keys still that long.
-    hashed = (native.java_murmur2(column) & 0x7FFFFFFF) % 7919
+    hashed = (java_partitioner.java_murmur2(column) & 0x7FFFFFFF) % 7919
     keyed = [(int(h), partitioner(None, k, len(k), 7919, None, None)) for h, k in zip(hashed, mixed, strict=True) if k]
     assert all(h == w for h, w in keyed) and len(keyed) == 5
 
 
 def test_java_partitions_keep_explicit_ones_and_group_the_keyless() -> None:
     keys = pa.array([b"foobar", None, b"abc", None, b"21"])
-    explicit = native.explicit_partitions(pa.array([None, None, 2, 1, -1], pa.int32()), 5)
+    explicit = message_arrays.explicit_partitions(pa.array([None, None, 2, 1, -1], pa.int32()), 5)
     # foobar: (-790332482 & 0x7fffffff) % 50 = 16; 21: (-973932308 & 0x7fffffff) % 50 = 40
-    assert native.java_partitions(keys, explicit, 50, keyless_partition=9).tolist() == [16, 9, 2, 1, 40]
-    no_keys = native.explicit_partitions(None, 3)
-    assert native.java_partitions(None, no_keys, 4, keyless_partition=3).tolist() == [3, 3, 3]
+    assert java_partitioner.java_partitions(keys, explicit, 50, keyless_partition=9).tolist() == [16, 9, 2, 1, 40]
+    no_keys = message_arrays.explicit_partitions(None, 3)
+    assert java_partitioner.java_partitions(None, no_keys, 4, keyless_partition=3).tolist() == [3, 3, 3]
 
 
 def test_records_are_laid_out_by_partition_each_in_the_frames_order() -> None:
-    partitions = native.explicit_partitions(pa.array([2, 0, 2, 1, 0, 2], pa.int32()), 6)
-    order = native.partition_order(partitions)
+    partitions = message_arrays.explicit_partitions(pa.array([2, 0, 2, 1, 0, 2], pa.int32()), 6)
+    order = message_arrays.partition_order(partitions)
     assert order is not None and order.tolist() == [1, 4, 3, 0, 2, 5]
     values = pa.array([b"a", b"b", b"c", b"d", b"e", b"f"])
     keys = pa.array(["k0", None, "k2", "k3", "k4", "k5"]).slice(0)
-    got = _rows(native.message_array(values, keys, partitions, order))
+    got = _rows(message_arrays.message_array(values, keys, partitions, order))
     assert got == [
         (None, b"b", 0),
         (b"k4", b"e", 0),
@@ -254,9 +258,12 @@ def test_records_are_laid_out_by_partition_each_in_the_frames_order() -> None:
         (b"k2", b"c", 2),
         (b"k5", b"f", 2),
     ]
-    assert native.partition_order(native.explicit_partitions(pa.array([0, 0, 1, 3], pa.int32()), 4)) is None
-    wide = native.explicit_partitions(pa.array([70_000, 3, 70_000, 2], pa.int32()), 4)  # above 16 bits
-    assert native.partition_order(wide).tolist() == [3, 1, 0, 2]
+    assert (
+        message_arrays.partition_order(message_arrays.explicit_partitions(pa.array([0, 0, 1, 3], pa.int32()), 4))
+        is None
+    )
+    wide = message_arrays.explicit_partitions(pa.array([70_000, 3, 70_000, 2], pa.int32()), 4)  # above 16 bits
+    assert message_arrays.partition_order(wide).tolist() == [3, 1, 0, 2]
 
 
 # -- what the native path takes, and how it serves librdkafka -----------------------------------
@@ -287,12 +294,12 @@ def test_a_setting_that_is_not_text_or_a_number_is_unsupported_not_an_error() ->
 )
 def test_dictionary_and_view_columns_are_made_plain_first_and_give_the_same_records(encode: Any) -> None:
     values, keys = pa.array(["v0", None, "", "v0", "v4"]), pa.array(["k0", "k1", None, "k0", ""])
-    want = _rows(native.message_array(values, keys))
+    want = _rows(message_arrays.message_array(values, keys))
     with pytest.raises(native.NativeUnsupportedError, match="see binary_column"):
-        native.message_array(encode(values), encode(keys))
-    plain_values, plain_keys = native.binary_column(encode(values)), native.binary_column(encode(keys))
-    assert _rows(native.message_array(plain_values, plain_keys)) == want
-    assert native.java_murmur2(plain_keys).tolist() == native.java_murmur2(keys).tolist()
+        message_arrays.message_array(encode(values), encode(keys))
+    plain_values, plain_keys = message_arrays.binary_column(encode(values)), message_arrays.binary_column(encode(keys))
+    assert _rows(message_arrays.message_array(plain_values, plain_keys)) == want
+    assert java_partitioner.java_murmur2(plain_keys).tolist() == java_partitioner.java_murmur2(keys).tolist()
 
 
 def test_a_failure_while_serving_events_during_a_blocking_call_is_raised_not_lost(

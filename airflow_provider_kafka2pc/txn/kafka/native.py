@@ -1,11 +1,11 @@
-"""The native path: Arrow columns straight into librdkafka's batch API, no Python object per record.
+"""The native producer: Arrow columns straight into librdkafka's batch API, no Python object per record.
 
-``message_array`` turns an Arrow string/binary value column (and key and partition columns) into an
-array of ``rd_kafka_message_t`` with numpy, from the Arrow buffers: payload = data buffer address +
-offsets[i], length = offsets[i+1] - offsets[i], NULL/0 for a null. ``NativeProducer`` hands such
-arrays to ``rd_kafka_produce_batch`` on a librdkafka handle of its own and otherwise offers the few
-``confluent_kafka.Producer`` methods the writers call, so ``NativeTransactionalWriter`` is the
-Python ``TransactionalWriter`` (same life cycle, same proof, same errors) with another producer.
+``message_arrays.message_array`` turns Arrow string/binary columns into an array of
+``rd_kafka_message_t`` (payload = data buffer address + offsets[i], length = offsets[i+1] -
+offsets[i], NULL/0 for a null). ``NativeProducer`` hands such arrays to ``rd_kafka_produce_batch``
+on a librdkafka handle of its own and otherwise offers the few ``confluent_kafka.Producer`` methods
+the writers call, so ``native_writer.NativeTransactionalWriter`` is the Python
+``TransactionalWriter`` (same life cycle, same proof, same errors) with another producer.
 
 Records are copied by librdkafka (``RD_KAFKA_MSG_F_COPY``, as confluent-kafka's ``produce()``
 does): the copy lands in the one allocation librdkafka makes per message anyway, the Arrow batch
@@ -23,18 +23,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import random
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
 from airflow_provider_kafka2pc.txn.kafka.config import is_secret_key
-from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, RefusedRecord, TransactionalWriter
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.kafka.message_arrays import bytes_at
+from airflow_provider_kafka2pc.txn.kafka.writer import RefusedRecord
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NativeUnsupportedError
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,9 @@ _ERR_INVALID_ARG = -186
 # A topic being created is unknown, then its partitions have no leader, for a moment.
 _NOT_YET = frozenset({0, 3, 5})  # no error but no leaders, UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE
 _TOPIC_CREATION_WAIT_S = 5.0
-_ERR_UNKNOWN_PARTITION = -190
-_MAX_PARTITION = 2**31 - 1  # partitions are int32 in Kafka's protocol and in rd_kafka_message_t
+ERR_UNKNOWN_PARTITION = -190
 _EVENTS = rd.RD_KAFKA_EVENT_DR | rd.RD_KAFKA_EVENT_LOG | rd.RD_KAFKA_EVENT_ERROR | rd.RD_KAFKA_EVENT_STATS
 _SYSLOG_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING}
-
-
-class NativeUnsupportedError(Kafka2PCError):
-    """The native path cannot write this (a setting, a column); the Python writer can."""
 
 
 def unavailable_reason() -> str | None:
@@ -77,245 +71,6 @@ def unsupported_setting(config: Mapping[str, Any]) -> str | None:
         if not isinstance(value, str | int | float | bool):
             return f"producer setting {key!r} is a {type(value).__name__}; librdkafka's C API takes text and numbers"
     return None
-
-
-# -- Arrow -> rd_kafka_message_t ---------------------------------------------------------------
-
-
-@lru_cache(maxsize=1)
-def message_dtype() -> Any:
-    """``rd_kafka_message_t`` as a numpy structured dtype, laid out as ctypes lays out the struct."""
-    import numpy as np
-
-    formats = {"err": "<i4", "partition": "<i4", "offset": "<i8"}
-    offsets = rd.field_offsets()
-    return np.dtype(
-        {
-            "names": list(offsets),
-            "formats": [formats.get(name, "<u8") for name in offsets],
-            "offsets": list(offsets.values()),
-            "itemsize": ctypes.sizeof(rd.RdKafkaMessage),
-        }
-    )
-
-
-# A valid address for an empty but non-null key or value whose column has no data buffer: librdkafka
-# sends NULL as a null key/value, and any other pointer with length 0 as an empty one.
-_EMPTY = ctypes.create_string_buffer(1)
-
-
-def binary_column(column: Any) -> Any:
-    """A key or value column as memory ``message_array`` can point into: a dictionary-encoded column
-    decoded, a string/binary view copied into one data buffer, anything else as it is. The
-    result owns the buffers the messages point to: keep it alive until they are produced."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if pa.types.is_string_view(column.type) or pa.types.is_binary_view(column.type):
-        column = column.cast(pa.binary())
-    return column
-
-
-def _binary_buffers(column: Any) -> tuple[Any, Any, Any]:
-    """A string/binary column as (the binary column, its n + 1 offsets as numpy, its data buffer);
-    a slice's offsets start at its first row."""
-    import numpy as np
-    import pyarrow as pa
-
-    if pa.types.is_string(column.type):
-        column = column.cast(pa.binary())  # relabels the same buffers, copies nothing
-    elif pa.types.is_large_string(column.type):
-        column = column.cast(pa.large_binary())
-    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        raise NativeUnsupportedError(f"a {column.type} column (string or binary only; see binary_column)")
-    n = len(column)
-    _validity, offsets_buffer, data_buffer = column.buffers()
-    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    if offsets_buffer is None:  # only an empty array has none
-        return column, np.zeros(n + 1, dtype=width), None
-    offsets = np.frombuffer(offsets_buffer, dtype=width, count=column.offset + n + 1)[column.offset :]
-    return column, offsets, data_buffer
-
-
-def _fill(out: Any, pointer_field: str, length_field: str, column: Any, order: Any) -> None:
-    """Pointers into ``column``'s data buffer and the lengths, NULL/0 for nulls, rows in ``order``."""
-    import numpy as np
-
-    column, offsets, data_buffer = _binary_buffers(column)
-    if len(column) == 0:
-        return
-    lengths = np.diff(offsets).astype(np.uint64)
-    base = data_buffer.address if data_buffer is not None and data_buffer.address else ctypes.addressof(_EMPTY)
-    pointers = offsets[:-1].astype(np.uint64) + np.uint64(base)
-    if column.null_count:
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        pointers[nulls] = 0
-        lengths[nulls] = 0
-    if order is not None:
-        pointers, lengths = pointers[order], lengths[order]
-    out[pointer_field] = pointers
-    out[length_field] = lengths
-
-
-def explicit_partitions(partitions: Any, n: int) -> Any:
-    """A partition column (pyarrow integers, or None) as numpy int32, -1 where the partitioner chooses
-    (null or negative, as for every record without a partition column)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    if partitions is None:
-        return np.full(n, rd.RD_KAFKA_PARTITION_UA, dtype=np.int32)
-    chosen = pc.fill_null(pc.max_element_wise(partitions, -1), -1)
-    too_big = pc.greater(chosen, _MAX_PARTITION)
-    if pc.any(too_big).as_py():  # the int32 cast below would wrap it onto another partition
-        row = pc.index(too_big, True).as_py()
-        raise Kafka2PCError(
-            f"the partition column's row {row} is {chosen[row].as_py()}, above the largest partition number "
-            f"Kafka has ({_MAX_PARTITION}); leave it null to let the partitioner choose"
-        )
-    return chosen.to_numpy(zero_copy_only=False).astype(np.int32)
-
-
-def message_array(values: Any, keys: Any = None, partitions: Any = None, order: Any = None) -> Any:
-    """A numpy array of ``rd_kafka_message_t`` for pyarrow arrays of values and keys.
-
-    Keys and values must be string or binary (large too); a null key or value is NULL (a null
-    value is a tombstone). ``partitions`` (numpy int32, ``explicit_partitions``/``java_partitions``)
-    gives each record's partition, -1 (``RD_KAFKA_PARTITION_UA``) for librdkafka's partitioner,
-    which is every record's without it. ``order`` (row indices) lays the records out in that order.
-    The pointers reference the arrays' buffers: keep them alive until the array has been produced."""
-    import numpy as np
-
-    out = np.zeros(len(values), dtype=message_dtype())
-    _fill(out, "payload", "len", values, order)
-    if keys is not None:
-        if len(keys) != len(values):
-            raise ValueError(f"{len(keys)} keys for {len(values)} values")
-        _fill(out, "key", "key_len", keys, order)
-    if partitions is None:
-        out["partition"] = rd.RD_KAFKA_PARTITION_UA
-    else:
-        out["partition"] = partitions if order is None else partitions[order]
-    return out
-
-
-_M = 0x5BD1E995  # murmur2's multiplier (Kafka's Utils.murmur2)
-_TAIL_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)  # the bytes of a key's last, partial word, by their count
-
-
-def java_murmur2(keys: Any, longest: int | None = None) -> Any:
-    """Kafka's ``Utils.murmur2`` of every key of a pyarrow string/binary array, as numpy uint32.
-
-    Vectorized over the keys' 4-byte words; numpy's uint32 arithmetic wraps like Java's int. Each
-    word round works on the keys still that long only, so a few long keys cost little. Keys
-    longer than ``longest`` bytes, and null keys, get a meaningless value callers overrule."""
-    import numpy as np
-
-    column, offsets, data_buffer = _binary_buffers(keys)
-    n = len(column)
-    first = int(offsets[0]) if n else 0  # a slice's keys start inside its parent's data
-    offsets = offsets.astype(np.int64) - first
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    end = int(offsets[-1]) if n else 0
-    if longest is not None:
-        lengths = np.minimum(lengths, longest)
-    words = lengths >> 2
-    most = int(words.max()) if n else 0
-    # The little-endian uint32 at byte offset o is word o >> 2 of the data shifted by o & 3: with
-    # the four shifted copies side by side, each word of every key is one gather.
-    stride = end // 4 + 2
-    padded = np.zeros(4 * stride + 4, dtype=np.uint8)
-    if end:
-        padded[:end] = np.frombuffer(data_buffer, dtype=np.uint8, count=end, offset=first)
-    shifted = [padded[a : a + 4 * stride].view("<u4") for a in range(4)]
-    table = np.concatenate([*shifted, np.zeros(most + 1, dtype=np.uint32)])  # + room for short keys' reads
-    at = (starts & 3) * stride + (starts >> 2)
-    m = np.uint32(_M)
-    h = np.uint32(0x9747B28C) ^ lengths.astype(np.uint32)
-    same_length = n == 0 or int(words.min()) == most
-    active = np.arange(n)
-    for j in range(most):
-        if same_length:
-            k = table[at + j]
-        else:
-            active = active[words[active] > j]
-            k = table[at[active] + j]
-        k *= m
-        k ^= k >> np.uint32(24)
-        k *= m
-        if same_length:
-            h *= m
-            h ^= k
-        else:
-            h[active] = (h[active] * m) ^ k
-    tail_length = lengths & 3
-    tail = table[at + words] & np.array(_TAIL_MASKS, dtype=np.uint32)[tail_length]
-    h = np.where(tail_length > 0, (h ^ tail) * m, h)
-    h ^= h >> np.uint32(13)
-    h *= m
-    h ^= h >> np.uint32(15)
-    return h
-
-
-# Keys up to this many bytes are hashed in numpy; a longer one (rare) by librdkafka's own murmur2
-# partitioner, one call each: numpy's per-call cost per word would dominate for it.
-_LONGEST_VECTORIZED_KEY = 256
-
-
-def java_partitions(keys: Any, explicit: Any, partition_count: int, keyless_partition: int) -> Any:
-    """Every record's partition as Java's producer picks it, numpy int32.
-
-    A partition column's value where it gives one (``explicit``, -1 where not); else a keyed
-    record's ``(murmur2(key) & 0x7fffffff) % partition_count``; else ``keyless_partition`` for all
-    keyless records (Java's sticky partitioner also fills one partition at a time with them)."""
-    import numpy as np
-
-    unassigned = explicit < 0
-    if not unassigned.any():
-        return explicit
-    if keys is None:
-        chosen = np.full(len(explicit), keyless_partition, dtype=np.int32)
-    else:
-        hashes = java_murmur2(keys, longest=_LONGEST_VECTORIZED_KEY)
-        chosen = ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partition_count)).astype(np.int32)
-        lengths = _lengths(keys)
-        for row in np.flatnonzero(lengths > _LONGEST_VECTORIZED_KEY).tolist():
-            key = _as_bytes(keys[row].as_py()) or b""
-            chosen[row] = rd.load().rd_kafka_msg_partitioner_murmur2(None, key, len(key), partition_count, None, None)
-        if keys.null_count:
-            chosen[keys.is_null().to_numpy(zero_copy_only=False)] = keyless_partition
-    return np.where(unassigned, chosen, explicit)
-
-
-def _lengths(column: Any) -> Any:
-    """Each value's length in bytes (0 for a null), numpy int64."""
-    import pyarrow.compute as pc
-
-    return pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False).astype("int64")
-
-
-def partition_order(partitions: Any) -> Any:
-    """Row indices grouping the records by partition, each partition in the frame's order (a stable
-    sort); None when they already are."""
-    import numpy as np
-
-    if len(partitions) < 2 or bool((partitions[1:] >= partitions[:-1]).all()):
-        return None
-    if int(partitions.max()) < 2**16:  # numpy's stable sort of 16-bit keys is a radix sort: ~3x faster
-        return np.argsort(partitions.astype(np.uint16), kind="stable")
-    return np.argsort(partitions, kind="stable")
-
-
-# -- the producer -------------------------------------------------------------------------------
-
-
-def _as_bytes(value: str | bytes | None) -> bytes | None:
-    return value.encode() if isinstance(value, str) else value
-
-
-def _bytes_at(pointer: int | None, length: int) -> bytes | None:
-    return None if not pointer else ctypes.string_at(pointer, length)
 
 
 class NativeProducer:
@@ -606,7 +361,7 @@ class NativeProducer:
             if m.err == 0 or self._on_delivery is None:
                 continue
             topic = (lib.rd_kafka_topic_name(m.rkt) or b"").decode()
-            message = RefusedRecord(topic, m.partition, _bytes_at(m.key, m.key_len), _bytes_at(m.payload, m.len))
+            message = RefusedRecord(topic, m.partition, bytes_at(m.key, m.key_len), bytes_at(m.payload, m.len))
             self._on_delivery(KafkaError(m.err), message)
 
     def _log(self, level: int, facility: str, text: str) -> None:
@@ -665,93 +420,10 @@ def _ms(timeout_s: float) -> int:
     return -1 if timeout_s < 0 else int(timeout_s * 1000)
 
 
-# -- the writers --------------------------------------------------------------------------------
-
-
-class _NativeWriting(DeliveryWriter):
-    """What the native writers add to the Python ones: another producer and Arrow columns in."""
-
-    # (topic, partition) -> records given their partition before librdkafka (see _placed_here).
-    _assigned: dict[tuple[str, int], int]
-    # Java's partitioner, computed here: the setting librdkafka would run it for (the default).
-    _java_partitioner: bool
-
-    def _new_producer(self) -> Any:
-        self._assigned = {}
-        self._java_partitioner = self._config.get("partitioner") == "murmur2_random"
-        return NativeProducer(self._config)
-
-    def produce_arrow(
-        self, topic: str, values: Any, keys: Any = None, partitions: Any = None, nbytes: int | None = None
-    ) -> None:
-        """One Arrow batch's records to ``topic``: values, optional keys and partitions (pyarrow arrays)."""
-        import numpy as np
-        from confluent_kafka import KafkaError
-
-        values, keys = binary_column(values), None if keys is None else binary_column(keys)  # alive to the end
-        self._before_write()
-        refusals: list[tuple[int, Any]] = []
-        try:
-            chosen = explicit_partitions(partitions, len(values))
-            # The topic's partitions are known before its first record, so a record with its
-            # partition goes straight to that partition's queue, never through the unassigned one.
-            count = self._producer.partition_count(topic)
-            if count is not None:
-                beyond = np.flatnonzero(chosen >= count)
-                if len(beyond):  # refused here: librdkafka would keep (leak) it and stall the abort
-                    row = int(beyond[0])
-                    key = None if keys is None else _as_bytes(keys[row].as_py())
-                    value = _as_bytes(values[row].as_py())
-                    raise self._refused(KafkaError(_ERR_UNKNOWN_PARTITION), topic, int(chosen[row]), key, value)
-                if self._java_partitioner:
-                    chosen = java_partitions(keys, chosen, count, random.randrange(count))
-            order = partition_order(chosen) if int(chosen.min(initial=0)) >= 0 else None
-            messages = message_array(values, keys, chosen, order)
-            self._producer.produce_messages(topic, messages, lambda i, err: refusals.append((i, err)))
-        except BaseException as e:
-            self._broken(e)
-            raise
-        if refusals:  # produce_messages stops at the first
-            i, err = refusals[0]
-            m = messages[i]
-            key, value = _bytes_at(int(m["key"]), int(m["key_len"])), _bytes_at(int(m["payload"]), int(m["len"]))
-            raise self._refused(err, topic, int(m["partition"]), key, value)
-        self._after_write(len(messages), nbytes, (), None)
-        self._counts[topic] = self._counts.get(topic, 0) + len(messages)
-        if count is None:
-            # librdkafka knows no partitions of the topic either: it parked these records on its
-            # unassigned queue, and its partitioner counts them when it learns the partitions.
-            return
-        placed = np.bincount(chosen[chosen >= 0], minlength=count)  # a count per partition, no sort
-        for partition in np.flatnonzero(placed).tolist():
-            tp = (topic, partition)
-            self._assigned[tp] = self._assigned.get(tp, 0) + int(placed[partition])
-
-    def produce_batch(self, *args: Any, **kwargs: Any) -> None:
-        raise NativeUnsupportedError("the native writer takes Arrow columns: produce_arrow()")
-
-    def produce_rows(self, *args: Any, **kwargs: Any) -> None:
-        raise NativeUnsupportedError("the native writer takes Arrow columns: produce_arrow()")
-
-    def _release(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.destroy()
-
-
-class NativeDeliveryWriter(_NativeWriting):
-    """``DeliveryWriter`` (AT_LEAST_ONCE, NONE) on the native path."""
-
-
-class NativeTransactionalWriter(_NativeWriting, TransactionalWriter):
-    """``TransactionalWriter`` on the native path: init (fences), begin, ``produce_arrow``…, ``prepare()``."""
-
-    def _placed_here(self) -> Mapping[tuple[str, int], int]:
-        """The records given their partition here (a partition column, ``java_partitions``).
-
-        librdkafka's statistics count a record ("msgs") when its partitioner assigns it;
-        ``rd_kafka_produce_batch`` puts a record that already has its partition on that
-        partition's queue without the partitioner, uncounted (the topic's partitions are known
-        before: ``NativeProducer.partition_count``). Known here at once, so a prepare whose
-        records were all placed here waits for no statistics report after its flush."""
-        return self._assigned
+__all__ = [
+    "ERR_UNKNOWN_PARTITION",
+    "NativeProducer",
+    "NativeUnsupportedError",
+    "unavailable_reason",
+    "unsupported_setting",
+]

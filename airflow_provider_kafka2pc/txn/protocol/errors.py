@@ -193,3 +193,7 @@ class DecisionConflictError(Kafka2PCError):
 class SecondExportError(DecisionConflictError):
     """Transactions of a second export of a run that already has its COMMIT: they were aborted; the
     run stays as its first decision made it (visible, or being committed)."""
+
+
+class NativeUnsupportedError(Kafka2PCError):
+    """The native path cannot write this (a setting, a column); the Python writer can."""

@@ -105,7 +105,7 @@ def _open_writer(settings: ExportSettings, slot: int, native_path: bool = False)
     from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, TransactionalWriter
 
     if native_path:
-        from airflow_provider_kafka2pc.txn.kafka.native import NativeDeliveryWriter, NativeTransactionalWriter
+        from airflow_provider_kafka2pc.txn.kafka.native_writer import NativeDeliveryWriter, NativeTransactionalWriter
 
         DeliveryWriter, TransactionalWriter = NativeDeliveryWriter, NativeTransactionalWriter  # type: ignore[misc]
     if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
