@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.config import SASL_MECHANISMS, SECURITY_PROTOCOLS
-from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 
 # Keys of a kafka2pc connection's extra that are not librdkafka settings.
 EXTRA_SECURITY_PROTOCOL = "security_protocol"

@@ -169,7 +169,8 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
 
     from confluent_kafka import Producer
 
-    from airflow_provider_kafka2pc.txn.kafka.decision_log import HISTORY_PARTITION, DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.decision_topic import HISTORY_PARTITION
     from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunRecord, RunStatus, new_decision
 
     topic = f"kafka2pc_bench_history_{uuid.uuid4().hex[:8]}"

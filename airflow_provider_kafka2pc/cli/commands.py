@@ -38,7 +38,8 @@ from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of, check_connection, needs_authentication
 from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError, connection_only, redact
-from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC, DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming

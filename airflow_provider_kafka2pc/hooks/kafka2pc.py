@@ -31,7 +31,7 @@ from airflow_provider_kafka2pc.txn.kafka.config import (
     kafka_python_settings,
     redact,
 )
-from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC, DecisionLogError
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC, DecisionLogError
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:

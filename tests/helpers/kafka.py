@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -79,8 +80,8 @@ class KafkaEnv:
             time.sleep(0.1)
         raise AssertionError(f"topic {name} has no leaders")
 
-    def read_committed(self, *topics: str, timeout_s: float = 30.0) -> list[Record]:
-        """Everything a read_committed consumer sees, up to the last stable offset of each partition."""
+    def _committed_messages(self, topics: tuple[str, ...], timeout_s: float) -> Iterator[Any]:
+        """Every message a read_committed consumer sees, up to the last stable offset of each partition."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         c = Consumer(
@@ -99,7 +100,6 @@ class KafkaEnv:
                 tps += [TopicPartition(t, p, OFFSET_BEGINNING) for p in md.partitions]
             c.assign(tps)
             pending = {(tp.topic, tp.partition) for tp in tps}
-            out: list[Record] = []
             deadline = time.monotonic() + timeout_s
             while pending:
                 assert time.monotonic() < deadline, f"read_committed did not reach the end of {pending}"
@@ -108,42 +108,26 @@ class KafkaEnv:
                         assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
                         pending.discard((m.topic(), m.partition()))
                         continue
-                    out.append(Record(m.topic(), m.partition(), m.key(), m.value(), tuple(m.headers() or ())))
-            return out
+                    yield m
         finally:
             c.close()
+
+    def read_committed(self, *topics: str, timeout_s: float = 30.0) -> list[Record]:
+        """Everything a read_committed consumer sees, up to the last stable offset of each partition."""
+        return [
+            Record(m.topic(), m.partition(), m.key(), m.value(), tuple(m.headers() or ()))
+            for m in self._committed_messages(topics, timeout_s)
+        ]
 
     def count_committed(self, topic: str, key_prefix: bytes = b"", timeout_s: float = 120.0) -> tuple[int, int]:
         """(records, distinct keys) a read_committed consumer sees in ``topic`` with keys starting with
         ``key_prefix``, without keeping the records (for exports of millions)."""
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-        c = Consumer(
-            {
-                **self.config,
-                "group.id": f"count-{uuid.uuid4().hex[:6]}",
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "enable.auto.commit": False,
-            }
-        )
-        try:
-            md = c.list_topics(topic, timeout=10).topics[topic]
-            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.partitions])
-            pending, records, keys = set(md.partitions), 0, set()
-            deadline = time.monotonic() + timeout_s
-            while pending:
-                assert time.monotonic() < deadline, f"read_committed did not reach the end of {pending}"
-                for m in c.consume(10000, 0.5):
-                    if m.error():
-                        assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                        pending.discard(m.partition())
-                    elif (key := m.key() or b"").startswith(key_prefix):
-                        records += 1
-                        keys.add(key)
-            return records, len(keys)
-        finally:
-            c.close()
+        records, keys = 0, set()
+        for m in self._committed_messages((topic,), timeout_s):
+            if (key := m.key() or b"").startswith(key_prefix):
+                records += 1
+                keys.add(key)
+        return records, len(keys)
 
     def describe(self, *tids: str) -> dict[str, TxnState | None]:
         return TransactionInspector(self.wire).describe(tids)

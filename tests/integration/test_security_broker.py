@@ -473,7 +473,7 @@ def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter)
     (producers, decision log) and kafka-python (commit, recovery) fetch them with the same client
     credentials. The official kafka connection type uses the default decision topic."""
     from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
-    from airflow_provider_kafka2pc.txn.kafka.decision_log import DEFAULT_DECISION_TOPIC
+    from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 
     ex = exporter
     ex.decision_topic = DEFAULT_DECISION_TOPIC
@@ -503,7 +503,7 @@ def test_decision_log_reads_leave_no_denied_line_with_the_reader_group_acl(expor
     Group ACL of docs/acls.md, an append, reads and a whole run leave no DENIED line at all."""
     from pathlib import Path
 
-    from airflow_provider_kafka2pc.txn.kafka.decision_log import READER_GROUP
+    from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import READER_GROUP
 
     ex = exporter
     documented = set(ex.documented_acls())

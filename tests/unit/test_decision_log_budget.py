@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from airflow_provider_kafka2pc.txn.kafka import decision_log as dl
-from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, DecisionLogError, DecisionLogUnavailableError
+from airflow_provider_kafka2pc.txn.kafka import decision_topic_client
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogError, DecisionLogUnavailableError
 from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Entry, Kind, new_decision, replay
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
@@ -159,7 +160,7 @@ def test_a_read_waits_out_a_dead_leader(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_a_read_past_its_budget_names_the_partition_and_the_last_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("confluent_kafka.Consumer", Consumer)
-    monkeypatch.setattr(dl, "_PAUSE_S", 0.01)
+    monkeypatch.setattr(decision_topic_client, "_PAUSE_S", 0.01)
     down = [Message(0, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))]
     Consumer.script = [down] * 100_000
     log = _log(timeout_s=0.1)

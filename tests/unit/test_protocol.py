@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.kafka.decision_log import UnsafeDecisionTopicError, check_topic_settings
+from airflow_provider_kafka2pc.txn.kafka.decision_topic import check_topic_settings
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import UnsafeDecisionTopicError
 from airflow_provider_kafka2pc.txn.protocol.decisions import (
     ABORT_RETENTION_SLACK_MS,
     OUTCOME_KEY,

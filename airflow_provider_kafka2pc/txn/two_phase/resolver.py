@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_kafka2pc.txn.kafka.transactions import RetriableCoordinatorError, TransactionInspector, retry
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.protocol import outcome
 from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, MalformedCommittableError
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
     NONE,
@@ -24,9 +25,6 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     Observation,
     TxnRef,
     Verdict,
-    observe_row,
-    reason,
-    verdict,
 )
 
 log = logging.getLogger(__name__)
@@ -70,7 +68,7 @@ class TransactionResolver:
 
     def observe_all(self, refs: Sequence[TxnRef]) -> dict[str, tuple[Observation, TxnState | None]]:
         states = self.inspector.describe(r.transactional_id for r in refs)
-        return {r.transactional_id: (observe_row(r, s := states.get(r.transactional_id)), s) for r in refs}
+        return {r.transactional_id: (outcome.observe_row(r, s := states.get(r.transactional_id)), s) for r in refs}
 
     def resolve(
         self,
@@ -118,7 +116,7 @@ class TransactionResolver:
         codes: list[str] = []
         deadline = time.monotonic() + self.timeout_s
         while True:
-            v = verdict(obs, intent)
+            v = outcome.verdict(obs, intent)
             if v is Verdict.END_TXN:
                 if len(codes) >= 3:
                     raise CoordinatorError(
@@ -143,17 +141,17 @@ class TransactionResolver:
                         ref, Verdict.COMMITTED, obs, "the decision log records it COMMITTED", tuple(codes)
                     )
                 if intent is Intent.ABORT:
-                    return Resolution(ref, Verdict.ABORTED, obs, reason(obs), tuple(codes))
-                return Resolution(ref, Verdict.LOST, obs, reason(obs), tuple(codes))
+                    return Resolution(ref, Verdict.ABORTED, obs, outcome.reason(obs), tuple(codes))
+                return Resolution(ref, Verdict.LOST, obs, outcome.reason(obs), tuple(codes))
             detail = (
                 "already committed"
                 if v is Verdict.COMMITTED
-                else ("already aborted" if v is Verdict.ABORTED else reason(obs))
+                else ("already aborted" if v is Verdict.ABORTED else outcome.reason(obs))
             )
             return Resolution(ref, v, obs, detail, tuple(codes))
 
     def _observe_one(self, ref: TxnRef) -> Observation:
-        return observe_row(ref, self.inspector.describe([ref.transactional_id]).get(ref.transactional_id))
+        return outcome.observe_row(ref, self.inspector.describe([ref.transactional_id]).get(ref.transactional_id))
 
     def _end_txn(self, ref: TxnRef, intent: Intent, codes: list[str]) -> int:
         """EndTxn with re-lookup and backoff on retriable errors; returns NONE or a final code."""
