@@ -64,9 +64,8 @@ def prepare_many(
 def commit_many(kafka: Kafka, decision_topic: str, count: int = 200, records_each: int = 10) -> dict[str, Any]:
     """Time ``commit_prepared`` on ``count`` prepared transactions."""
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector, broker_max_transaction_timeout_ms
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
     from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
@@ -107,9 +106,8 @@ def recover_many(kafka: Kafka, decision_topic: str, count: int = 1000, records_e
     decision (recovery commits those); the other half have none, like a prepare that died
     (recovery aborts those)."""
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector, broker_max_transaction_timeout_ms
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
     from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import decide_commit
     from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
@@ -171,7 +169,7 @@ def read_history(kafka: Kafka, runs: int = 100_000, txns_per_run: int = 8) -> di
 
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.decision_topic import HISTORY_PARTITION
-    from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunRecord, RunStatus, new_decision
+    from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, RunRecord, RunStatus, new_decision
 
     topic = f"kafka2pc_bench_history_{uuid.uuid4().hex[:8]}"
     log = DecisionLog(kafka.config, topic=topic)

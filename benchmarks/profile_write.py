@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per variant")
     args = ap.parse_args(argv)
     use_repo()
-    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.transactions import broker_max_transaction_timeout_ms
     from airflow_provider_kafka2pc.txn.two_phase import partition_writer as job
 
     print(f"profiling {job.__file__}", flush=True)

@@ -10,8 +10,8 @@ from airflow_provider_kafka2pc.cli.commands import (
     EXIT_OK,
     EXIT_OPEN,
     EXIT_USAGE,
-    Connection,
     main,
 )
+from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
 
 __all__ = ["ENV_BOOTSTRAP", "EXIT_FAILED", "EXIT_LOST", "EXIT_OK", "EXIT_OPEN", "EXIT_USAGE", "Connection", "main"]

@@ -25,7 +25,6 @@ Only the transaction core is imported: no Airflow, and Kafka clients only when a
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -36,8 +35,9 @@ from typing import Any, TextIO
 
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
-from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of, check_connection, needs_authentication
-from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError, connection_only, redact
+from airflow_provider_kafka2pc.cli.log_setup import scrub, setup_logging
+from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
+from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
@@ -45,7 +45,6 @@ from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import (
-    BrokerUnavailableError,
     InvalidPrefixError,
     Kafka2PCError,
     LostTransaction,
@@ -68,73 +67,10 @@ DEFAULT_WAIT_S = 10.0
 DEFAULT_RUN = "kafka2pc-cli"
 ACTOR = "cli"  # who the decisions this command appends name
 _POLL_S = 0.5
-_LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
 
 
 class UsageError(Exception):
     """Bad input found after argument parsing; exits with EXIT_USAGE."""
-
-
-class Connection:
-    """The Kafka clients one command needs, built on first use, closed at the end."""
-
-    def __init__(self, config: Mapping[str, Any], decision_topic: str, timeout_s: float) -> None:
-        self.config = dict(config)
-        self.decision_topic = decision_topic
-        self.timeout_s = timeout_s
-        self._wire: WireClient | None = None
-        self._log: DecisionLog | None = None
-
-    def check(self) -> None:
-        """Name a refused login or TLS handshake at once, before a command waits out its timeout (over
-        PLAINTEXT nothing can be refused; a broker that is down is reported by the command itself)."""
-        if needs_authentication(self.config):
-            check_connection(self.config, self.timeout_s)
-
-    def wire(self) -> WireClient:
-        if self._wire is None:
-            ms = int(self.timeout_s * 1000)
-            self._wire = WireClient(self.config, request_timeout_ms=ms, bootstrap_timeout_ms=ms)
-        return self._wire
-
-    def decision_log(self) -> DecisionLog:
-        if self._log is None:
-            self._log = DecisionLog(self.config, topic=self.decision_topic, timeout_s=self.timeout_s)
-        return self._log
-
-    def decision_topic_exists(self) -> bool:
-        """Asked before reading, because DecisionLog.read() and append() create a missing topic.
-
-        A topic this principal may not describe is hidden by Kafka exactly like a missing one in a
-        listing; DescribeTopics (which never creates a topic) tells them apart, and a topic we may not
-        see raises ``KafkaAuthorizationError``: "no decisions" would be a lie that aborts committed runs.
-        """
-        from confluent_kafka import KafkaError, KafkaException, TopicCollection
-        from confluent_kafka.admin import AdminClient
-
-        # librdkafka logs every failed connect to stderr; we report the failure ourselves.
-        conf: dict[str, Any] = {**connection_only(self.config), "logger": logging.getLogger(_LIBRDKAFKA_LOGGER)}
-        admin = AdminClient(conf)
-        future = admin.describe_topics(TopicCollection([self.decision_topic]), request_timeout=self.timeout_s)
-        try:
-            future[self.decision_topic].result(timeout=self.timeout_s + 1)
-        except KafkaException as e:
-            err = e.args[0]
-            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                return False
-            named = authorization_error_of(err.name(), self.config, self.decision_topic, "Describe")
-            if named is not None:
-                raise named from None
-            raise BrokerUnavailableError(
-                f"cannot reach Kafka at {self.config.get('bootstrap.servers')} within {self.timeout_s:g} s: {e}"
-            ) from e
-        return True
-
-    def close(self) -> None:
-        if self._wire is not None:
-            self._wire.close()
-        if self._log is not None:
-            self._log.close()
 
 
 Connect = Callable[[Mapping[str, Any], str, float], Connection]
@@ -513,51 +449,6 @@ def _header(args: argparse.Namespace, decision_topic_exists: bool) -> dict[str, 
 # -- secrets, logging, errors ---------------------------------------------------------------
 
 
-def _secret_values(config: Mapping[str, Any]) -> list[str]:
-    hidden = redact(config)
-    return sorted({str(config[k]) for k in config if hidden[k] != config[k] and str(config[k])}, key=len, reverse=True)
-
-
-def scrub(text: str, config: Mapping[str, Any]) -> str:
-    """Whatever reaches the terminal passes here: a library may quote a setting in an error."""
-    for secret in _secret_values(config):
-        text = text.replace(secret, "***")
-    return text
-
-
-class _ScrubFilter(logging.Filter):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        self.config = config
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = scrub(record.getMessage(), self.config), None
-        if record.exc_info:
-            record.exc_text = scrub("".join(traceback.format_exception(*record.exc_info)), self.config)
-            record.exc_info = None
-        return True
-
-
-class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Marks the handler main() installed, so a second main() in one process replaces it."""
-
-
-def _setup_logging(debug: bool, config: Mapping[str, Any]) -> None:
-    handler = _CliHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("kafka2pc: %(levelname)s: %(name)s: %(message)s"))
-    handler.addFilter(_ScrubFilter(config))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _CliHandler)]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("airflow_provider_kafka2pc").setLevel(logging.DEBUG if debug else logging.WARNING)
-    # kafka-python reports every failed connect attempt, and at DEBUG it logs request bodies,
-    # SASL ones included: never below INFO, and silent unless --debug (we report failures).
-    for noisy in ("kafka", _LIBRDKAFKA_LOGGER):
-        logging.getLogger(noisy).setLevel(logging.INFO if debug else logging.CRITICAL)
-
-
 def _fail(code: int, message: str, config: Mapping[str, Any]) -> int:
     sys.stderr.write(f"kafka2pc: error: {scrub(message, config)}\n")
     return code
@@ -569,7 +460,7 @@ def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> in
     try:
         naming.validate_prefix(args.prefix)
         config, args.decision_topic = client_config(args)  # the commands print the topic they read
-        _setup_logging(args.debug, config)
+        setup_logging(args.debug, config)
         conn = connect(config, args.decision_topic, args.timeout)
         try:
             conn.check()

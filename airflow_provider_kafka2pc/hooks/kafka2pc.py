@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-    from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
+    from airflow_provider_kafka2pc.txn.protocol.records import Lease
     from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ class Kafka2PCHook(BaseHook):
         included (Airflow counts ``max_active_runs`` per backfill). The decision log orders the
         runs; the scheduler says which are still live, so a run that died never blocks the next.
         """
-        from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
+        from airflow_provider_kafka2pc.txn.protocol.records import Lease
 
         decision_log = self.decision_log()
         try:

@@ -225,7 +225,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
     def _answer_finished(self, context: Context, prefixes: Sequence[str]) -> dict[str, Any]:
         """A clear of a finished run: green, with its records' answer first ("already committed: …");
         a LOST one fails loudly. Writes nothing, emits no asset event (nothing new became visible)."""
-        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import answer_from_run_records
 
         run = decision_run(context)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.progress import Progress
     from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
 
@@ -258,8 +258,8 @@ class Kafka2PCExportOperator(BaseOperator):
 
     def _skip_or_fail(self, context: Context, prefix: str, run: str, status: RunRecord) -> None:
         """A run the decision log already decided is never exported again; a lost one is loud."""
-        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
         from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
         from airflow_provider_kafka2pc.txn.two_phase.ruling import lost_of_run
         from airflow_provider_kafka2pc.txn.two_phase.visibility import of_run_record
 
@@ -283,7 +283,7 @@ class Kafka2PCExportOperator(BaseOperator):
         """A run whose record is final (COMMITTED, ACKNOWLEDGED; LOST fails) skips before anything else.
         A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the recovery pass below,
         which rolls it forward; the status check after it then skips."""
-        from airflow_provider_kafka2pc.txn.protocol.decisions import RunStatus
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 
         decision_log = hook.decision_log()
         try:

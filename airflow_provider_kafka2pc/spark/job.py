@@ -81,7 +81,7 @@ def export_dataframe(
     log.info("kafka2pc writer: %s: %s", "native" if native_path else "python", why)
     transactional = settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
     if transactional and settings.transaction_timeout_ms is None:
-        from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+        from airflow_provider_kafka2pc.txn.kafka.transactions import broker_max_transaction_timeout_ms
 
         configured = settings.producer_config.get("transaction.timeout.ms")
         # Read the broker's cap once on the driver instead of once per task, and only when the user

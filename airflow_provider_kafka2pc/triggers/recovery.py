@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
+    from airflow_provider_kafka2pc.txn.protocol.records import Lease
 
 
 def waiting_message(prefix: str, holder: Lease) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, new_decision
+from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, new_decision
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import now_ms

@@ -24,7 +24,6 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import UnsafeDecisionTopicError
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     ForeignCommittableError,
     MalformedCommittableError,
@@ -32,6 +31,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, check_members
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS

@@ -8,11 +8,11 @@ import uuid
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+from airflow_provider_kafka2pc.txn.kafka.transactions import broker_max_transaction_timeout_ms
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, RunAbortedError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent, Observation, Verdict
+from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver

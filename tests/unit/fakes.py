@@ -21,14 +21,6 @@ from time import struct_time
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, Position
 from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
-    DECISION_KEY,
-    Covered,
-    DecisionRecord,
-    Entry,
-    Kind,
-    new_decision,
-)
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
@@ -38,6 +30,14 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     PRODUCER_FENCED,
     TRANSACTIONAL_ID_NOT_FOUND,
     TxnRef,
+)
+from airflow_provider_kafka2pc.txn.protocol.records import (
+    DECISION_KEY,
+    Covered,
+    DecisionRecord,
+    Entry,
+    Kind,
+    new_decision,
 )
 
 TOPIC = "events"

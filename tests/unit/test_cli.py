@@ -19,11 +19,13 @@ from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.transactions import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, probe_id
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import (
     Covered,
     DecisionRecord,
     Kind,
-    LogState,
     LostTxn,
     OutcomeRecord,
     RunRecord,
@@ -31,8 +33,6 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     new_decision,
     run_key,
 )
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
-from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from tests.helpers.no_airflow import REFUSE_AIRFLOW
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, ref, txn_state
 

@@ -12,7 +12,9 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import Position
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+from airflow_provider_kafka2pc.txn.protocol.records import (
     DECISION_KEY,
     DecisionRecord,
     Kind,
@@ -20,8 +22,6 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     RunStatus,
     new_decision,
 )
-from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, TransactionLostError
-from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import covered, now_ms

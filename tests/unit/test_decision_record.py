@@ -11,7 +11,9 @@ from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, conn
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogError
 from airflow_provider_kafka2pc.txn.kafka.writer import PRODUCER_DEFAULTS
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import replay
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import (
     DECISION_KEY,
     Covered,
     DecisionRecord,
@@ -22,9 +24,7 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import (
     RunRecord,
     RunStatus,
     new_decision,
-    replay,
 )
-from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.two_phase.ruling import committed_in
 from tests.unit.fakes import MemoryDecisionLog, decision_item, ref
 

@@ -11,7 +11,7 @@ import pytest
 from airflow_provider_kafka2pc.hooks import kafka2pc as hook_module
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook, dag_run_is_live
 from airflow_provider_kafka2pc.txn.kafka.decision_log import Position
-from airflow_provider_kafka2pc.txn.protocol.decisions import LEASE_KEY, Lease
+from airflow_provider_kafka2pc.txn.protocol.records import LEASE_KEY, Lease
 from tests.unit.fakes import MemoryDecisionLog
 
 DAG = "export_orders"

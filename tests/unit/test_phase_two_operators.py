@@ -27,13 +27,13 @@ from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPaylo
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.decisions import Lease
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     ForeignCommittableError,
     LostTransaction,
     MalformedCommittableError,
     TransactionLostError,
 )
+from airflow_provider_kafka2pc.txn.protocol.records import Lease
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
 
 DAG_ID = "export_orders"
@@ -332,7 +332,7 @@ def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepar
     """Cleared while the run's commit went on: the commit finished during the Spark job."""
     from airflow_provider_kafka2pc.spark import job
     from airflow_provider_kafka2pc.spark.job import ExportResult
-    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
     from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
     broker, log = kafka
@@ -366,7 +366,7 @@ def test_a_cleared_finished_run_skips_its_prepare_first_and_its_commit_answers_g
     monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], caplog: pytest.LogCaptureFixture
 ) -> None:
     from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
-    from airflow_provider_kafka2pc.txn.protocol.decisions import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
 
     broker, log = kafka
     Turns(None).install(monkeypatch)

@@ -15,21 +15,19 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_topic import check_topic_settings
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import UnsafeDecisionTopicError
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, finalize, replay
+from airflow_provider_kafka2pc.txn.protocol.records import (
     ABORT_RETENTION_SLACK_MS,
     OUTCOME_KEY,
     Covered,
     DecisionRecord,
     Entry,
     Kind,
-    LogState,
     LostTxn,
     OutcomeRecord,
     RunRecord,
     RunStatus,
-    finalize,
     new_decision,
-    replay,
     run_key,
 )
 from tests.unit.fakes import MemoryDecisionLog, legacy_record, ref

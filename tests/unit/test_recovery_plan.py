@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.protocol.decisions import Covered, Kind, LogState, LostTxn, RunRecord, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import InvalidPrefixError, TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.recovery import plan_recovery, recover
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, decision_item, legacy_record, ref, txn_state
 

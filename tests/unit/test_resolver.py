@@ -16,7 +16,6 @@ import pytest
 from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, OutcomeRecord, RunStatus
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     CoordinatorError,
     ForeignCommittableError,
@@ -41,6 +40,7 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     TxnRef,
     Verdict,
 )
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, OutcomeRecord, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of

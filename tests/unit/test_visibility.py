@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Observation, TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import (
     Covered,
     Kind,
-    LogState,
     LostTxn,
     OutcomeRecord,
     RunRecord,
     RunStatus,
     new_decision,
 )
-from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
-from airflow_provider_kafka2pc.txn.protocol.outcome import Observation, TxnRef
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 
 

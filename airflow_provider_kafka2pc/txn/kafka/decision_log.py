@@ -29,19 +29,18 @@ from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import (
     failure_of,
     is_transient,
 )
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, replay
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix
+from airflow_provider_kafka2pc.txn.protocol.records import (
     CLAIM_KEY,
     RUN_KEY,
     DecisionRecord,
     Entry,
     Lease,
-    LogState,
     RunStatus,
-    replay,
     run_key,
 )
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, PrefixCollisionError
-from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
+from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only
 from airflow_provider_kafka2pc.txn.kafka.wire import (
     TxnListing,
     TxnState,
@@ -16,7 +18,7 @@ from airflow_provider_kafka2pc.txn.kafka.wire import (
     is_connection_error,
 )
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, CoordinatorError
 from airflow_provider_kafka2pc.txn.protocol.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
 
 log = logging.getLogger(__name__)
@@ -143,3 +145,37 @@ class TransactionInspector:
     def describe_prefix(self, prefix: str, states: Sequence[str] = OPEN_STATES) -> list[TxnState]:
         described = self.describe([t.transactional_id for t in self.list_prefix(prefix, states)])
         return [s for s in described.values() if s is not None and s.state in states]
+
+
+def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: float = 30.0) -> int:
+    """The broker's cap ``transaction.max.timeout.ms``: the longest a prepared transaction may live."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(with_log(connection_only(config)))
+    unavailable = (
+        f"cannot read the broker's transaction.max.timeout.ms from {config.get('bootstrap.servers')} within "
+        f"{timeout_s:g} s; retry once Kafka answers, or set transaction_timeout_ms (producer setting "
+        "transaction.timeout.ms) so that it need not be read"
+    )
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+        broker = str(min(md.brokers))
+        res = ConfigResource(ConfigResource.Type.BROKER, broker)
+        # The future's own wait outlasts the request's, so that the request's error is the one seen.
+        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s + 5)
+    except TimeoutError as e:
+        raise BrokerUnavailableError(unavailable) from e
+    except KafkaException as e:
+        if e.args[0].name() != "CLUSTER_AUTHORIZATION_FAILED":
+            raise BrokerUnavailableError(f"{unavailable}: {e}") from e
+        raise KafkaAuthorizationError(
+            principal_of(config),
+            "Cluster",
+            "kafka-cluster",
+            "DescribeConfigs",
+            detail="to read transaction.max.timeout.ms; or set transaction_timeout_ms (producer setting "
+            "transaction.timeout.ms) and no cluster ACL is needed",
+            bootstrap=str(config.get("bootstrap.servers", "")),
+        ) from e
+    return int(entries["transaction.max.timeout.ms"].value)

@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
-from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, connection_only
+from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS
+from airflow_provider_kafka2pc.txn.kafka.transactions import broker_max_transaction_timeout_ms
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, DeliveryError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.errors import DeliveryError, Kafka2PCError
 
 log = logging.getLogger(__name__)
 
@@ -484,39 +484,3 @@ def enqueued_by_partition(stats: Mapping[str, Any]) -> dict[tuple[str, int], int
             if partition >= 0 and msgs > 0:
                 out[(str(topic), partition)] = msgs
     return out
-
-
-def broker_max_transaction_timeout_ms(config: Mapping[str, Any], timeout_s: float = 30.0) -> int:
-    """The broker's cap ``transaction.max.timeout.ms``: the longest a prepared transaction may live."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
-
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
-
-    admin = AdminClient(with_log(connection_only(config)))
-    unavailable = (
-        f"cannot read the broker's transaction.max.timeout.ms from {config.get('bootstrap.servers')} within "
-        f"{timeout_s:g} s; retry once Kafka answers, or set transaction_timeout_ms (producer setting "
-        "transaction.timeout.ms) so that it need not be read"
-    )
-    try:
-        md = admin.list_topics(timeout=timeout_s)
-        broker = str(min(md.brokers))
-        res = ConfigResource(ConfigResource.Type.BROKER, broker)
-        # The future's own wait outlasts the request's, so that the request's error is the one seen.
-        entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s + 5)
-    except TimeoutError as e:
-        raise BrokerUnavailableError(unavailable) from e
-    except KafkaException as e:
-        if e.args[0].name() != "CLUSTER_AUTHORIZATION_FAILED":
-            raise BrokerUnavailableError(f"{unavailable}: {e}") from e
-        raise KafkaAuthorizationError(
-            principal_of(config),
-            "Cluster",
-            "kafka-cluster",
-            "DescribeConfigs",
-            detail="to read transaction.max.timeout.ms; or set transaction_timeout_ms (producer setting "
-            "transaction.timeout.ms) and no cluster ACL is needed",
-            bootstrap=str(config.get("bootstrap.servers", "")),
-        ) from e
-    return int(entries["transaction.max.timeout.ms"].value)

@@ -22,17 +22,7 @@ from airflow_provider_kafka2pc.txn.kafka.transactions import (
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
-    Covered,
-    DecisionRecord,
-    Kind,
-    LogState,
-    RunRecord,
-    RunStatus,
-    new_decision,
-    prefix_of,
-    run_key,
-)
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     DecisionConflictError,
     LostTransaction,
@@ -46,6 +36,16 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     TxnRef,
     Verdict,
     reason,
+)
+from airflow_provider_kafka2pc.txn.protocol.records import (
+    Covered,
+    DecisionRecord,
+    Kind,
+    RunRecord,
+    RunStatus,
+    new_decision,
+    prefix_of,
+    run_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility

@@ -22,7 +22,7 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.decisions import Kind, LogState, RunRecord, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     Kafka2PCError,
     LostTransaction,
@@ -30,6 +30,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     Visibility,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunRecord, RunStatus, new_decision
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (

@@ -16,17 +16,10 @@ from typing import Protocol
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
-    Covered,
-    Kind,
-    LogState,
-    LostTxn,
-    OutcomeRecord,
-    RunRecord,
-    finalize,
-)
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, finalize
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent, Observation, TxnRef, Verdict
+from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, OutcomeRecord, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 
 log = logging.getLogger(__name__)

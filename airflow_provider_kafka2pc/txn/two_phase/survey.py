@@ -15,9 +15,10 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.decisions import DecisionRecord, LogState, LostTxn, RunRecord
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import acknowledge_command
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import DecisionRecord, LostTxn, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryPlan, plan_recovery
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of

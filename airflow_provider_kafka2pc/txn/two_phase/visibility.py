@@ -20,15 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
-from airflow_provider_kafka2pc.txn.protocol.decisions import (
-    Covered,
-    Kind,
-    LogState,
-    LostTxn,
-    RunRecord,
-    RunStatus,
-    prefix_of,
-)
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction, Visibility
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
     Intent,
@@ -39,6 +31,7 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     reason,
     verdict,
 )
+from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, RunRecord, RunStatus, prefix_of
 
 
 def observe_broker(inspector: TransactionInspector, refs: Iterable[TxnRef]) -> dict[TxnRef, Observation]:

@@ -1,0 +1,91 @@
+"""The Kafka clients of one command of the ``kafka2pc`` CLI or one load of the exporters page: a wire
+client and the decision log, built on first use and closed together, and the one question asked
+before any read (does the decision topic exist, without creating it?).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of, check_connection, needs_authentication
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
+
+# Where librdkafka's own lines go (a logger of their own, so the CLI can quiet them).
+LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
+
+
+class KafkaClients:
+    """The Kafka clients one command or one page load needs, built on first use, closed at the end
+    (``close``, or leaving a ``with`` block)."""
+
+    def __init__(self, config: Mapping[str, Any], decision_topic: str, timeout_s: float) -> None:
+        self.config = dict(config)
+        self.decision_topic = decision_topic
+        self.timeout_s = timeout_s
+        self._wire: WireClient | None = None
+        self._log: DecisionLog | None = None
+
+    def check(self) -> None:
+        """Name a refused login or TLS handshake at once, before a command waits out its timeout (over
+        PLAINTEXT nothing can be refused; a broker that is down is reported by the command itself)."""
+        if needs_authentication(self.config):
+            check_connection(self.config, self.timeout_s)
+
+    def wire(self) -> WireClient:
+        if self._wire is None:
+            ms = int(self.timeout_s * 1000)
+            self._wire = WireClient(self.config, request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+        return self._wire
+
+    def decision_log(self) -> DecisionLog:
+        if self._log is None:
+            self._log = DecisionLog(self.config, topic=self.decision_topic, timeout_s=self.timeout_s)
+        return self._log
+
+    def decision_topic_exists(self) -> bool:
+        """Asked before reading, because DecisionLog.read() and append() create a missing topic.
+
+        A topic this principal may not describe is hidden by Kafka exactly like a missing one in a
+        listing; DescribeTopics (which never creates a topic) tells them apart, and a topic we may not
+        see raises ``KafkaAuthorizationError``: "no decisions" would be a lie that aborts committed runs.
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        # librdkafka logs every failed connect to stderr; we report the failure ourselves.
+        conf: dict[str, Any] = {**connection_only(self.config), "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
+        admin = AdminClient(conf)
+        future = admin.describe_topics(TopicCollection([self.decision_topic]), request_timeout=self.timeout_s)
+        try:
+            future[self.decision_topic].result(timeout=self.timeout_s + 1)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return False
+            named = authorization_error_of(err.name(), self.config, self.decision_topic, "Describe")
+            if named is not None:
+                raise named from None
+            raise BrokerUnavailableError(
+                f"cannot reach Kafka at {self.config.get('bootstrap.servers')} within {self.timeout_s:g} s: {e}"
+            ) from e
+        return True
+
+    def close(self) -> None:
+        if self._wire is not None:
+            self._wire.close()
+        if self._log is not None:
+            self._log.close()
+
+    def __enter__(self) -> KafkaClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["LIBRDKAFKA_LOGGER", "KafkaClients"]

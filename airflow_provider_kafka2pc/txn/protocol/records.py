@@ -1,0 +1,319 @@
+"""The records of the decision topic: decisions, outcomes, run records, the prefix claim and the
+POOLING lease, with their keys and their JSON. Pure data; ``decisions.py`` holds the rules that
+replay them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
+from airflow_provider_kafka2pc.txn.protocol.naming import parse_transactional_id
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+
+# Key families of the decision topic. ':' never occurs in a transactional id kafka2pc writes, so a
+# key without one of these prefixes is a per-id record of 0.1.0 (read for the upgrade).
+DECISION_KEY = "kafka2pc.decision:"
+OUTCOME_KEY = "kafka2pc.outcome:"
+RUN_KEY = "kafka2pc.run:"
+CLAIM_KEY = "kafka2pc.prefix:"
+LEASE_KEY = "kafka2pc.lease:"
+
+FORMAT_VERSION = 2
+# How long after the last deadline an ABORT is kept: covers clock differences between brokers.
+ABORT_RETENTION_SLACK_MS = 5 * 60 * 1000
+
+
+class Kind(StrEnum):
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+
+
+class RunStatus(StrEnum):
+    """What a run record says of one exporter's run."""
+
+    DECIDED = "DECIDED"  # a COMMIT in force (0.1.0 run marks mean this too); not yet final
+    COMMITTED = "COMMITTED"  # every transaction committed: never export this run again
+    LOST = "LOST"  # decided COMMIT, part of it can never become visible: fail loudly
+    ACKNOWLEDGED = "ACKNOWLEDGED"  # LOST, and an operator acknowledged it with the CLI
+
+
+@dataclass(frozen=True)
+class Covered:
+    """One transaction a decision covers."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    records: int = 0
+    partitions: tuple[str, ...] = ()
+    deadline_ms: int | None = None  # broker clock: transaction start + transaction.timeout.ms
+
+    @property
+    def ref(self) -> TxnRef:
+        return TxnRef(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    def to_list(self) -> list[Any]:
+        return [
+            self.transactional_id,
+            self.producer_id,
+            self.producer_epoch,
+            self.records,
+            self.deadline_ms,
+            list(self.partitions),
+        ]
+
+    @classmethod
+    def from_list(cls, v: Sequence[Any]) -> Covered:
+        return cls(str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]))
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """COMMIT or ABORT of a set of transactions, as one record."""
+
+    decision_id: str
+    kind: Kind
+    run: str  # the DAG run (dag_id/run_id) the decision is about, or who decided
+    actor: str  # commit, abort, recovery, cli
+    prefixes: tuple[str, ...]  # the exporters whose runs a COMMIT marks
+    txns: tuple[Covered, ...]
+    at_ms: int  # the writer's clock; the record's LogAppendTime is what the rules use
+
+    @property
+    def key(self) -> bytes:
+        return (DECISION_KEY + self.decision_id).encode()
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "v": FORMAT_VERSION,
+                "id": self.decision_id,
+                "kind": self.kind.value,
+                "run": self.run,
+                "actor": self.actor,
+                "prefixes": list(self.prefixes),
+                "at_ms": self.at_ms,
+                "txns": [c.to_list() for c in self.txns],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> DecisionRecord:
+        d = json.loads(raw)
+        return cls(
+            str(d["id"]),
+            Kind(d["kind"]),
+            str(d["run"]),
+            str(d["actor"]),
+            tuple(d["prefixes"]),
+            tuple(Covered.from_list(c) for c in d["txns"]),
+            int(d["at_ms"]),
+        )
+
+
+def new_decision(
+    kind: Kind, txns: Iterable[Covered], run: str, actor: str, prefixes: Iterable[str] = (), now_ms: int = 0
+) -> DecisionRecord:
+    covered = tuple(txns)
+    seen: set[str] = set()
+    for c in covered:
+        if c.transactional_id in seen:
+            raise ValueError(f"a decision covers transactional id {c.transactional_id!r} twice")
+        seen.add(c.transactional_id)
+    return DecisionRecord(uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms)
+
+
+@dataclass(frozen=True)
+class LostTxn:
+    covered: Covered
+    reason: str
+
+    def to_list(self) -> list[Any]:
+        return [*self.covered.to_list(), self.reason]
+
+    @classmethod
+    def from_list(cls, v: Sequence[Any]) -> LostTxn:
+        return cls(Covered.from_list(v[:6]), str(v[6]))
+
+    def reported(self, run: str) -> LostTransaction:
+        """As errors and reports name it: with its exporter and the run whose decision covered it."""
+        c = self.covered
+        return LostTransaction(
+            c.transactional_id,
+            c.producer_id,
+            c.producer_epoch,
+            c.records,
+            c.partitions,
+            self.reason,
+            prefix_of(c.transactional_id),
+            run,
+        )
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """How the transactions of one decision ended, as far as any actor has seen."""
+
+    decision_id: str
+    committed: frozenset[str] = frozenset()
+    aborted: frozenset[str] = frozenset()
+    lost: tuple[LostTxn, ...] = ()
+
+    @property
+    def key(self) -> bytes:
+        return (OUTCOME_KEY + self.decision_id).encode()
+
+    @property
+    def lost_ids(self) -> frozenset[str]:
+        return frozenset(t.covered.transactional_id for t in self.lost)
+
+    def resolved(self) -> frozenset[str]:
+        return self.committed | self.aborted | self.lost_ids
+
+    def merge(self, other: OutcomeRecord) -> OutcomeRecord:
+        lost = {t.covered.transactional_id: t for t in (*self.lost, *other.lost)}
+        return OutcomeRecord(
+            self.decision_id,
+            self.committed | other.committed,
+            self.aborted | other.aborted,
+            tuple(lost[k] for k in sorted(lost)),
+        )
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "v": FORMAT_VERSION,
+                "id": self.decision_id,
+                "committed": sorted(self.committed),
+                "aborted": sorted(self.aborted),
+                "lost": [t.to_list() for t in self.lost],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> OutcomeRecord:
+        d = json.loads(raw)
+        return cls(
+            str(d["id"]),
+            frozenset(d["committed"]),
+            frozenset(d["aborted"]),
+            tuple(LostTxn.from_list(t) for t in d["lost"]),
+        )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What is left of one exporter's run once its COMMIT is final: small, one key per run."""
+
+    prefix: str
+    run: str
+    status: RunStatus
+    transactions: int
+    records: int
+    at_ms: int
+    decision_id: str = ""
+    lost: tuple[LostTxn, ...] = ()
+    note: str = ""
+
+    @property
+    def key(self) -> bytes:
+        return run_key(self.prefix, self.run)
+
+    def to_json(self) -> bytes:
+        d: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "prefix": self.prefix,
+            "run": self.run,
+            "status": self.status.value,
+            "txns": self.transactions,
+            "records": self.records,
+            "at_ms": self.at_ms,
+            "decision": self.decision_id,
+        }
+        if self.lost:
+            d["lost"] = [t.to_list() for t in self.lost]
+        if self.note:
+            d["note"] = self.note
+        return _dumps(d)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> RunRecord:
+        d = json.loads(raw)
+        # 0.1.0 wrote a run mark with its COMMIT decisions and never anything final.
+        status = RunStatus(d["status"]) if "status" in d else RunStatus.DECIDED
+        return cls(
+            str(d["prefix"]),
+            str(d["run"]),
+            status,
+            int(d["txns"]),
+            int(d["records"]),
+            int(d["at_ms"]),
+            str(d.get("decision", "")),
+            tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
+            str(d.get("note", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A run's place in the queue of a POOLING exporter: its runs share ids, so they take turns.
+
+    The log orders the leases; the first whose run is still live holds the exporter. Liveness is
+    the scheduler's to say (the caller passes it in), so a crashed run never blocks for ever.
+    """
+
+    prefix: str
+    dag_id: str
+    run_id: str
+    at_ms: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return f"{LEASE_KEY}{self.prefix}:{self.dag_id}/{self.run_id}".encode()
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {"v": FORMAT_VERSION, "prefix": self.prefix, "dag": self.dag_id, "run": self.run_id, "at_ms": self.at_ms}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Lease:
+        d = json.loads(raw)
+        return cls(str(d["prefix"]), str(d["dag"]), str(d["run"]), int(d["at_ms"]))
+
+
+def run_key(prefix: str, run: str) -> bytes:
+    return f"{RUN_KEY}{prefix}:{run}".encode()
+
+
+class Entry(NamedTuple):
+    """One record of the log as read: offset, broker timestamp, key, value (None: tombstone).
+
+    A NamedTuple, not a dataclass: a read builds one per record, hundreds of thousands of them.
+    ``partition`` 1 holds the run records of finished runs (the history); 0 holds the protocol.
+    """
+
+    offset: int
+    timestamp_ms: int
+    key: bytes
+    value: bytes | None
+    partition: int = 0
+
+
+def prefix_of(tid: str) -> str:
+    parsed = parse_transactional_id(tid)
+    return parsed.prefix if parsed is not None else ""
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _dumps(d: Mapping[str, Any]) -> bytes:
+    return json.dumps(d, separators=(",", ":")).encode()
