@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     use_repo()
     from airflow_provider_kafka2pc.spark import job
-    from airflow_provider_kafka2pc.txn.kafka.writer import broker_max_transaction_timeout_ms
+    from airflow_provider_kafka2pc.txn.kafka.transactions import broker_max_transaction_timeout_ms
 
     kafka = Kafka(args.bootstrap)
     timeout_ms = broker_max_transaction_timeout_ms(kafka.config)

@@ -37,9 +37,9 @@ from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.cli.log_setup import scrub, setup_logging
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
-from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.errors import ClientConfigError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
@@ -48,10 +48,11 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     InvalidPrefixError,
     Kafka2PCError,
     LostTransaction,
+    NotLostError,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.two_phase import survey
-from airflow_provider_kafka2pc.txn.two_phase.recovery import NotLostError, RecoveryResult, acknowledge_loss, recover
+from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, acknowledge_loss, recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution
 
 EXIT_OK = 0

@@ -23,15 +23,15 @@ from airflow_provider_kafka2pc.connection_form import (
     RELABELING,
     field_of_setting,
 )
-from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.client_logs import quiet_third_party_logs
-from airflow_provider_kafka2pc.txn.kafka.config import (
+from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, redact
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.errors import (
     ClientConfigError,
+    DecisionLogError,
+    KafkaAuthorizationError,
     UnmappableConfigError,
-    kafka_python_settings,
-    redact,
 )
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC, DecisionLogError
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ class Kafka2PCHook(BaseHook):
         and raise that named error (the decision log's own says only TOPIC_AUTHORIZATION_FAILED);
         return when none is, so the caller re-raises ``error``. Asked only after a failure:
         nothing is added to a run that works."""
-        from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+        from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 
         try:
             self.check_decision_topic_access()
@@ -320,10 +320,10 @@ class Kafka2PCHook(BaseHook):
         """
         from airflow_provider_kafka2pc.txn.kafka.access import (
             DECISION_TOPIC_OPERATIONS,
-            acl_command,
             check_topic_access,
             principal_of,
         )
+        from airflow_provider_kafka2pc.txn.kafka.errors import acl_command
         from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
         config = self.get_config()

@@ -274,8 +274,8 @@ def acknowledge(
     confirm_run: Annotated[str, Form()] = "",
     note: Annotated[str, Form()] = "",
 ) -> Response:
-    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
-    from airflow_provider_kafka2pc.txn.two_phase.recovery import NotLostError, acknowledge_loss
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NotLostError
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import acknowledge_loss
 
     if not _same_origin(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: the form was sent from another site")

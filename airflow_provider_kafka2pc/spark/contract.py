@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
-
-
-class SchemaError(Kafka2PCError, ValueError):
-    """The DataFrame does not fit the Kafka sink contract; raised before any record is written."""
-
+from airflow_provider_kafka2pc.spark.errors import SchemaError
 
 ALLOWED = ("key", "value", "topic", "partition", "headers")
 

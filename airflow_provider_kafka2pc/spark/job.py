@@ -16,11 +16,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.contract import validate_schema
+from airflow_provider_kafka2pc.spark.errors import CollectError, SpeculationError
 from airflow_provider_kafka2pc.spark.export_result import ExportResult
 from airflow_provider_kafka2pc.spark.progress import Progress
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
 from airflow_provider_kafka2pc.txn.two_phase.partition_writer import choose_writer
 
@@ -28,14 +28,6 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.window import WindowSettings
 
 log = logging.getLogger(__name__)
-
-
-class SpeculationError(Kafka2PCError):
-    """Speculative execution would let a late task attempt fence a finished one."""
-
-
-class CollectError(Kafka2PCError):
-    """The collected set is not exactly one committable per non-empty partition."""
 
 
 def check_session(spark: Any) -> None:

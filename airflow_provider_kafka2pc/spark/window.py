@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
 from airflow_provider_kafka2pc.txn.protocol.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,6 @@ class WindowSettings:
             if value is not None
         )
         return WriteRate(self.write_records_per_s, self.write_bytes_per_s, f"stated: {stated}")
-
-
-class ExecutorLostError(Kafka2PCError):
-    """An executor that held materialized partitions was lost while they were written."""
 
 
 @dataclass

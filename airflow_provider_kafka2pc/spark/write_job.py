@@ -64,8 +64,9 @@ def run_write_job(
     """The write job, watched against the budget; on failure what it opened is aborted at once.
     With ``staged_dir``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its
     input rows. Returns its rows, its duration and its start (wall-clock ms on the driver)."""
-    from airflow_provider_kafka2pc.spark.window import ExecutorLostError, WriteWatch, is_executor_lost
-    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
+    from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
+    from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
+    from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
     payload = settings.to_json()
     reporter = ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
@@ -148,7 +149,7 @@ def check_window_left(
     """A prepare never ends green holding transactions the commit can no longer commit in time.
     The window is counted from the write job's start on the driver's clock, or from the first
     record if an executor's clock says earlier."""
-    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
+    from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
     if not result.committables:
         return

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import UnsafeDecisionTopicError
+from airflow_provider_kafka2pc.txn.kafka.errors import UnsafeDecisionTopicError
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import (

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogUnavailableError
+from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogUnavailableError
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared, decide_commit

@@ -198,7 +198,7 @@ def test_native_writer_over_sasl_ssl_names_a_missing_acl_and_then_commits(kafka_
     """SCRAM-SHA-512 over TLS through the wheel's librdkafka, as the exporter user: without the
     TransactionalId ACL the writer's own error names it (the Python writer's helper, reused); with
     it, the native prepare commits and reads back once. The password shows in no error."""
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
     from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD
     from tests.helpers.acls import Acl, set_acls
 

@@ -169,7 +169,7 @@ MISSING = ["data Write", "id Write", "decision Read", "decision Write", "decisio
 def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter, missing: str) -> None:
     """Without one documented ACL: an error naming it, nothing visible, nothing open; granting it
     (the user's next step) makes the same run go through exactly once."""
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
     from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
     ex = exporter
@@ -198,7 +198,7 @@ def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter
 
 
 def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(exporter: Exporter) -> None:
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -216,7 +216,8 @@ def test_an_mtls_client_is_named_by_its_certificate_subject_as_the_broker_author
     ACL; the documented ACLs for that principal then let the export through exactly once."""
     import shlex
 
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
+    from airflow_provider_kafka2pc.txn.kafka.access import principal_of
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
     from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 
     ex, kl = exporter, kafka_local()
@@ -248,7 +249,7 @@ def test_an_mtls_client_is_named_by_its_certificate_subject_as_the_broker_author
 
 
 def test_wrong_password_says_authentication_failed_within_10_s(exporter: Exporter) -> None:
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -327,7 +328,7 @@ def test_the_first_task_names_a_refused_login_or_certificate_within_10_s(exporte
     import asyncio
 
     from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError, KafkaTlsError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError, KafkaTlsError
 
     ex = exporter
     set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
@@ -369,7 +370,7 @@ def test_the_first_task_names_a_refused_login_or_certificate_within_10_s(exporte
 def test_a_missing_decision_topic_write_is_named_by_the_first_task(exporter: Exporter) -> None:
     """Without Write on the decision topic, the recovery sensor's first append (its POOLING lease, or
     INCREMENTING recovery's ABORT of an undecided transaction) names principal, ACL and command."""
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
     from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     ex = exporter
@@ -472,8 +473,8 @@ def test_oauthbearer_oidc_client_credentials_on_both_clients(exporter: Exporter)
     """The broker validates RS256 tokens of a local OIDC provider (tests/helpers/oidc.py); librdkafka
     (producers, decision log) and kafka-python (commit, recovery) fetch them with the same client
     credentials. The official kafka connection type uses the default decision topic."""
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
     from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError
 
     ex = exporter
     ex.decision_topic = DEFAULT_DECISION_TOPIC

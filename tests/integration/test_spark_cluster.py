@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
 from airflow_provider_kafka2pc.spark.job import ExportResult, export_dataframe
-from airflow_provider_kafka2pc.spark.window import ExecutorLostError
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.spark.contract import SchemaError
+from airflow_provider_kafka2pc.spark.errors import SchemaError
 from airflow_provider_kafka2pc.spark.job import export_dataframe
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared

@@ -19,12 +19,8 @@ import pytest
 from airflow_provider_kafka2pc.spark.job import export_dataframe
 from airflow_provider_kafka2pc.spark.window import WindowSettings
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.protocol.window import (
-    PartitionSize,
-    WindowExceededError,
-    WindowRefusedError,
-    WriteEstimate,
-)
+from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
+from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WriteEstimate
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 from tests.helpers.kafka import KafkaEnv, abort_open_now

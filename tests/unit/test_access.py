@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.access import (
-    KafkaAuthorizationError,
-    acl_command,
     authorization_error_of,
     describe_identity,
     principal_of,
 )
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError, acl_command
 
 SCRAM = {
     "bootstrap.servers": "b:9093",

@@ -15,8 +15,8 @@ import pytest
 
 from airflow_provider_kafka2pc import cli
 from airflow_provider_kafka2pc.cli import commands, render
-from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, probe_id
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState

@@ -16,12 +16,12 @@ import pytest
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, client_config
 from airflow_provider_kafka2pc.txn.kafka.config import (
     OidcTokenProvider,
-    UnmappableConfigError,
     connection_only,
     kafka_python_settings,
     redact,
     write_pem_files,
 )
+from airflow_provider_kafka2pc.txn.kafka.errors import UnmappableConfigError
 
 BASE = {"bootstrap.servers": "b1:9093"}
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

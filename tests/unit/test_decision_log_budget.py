@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from airflow_provider_kafka2pc.txn.kafka import decision_topic_client
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogError, DecisionLogUnavailableError
+from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError, DecisionLogUnavailableError
 from airflow_provider_kafka2pc.txn.protocol.decisions import replay
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, Entry, Kind, new_decision

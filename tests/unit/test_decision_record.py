@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.config import CONNECTION_DEFAULTS, connection_only, redact
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogError
+from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
 from airflow_provider_kafka2pc.txn.kafka.writer import PRODUCER_DEFAULTS
 from airflow_provider_kafka2pc.txn.protocol.decisions import replay
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
@@ -253,7 +253,7 @@ def test_the_end_of_the_log_is_asked_again_while_a_new_leader_catches_up(code: s
 def test_a_leader_down_past_the_budget_is_named_not_raw() -> None:
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DecisionLogUnavailableError
+    from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogUnavailableError
 
     class Down:
         def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_kafka2pc.plugins.page import render_page
+from airflow_provider_kafka2pc.plugins.page_html import render_page
 from airflow_provider_kafka2pc.txn.protocol.records import Kind
 from airflow_provider_kafka2pc.txn.two_phase.survey import plan_rows
 from tests.unit.fakes import MemoryDecisionLog, decision_item, now_ms, ref, txn_state

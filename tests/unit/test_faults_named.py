@@ -15,13 +15,13 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
 from airflow_provider_kafka2pc.operators import commit as commit_module
-from airflow_provider_kafka2pc.txn.kafka.access import (
+from airflow_provider_kafka2pc.txn.kafka.access import _tls_message, check_connection
+from airflow_provider_kafka2pc.txn.kafka.errors import (
+    ClientConfigError,
     KafkaAuthenticationError,
     KafkaTlsError,
-    _tls_message,
-    check_connection,
+    UnmappableConfigError,
 )
-from airflow_provider_kafka2pc.txn.kafka.config import ClientConfigError, UnmappableConfigError
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
 from tests.unit.fakes import FakeBroker, MemoryDecisionLog
 from tests.unit.test_phase_two_operators import RUN_ID, FakeTI, abort_task, context, kafka, no_kafka, payload

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_topic import check_topic_settings
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import UnsafeDecisionTopicError
+from airflow_provider_kafka2pc.txn.kafka.errors import UnsafeDecisionTopicError
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, finalize, replay
 from airflow_provider_kafka2pc.txn.protocol.records import (
     ABORT_RETENTION_SLACK_MS,

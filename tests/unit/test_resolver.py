@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import (

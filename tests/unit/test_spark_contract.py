@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import types as T
 
-from airflow_provider_kafka2pc.spark.contract import SchemaError, validate_schema
-from airflow_provider_kafka2pc.spark.job import SpeculationError, check_session
+from airflow_provider_kafka2pc.spark.contract import validate_schema
+from airflow_provider_kafka2pc.spark.errors import SchemaError, SpeculationError
+from airflow_provider_kafka2pc.spark.job import check_session
 
 HEADERS = T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))
 

@@ -80,7 +80,7 @@ def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_cl
     from airflow.sdk.exceptions import AirflowSensorTimeout
 
     from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
-    from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthenticationError
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError
 
     sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
     down = sensor.failure_line(BrokerUnavailableError("cannot reach Kafka"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_provider_kafka2pc.txn.protocol.errors import WindowRefusedError
 from airflow_provider_kafka2pc.txn.protocol.window import (
     PartitionSize,
     WindowBudget,
-    WindowRefusedError,
     WriteEstimate,
     WriteRate,
     commit_headroom_ms,
@@ -112,7 +112,7 @@ def test_a_prepare_that_ends_too_close_to_its_deadline_aborts_and_fails(opened_a
     from airflow_provider_kafka2pc.spark.job import ExportResult
     from airflow_provider_kafka2pc.spark.write_job import check_window_left as _check_window_left
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-    from airflow_provider_kafka2pc.txn.protocol.window import WindowExceededError
+    from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
     now = int(time.time() * 1000)
     c = Committable("orders-0", 7, 0, 10, first_write_ms=now - opened_ago_ms)

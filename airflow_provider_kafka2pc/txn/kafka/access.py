@@ -13,7 +13,6 @@ client. The ACLs an exporter needs are listed in ``docs/acls.md``.
 from __future__ import annotations
 
 import re
-import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only, kafka_python_settings
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError, KafkaAuthorizationError, KafkaTlsError
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 # Kafka error names -> the resource type whose ACL refused (KafkaError names in both clients).
 _AUTHORIZATION_ERRORS = {
@@ -30,65 +30,11 @@ _AUTHORIZATION_ERRORS = {
     "CLUSTER_AUTHORIZATION_FAILED": "Cluster",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "TransactionalId",
 }
-_RESOURCE_FLAGS = {
-    "Topic": "--topic",
-    "Group": "--group",
-    "TransactionalId": "--transactional-id",
-    "Cluster": "--cluster",
-}
 
 
 # What the decision topic needs from the exporter's principal (docs/acls.md), in the order named
 # when the broker lets the principal see nothing of it.
 DECISION_TOPIC_OPERATIONS = ("READ", "WRITE", "DESCRIBE_CONFIGS")
-
-
-class KafkaAuthenticationError(Kafka2PCError):
-    """The broker refused the client's credentials (never shows them)."""
-
-
-class KafkaTlsError(KafkaAuthenticationError):
-    """The TLS handshake failed for a reason no retry cures: the broker's certificate could not be
-    verified (wrong or missing ``ssl.ca.location``), or the broker refused the client's certificate."""
-
-
-class KafkaAuthorizationError(Kafka2PCError):
-    """The principal lacks an ACL; the message names the resource, the operation and the fix."""
-
-    def __init__(
-        self,
-        principal: str,
-        resource_type: str,
-        resource: str,
-        operation: str,
-        pattern: str = "LITERAL",
-        detail: str = "",
-        *,
-        bootstrap: str,
-    ) -> None:
-        self.principal, self.resource_type, self.resource = principal, resource_type, resource
-        self.operation, self.pattern, self.bootstrap = operation, pattern, bootstrap
-        super().__init__(
-            f"authorization failed: principal {principal} may not {operation} {resource_type} "
-            f"{resource!r}{' (prefix)' if pattern == 'PREFIXED' else ''}{f' ({detail})' if detail else ''}. "
-            f"Grant it: {acl_command(principal, resource_type, resource, operation, pattern, bootstrap=bootstrap)}"
-        )
-
-
-def acl_command(
-    principal: str, resource_type: str, resource: str, operation: str, pattern: str = "LITERAL", *, bootstrap: str
-) -> str:
-    """The ``kafka-acls`` command that grants one ACL (docs/acls.md has the full set), ready to paste
-    for the cluster at ``bootstrap``, run with an administrator's client settings (admin.properties)."""
-    flag = _RESOURCE_FLAGS[resource_type]
-    # Quoted for the shell where needed: a certificate's subject may hold spaces ("O=Acme Corp").
-    target = flag if resource_type == "Cluster" else f"{flag} {shlex.quote(resource)}"
-    if pattern == "PREFIXED":
-        target += " --resource-pattern-type prefixed"
-    return (
-        f"kafka-acls --bootstrap-server {shlex.quote(bootstrap)} --command-config admin.properties --add "
-        f"--allow-principal {shlex.quote(principal)} --operation {operation} {target}"
-    )
 
 
 def principal_of(config: Mapping[str, Any]) -> str:

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.kafka.errors import UnmappableConfigError
+
 _CONNECTION_PREFIXES = (
     "bootstrap.servers",
     "security.protocol",
@@ -197,19 +199,6 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = frozenset(SASL_MECHANISMS)
 _PROTOCOLS = frozenset(SECURITY_PROTOCOLS)
-
-
-class ClientConfigError(ValueError):
-    """A configuration mistake in the client settings, found before Kafka is contacted: report it as
-    one (the CLI's exit 2), never as "Kafka unreachable"."""
-
-
-class UnmappableConfigError(ClientConfigError):
-    """A librdkafka connection setting the commit side's client (kafka-python) cannot honour."""
-
-    def __init__(self, key: str, why: str) -> None:
-        super().__init__(f"connection setting {key!r}: {why}")
-        self.key = key
 
 
 def kafka_python_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

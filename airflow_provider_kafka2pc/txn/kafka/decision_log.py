@@ -25,10 +25,10 @@ from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import (
     MAX_RECORD_BYTES,
     READER_GROUP,
     Budget,
-    DecisionLogError,
     failure_of,
     is_transient,
 )
+from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, replay
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, PrefixCollisionError
 from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix

@@ -14,12 +14,8 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import (
-    TOPIC_CONFIG,
-    DecisionTopicClient,
-    UnsafeDecisionTopicError,
-    failure_of,
-)
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import TOPIC_CONFIG, DecisionTopicClient, failure_of
+from airflow_provider_kafka2pc.txn.kafka.errors import UnsafeDecisionTopicError
 
 log = logging.getLogger(__name__)
 

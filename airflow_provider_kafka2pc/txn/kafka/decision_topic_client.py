@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.kafka.errors import (
+    DecisionLogError,
+    DecisionLogUnavailableError,
+    UnsafeDecisionTopicError,
+)
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +87,6 @@ _TRANSIENT_ERRORS = (
     "_NODE_UPDATE",
 )
 T = TypeVar("T")
-
-
-class DecisionLogError(Kafka2PCError):
-    pass
-
-
-class UnsafeDecisionTopicError(DecisionLogError):
-    """The decision topic exists with settings that could lose or reorder decisions."""
-
-
-class DecisionLogUnavailableError(DecisionLogError, BrokerUnavailableError):
-    """The decision topic (its partition's leader, or every broker) stayed unavailable for a read's or
-    an append's whole budget (``DecisionLog.budget_s``); the message names the topic, the partition,
-    the last error, what the call did or did not write, and what to do."""
 
 
 @functools.cache

@@ -17,6 +17,8 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_void_
 from functools import lru_cache
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.kafka.errors import LibraryUnavailableError
+
 
 class RdKafkaMessage(ctypes.Structure):
     """``rd_kafka_message_t`` (rdkafka.h); the message array's element, also in delivery reports."""
@@ -128,10 +130,6 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_error_destroy": (None, [c_void_p]),
     "rd_kafka_err2str": (c_char_p, [c_int]),
 }
-
-
-class LibraryUnavailableError(Exception):
-    """librdkafka cannot be used through ctypes here; the reason says why."""
 
 
 def library_path() -> str:

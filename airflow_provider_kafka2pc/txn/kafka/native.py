@@ -31,6 +31,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
 from airflow_provider_kafka2pc.txn.kafka.config import is_secret_key
+from airflow_provider_kafka2pc.txn.kafka.errors import LibraryUnavailableError
 from airflow_provider_kafka2pc.txn.kafka.message_arrays import bytes_at
 from airflow_provider_kafka2pc.txn.kafka.writer import RefusedRecord
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NativeUnsupportedError
@@ -56,7 +57,7 @@ def unavailable_reason() -> str | None:
         rd.load()
     except ImportError as e:
         return f"numpy is not installed ({e})"
-    except rd.LibraryUnavailableError as e:
+    except LibraryUnavailableError as e:
         return str(e)
     return None
 

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from airflow_provider_kafka2pc.txn.kafka.access import KafkaAuthorizationError, principal_of
+from airflow_provider_kafka2pc.txn.kafka.access import principal_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError, RetriableCoordinatorError
 from airflow_provider_kafka2pc.txn.kafka.wire import (
     TxnListing,
     TxnState,
@@ -52,12 +53,6 @@ def not_allowed(wire: WireClient, transactional_id: str, prefix: str | None = No
     )
 
 
-class RetriableCoordinatorError(CoordinatorError):
-    def __init__(self, code: int, what: str) -> None:
-        super().__init__(f"{what}: {error_name(code)}")
-        self.code = code
-
-
 def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
     """Run ``fn`` until it stops failing with retriable coordinator or connection errors."""
     deadline = time.monotonic() + timeout_s
@@ -94,7 +89,7 @@ class TransactionInspector:
                     raise not_allowed(self.wire, tid)
                 if c is None or c.error_code:
                     code = c.error_code if c is not None else 15
-                    raise RetriableCoordinatorError(code, f"FindCoordinator({tid!r})")
+                    raise RetriableCoordinatorError(code, f"FindCoordinator({tid!r})", error_name(code))
             return {tid: c.node_id for tid, c in found.items()}
 
         return retry("FindCoordinator", go, self.timeout_s) if transactional_ids else {}
@@ -114,7 +109,9 @@ class TransactionInspector:
                 elif s.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
                     raise not_allowed(self.wire, tid)
                 elif s.error_code in RETRIABLE:
-                    raise RetriableCoordinatorError(s.error_code, f"DescribeTransactions({tid!r})")
+                    raise RetriableCoordinatorError(
+                        s.error_code, f"DescribeTransactions({tid!r})", error_name(s.error_code)
+                    )
                 elif s.error_code:
                     raise CoordinatorError(f"DescribeTransactions({tid!r}): {error_name(s.error_code)}")
                 else:

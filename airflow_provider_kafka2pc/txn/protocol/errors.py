@@ -197,3 +197,19 @@ class SecondExportError(DecisionConflictError):
 
 class NativeUnsupportedError(Kafka2PCError):
     """The native path cannot write this (a setting, a column); the Python writer can."""
+
+
+class WindowError(Kafka2PCError):
+    """The run's transactions cannot be written and committed within the broker's transaction timeout."""
+
+
+class WindowRefusedError(WindowError):
+    """Refused before any transaction opened: the expected write phase does not fit the window."""
+
+
+class WindowExceededError(WindowError):
+    """The write phase ran past its budget: the job was stopped and what it opened was aborted."""
+
+
+class NotLostError(Kafka2PCError):
+    """Only a LOST run can be acknowledged."""

@@ -15,7 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    WindowError,
+    WindowExceededError,
+    WindowRefusedError,
+)
 
 # The commit's headroom is a quarter of the timeout within [floor, ceiling], plus one EndTxn wave
 # per ``max_workers`` transactions. The floor covers a decision write and a retried EndTxn on a
@@ -37,18 +41,6 @@ TASK_FIXED_MS = 1_000
 
 # Why a budget has no estimate: the frame was not computed first, so its size is unknown.
 NOT_MATERIALIZED = "the data is not materialized first"
-
-
-class WindowError(Kafka2PCError):
-    """The run's transactions cannot be written and committed within the broker's transaction timeout."""
-
-
-class WindowRefusedError(WindowError):
-    """Refused before any transaction opened: the expected write phase does not fit the window."""
-
-
-class WindowExceededError(WindowError):
-    """The write phase ran past its budget: the job was stopped and what it opened was aborted."""
 
 
 def commit_headroom_ms(

@@ -16,9 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.transactions import (
-    OPEN_STATES,
-)
+from airflow_provider_kafka2pc.txn.kafka.transactions import OPEN_STATES
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable

@@ -24,8 +24,8 @@ from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import (
-    Kafka2PCError,
     LostTransaction,
+    NotLostError,
     TransactionLostError,
     Visibility,
 )
@@ -164,10 +164,6 @@ def recover_until_clear(
 def _of_run(tid: str, run_key: str | None) -> bool:
     parsed = naming.parse_transactional_id(tid)
     return run_key is None or (parsed is not None and parsed.run_key == run_key)
-
-
-class NotLostError(Kafka2PCError):
-    """Only a LOST run can be acknowledged."""
 
 
 def acknowledge_loss(decision_log: DecisionLog, prefix: str, run: str, note: str) -> tuple[RunRecord, RunRecord, int]:

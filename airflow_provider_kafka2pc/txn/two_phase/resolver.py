@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from airflow_provider_kafka2pc.txn.kafka.transactions import RetriableCoordinatorError, TransactionInspector, retry
+from airflow_provider_kafka2pc.txn.kafka.errors import RetriableCoordinatorError
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector, retry
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient, error_name
 from airflow_provider_kafka2pc.txn.protocol import outcome
 from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, MalformedCommittableError
@@ -166,7 +167,7 @@ class TransactionResolver:
             if code in RETRIABLE:
                 if code in STALE_COORDINATOR:
                     log.info("EndTxn(%s): %s; looking the coordinator up again", ref.transactional_id, error_name(code))
-                raise RetriableCoordinatorError(code, f"EndTxn({ref.transactional_id!r})")
+                raise RetriableCoordinatorError(code, f"EndTxn({ref.transactional_id!r})", error_name(code))
             return code
 
         return retry(f"EndTxn({ref.transactional_id!r})", attempt, self.timeout_s)
