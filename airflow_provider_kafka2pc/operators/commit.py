@@ -10,6 +10,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, pull_exports
@@ -179,7 +180,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             report = self.resolve(committables, [members_of(p, context) for p in present], hook, run, progress)
         except Exception as e:
             # Last, so that it is the line a user reads first: the run's state and what to click.
-            self.log.error("kafka2pc: %s", progress.failure_line(e))
+            self.log.error("kafka2pc: %s", commit_failure_line(progress, e))
             raise
         if not report.note:  # a finished run (a clear) said so first, in the core's own line
             self._log_window(present, run)

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
 from airflow_provider_kafka2pc.txn.kafka.config import redact
@@ -44,32 +45,6 @@ def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: 
             f"{getattr(dag, 'dag_id', '?')!r} reuses; set max_active_runs=1 on the DAG "
             f"(it is {getattr(dag, 'max_active_runs', None)}), or use naming_strategy='INCREMENTING'"
         )
-
-
-def _prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
-    """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
-    p = seen.get("progress")
-    # What the driver last heard from Spark's status tracker: a partition may have finished since.
-    how_far = (
-        f"{p.partitions_done} of {p.partitions} partition(s) were written and prepared at the last progress report "
-        f"({p.records} records, {time.monotonic() - seen['progress_at']:.0f} s before the failure)"
-        if p is not None
-        else "before its write job reported progress"
-    )
-    head = f"prepare of run {run} (exporter {prefix}) failed ({type(error).__name__}) {how_far}"
-    if seen.get("aborted"):
-        return (
-            f"{head}; every transaction the write job opened was aborted at once: nothing is open, nothing is "
-            "visible. Next: fix the cause, then clear the whole DAG run to export it again."
-        )
-    if p is None and "aborted" not in seen:
-        opened = "it may have opened transactions (none if it failed before writing)"
-    else:
-        opened = "their transactions stay open, nothing of the run is visible"
-    return (
-        f"{head}; {opened}. The abort task of this run aborts what it opened once every export has finished; "
-        f"`kafka2pc list --prefix {prefix}` shows what is open. Next: after the abort task, clear the whole DAG run."
-    )
 
 
 def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str) -> Any:
@@ -436,7 +411,7 @@ class Kafka2PCExportOperator(BaseOperator):
             self._read = self._source_tables(spark)
         except BaseException as e:
             # Last, so that it is the line a user reads first: how far the prepare got, what is open.
-            self.log.error("kafka2pc: %s", _prepare_failure_line(run, prefix, e, seen))
+            self.log.error("kafka2pc: %s", prepare_failure_line(run, prefix, e, seen))
             raise
         finally:
             spark.stop()

@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, conf
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.operators.failure_lines import recovery_failure_line
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger, waiting_message
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
@@ -19,16 +20,6 @@ if TYPE_CHECKING:
 
 
 # What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
-_FIX_THE_CONNECTION = frozenset(
-    {
-        "KafkaAuthenticationError",
-        "KafkaTlsError",
-        "KafkaAuthorizationError",
-        "ClientConfigError",
-        "UnmappableConfigError",
-        "Kafka2PCConfigError",
-    }
-)
 
 
 class RecoveryError(Kafka2PCError):
@@ -65,38 +56,8 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def failure_line(self, error: BaseException, cause: str = "") -> str:
-        """What a failed recovery leaves and the next click. ``cause``: the class name of the error the
-        trigger met (deferrable mode hands the task only its message)."""
-        from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError, acknowledge_command
-
-        prefix = self.transactional_id_prefix
-        cause = cause or type(error).__name__
-        # A cleared run may have been decided before: this attempt only wrote nothing of its own.
-        head = f"recovery of exporter {prefix} failed ({cause}) before this run's prepare started"
-        if cause == "TransactionLostError" and not isinstance(error, TransactionLostError):
-            return (
-                f"{head}. A run of the exporter lost records (the error names them and the `kafka2pc acknowledge` "
-                "command). Next: re-export the lost partitions, acknowledge the loss, then clear this task."
-            )
-        if cause in _FIX_THE_CONNECTION:
-            return f"{head}. Next: fix connection {self.kafka2pc_conn_id!r} as the error says, then clear this task."
-        if isinstance(error, TransactionLostError):
-            seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
-            acks = " and ".join(f"`{acknowledge_command(t.prefix, t.run)}`" for t in error.lost if t.prefix and t.run)
-            return (
-                f"{head}. A run of the exporter lost records: {seen}. Next: re-export the lost partitions, "
-                f"acknowledge the loss with {acks or '`kafka2pc acknowledge`'}, then clear this task."
-            )
-        if type(error).__name__ == "AirflowSensorTimeout":
-            return (
-                f"{head}; it waited past its timeout for the exporter's transactions to end, or for another run "
-                f"holding the exporter's ids (the lines above say which). Next: let that run finish (`kafka2pc list "
-                f"--prefix {prefix}` shows what is open), then clear this task."
-            )
-        return (
-            f"{head}; earlier runs' open transactions stay as they are (`kafka2pc list --prefix {prefix}` shows "
-            "them). Next: clear this task once Kafka answers."
-        )
+        """What a failed recovery leaves and the next click (``operators/failure_lines.py``)."""
+        return recovery_failure_line(self.transactional_id_prefix, self.kafka2pc_conn_id, error, cause)
 
     def run_key(self, context: Context) -> str | None:
         """INCREMENTING runs may overlap: recovery aborts only this run's undecided leftovers."""

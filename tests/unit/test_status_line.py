@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     BrokerUnavailableError,
     LostTransaction,
@@ -25,7 +26,7 @@ def progress() -> CommitProgress:
 def test_kafka_down_before_the_decision_says_nothing_is_decided_how_many_wait_until_when_and_what_to_click() -> None:
     p = progress()
     p.first_try = True  # no earlier try could have decided (or the log was read: p.log_read)
-    line = p.failure_line(BrokerUnavailableError("cannot reach Kafka"))
+    line = commit_failure_line(p, BrokerUnavailableError("cannot reach Kafka"))
     assert line == (
         "run dag/run-1: no decision was written; 4 transaction(s) with 1000 records are prepared, not visible, until "
         "at least 2026-09-21 14:14:20 UTC. Next: clear this commit task after Kafka is back and before then; past it "
@@ -37,11 +38,11 @@ def test_the_broker_deadline_once_seen_is_exact() -> None:
     p = progress()
     p.log_read = True
     p.saw_deadlines([T0 + 90_000, None, T0 + 75_000])
-    assert "until 2026-09-21 14:14:35 UTC." in p.failure_line(TimeoutError())
+    assert "until 2026-09-21 14:14:35 UTC." in commit_failure_line(p, TimeoutError())
 
 
 def test_a_retry_that_could_not_read_the_log_does_not_claim_there_is_no_decision() -> None:
-    line = progress().failure_line(BrokerUnavailableError("x"))
+    line = commit_failure_line(progress(), BrokerUnavailableError("x"))
     assert "it is not known whether an earlier try of this task decided the run" in line
     assert "no decision was written" not in line
 
@@ -49,7 +50,7 @@ def test_a_retry_that_could_not_read_the_log_does_not_claim_there_is_no_decision
 def test_a_decision_sent_and_not_confirmed_may_be_written() -> None:
     p = progress()
     p.log_read, p.decision_sent = True, True
-    line = p.failure_line(BrokerUnavailableError("x"))
+    line = commit_failure_line(p, BrokerUnavailableError("x"))
     assert "may or may not be written" in line and "`kafka2pc describe --prefix orders`" in line
     assert "clear this commit task after Kafka is back" in line
 
@@ -57,21 +58,21 @@ def test_a_decision_sent_and_not_confirmed_may_be_written() -> None:
 def test_a_decided_run_is_rolled_forward_by_a_clear() -> None:
     p = progress()
     p.decision_id, p.committed = "d" * 32, 1
-    line = p.failure_line(BrokerUnavailableError("x"))
+    line = commit_failure_line(p, BrokerUnavailableError("x"))
     assert line.startswith(f"run dag/run-1: COMMIT {'d' * 32} is decided, so the whole run becomes visible; 1 of 4")
     assert "clear this commit task once Kafka answers (before that time): it commits the rest." in line
 
 
 def test_outcomes_that_need_the_whole_run_cleared_or_an_acknowledgement() -> None:
-    assert "aborted as a whole, nothing of it is visible. Next: clear the whole DAG run" in progress().failure_line(
-        RunAbortedError("dag/run-1", 4, 1000, [], "")
+    assert "aborted as a whole, nothing of it is visible. Next: clear the whole DAG run" in commit_failure_line(
+        progress(), RunAbortedError("dag/run-1", 4, 1000, [], "")
     )
-    assert "no decision was written: a committable was refused (StaleCommittableError)" in progress().failure_line(
-        StaleCommittableError("x")
+    assert "no decision was written: a committable was refused (StaleCommittableError)" in commit_failure_line(
+        progress(), StaleCommittableError("x")
     )
     lost = LostTransaction("orders-3", 7, 0, 250, ("t-0",), "aborted", "orders", "dag/run-1")
     seen = Visibility("orders", "dag/run-1", 4, 1000, 3, 750, 1, 250)
-    line = progress().failure_line(TransactionLostError([lost], [seen]))
+    line = commit_failure_line(progress(), TransactionLostError([lost], [seen]))
     assert "3 of 4 transaction(s) visible (750 of 1000 records), 1 lost (250 records)" in line
     assert line.endswith("`kafka2pc acknowledge --prefix orders --run dag/run-1`.")
 
