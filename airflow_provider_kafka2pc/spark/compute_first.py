@@ -95,15 +95,34 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
         return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     if why_not is None:
-        staged = stage(df)
-        if staged.machines <= {machine_id()}:
-            return staged
-        staged.release()  # this host's files; another host's stay in its temporary directory
-        why_not = f"staging tasks ran on {len(staged.machines)} machine(s), not only the driver's"
+        try:
+            staged = stage(df)
+        except Exception as e:
+            # The executors could not write the driver's directory (another user, another /tmp): no
+            # transaction is open yet, so a checkpoint can still serve. Any other failure is the source's.
+            why_not = _local_disk_refused(e)
+            if why_not is None:
+                raise
+        else:
+            if staged.machines <= {machine_id()}:
+                return staged
+            staged.release()  # this host's files; another host's stay in its temporary directory
+            why_not = f"staging tasks ran on {len(staged.machines)} machine(s), not only the driver's"
     if window.store == "arrow":
         raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'")
     log.info("kafka2pc stores the frame with a checkpoint instead of staging Arrow files: %s", why_not)
     return materialize(df, window)
+
+
+# What an executor's Python worker answers when the staging directory is not there for it.
+_LOCAL_DISK_ERRORS = ("Permission denied", "No such file or directory", "Read-only file system")
+
+
+def _local_disk_refused(error: BaseException) -> str | None:
+    """Why the staging tasks could not use the staging directory, or None for another failure."""
+    text = str(error)
+    found = next((e for e in _LOCAL_DISK_ERRORS if e in text), None)
+    return f"the staging tasks could not write the staging directory ({found})" if found else None
 
 
 def partition_count(df: Any) -> int:

@@ -293,3 +293,28 @@ def test_a_cached_frame_is_written_as_stored_and_a_computed_one_is_staged_first(
         assert kafka.count_committed(topic, f"{tag}-".encode()) == (20_000, 20_000)
         assert kafka.open_transactions(s.transactional_id_prefix) == []
     assert set(staging_root.glob("kafka2pc-stage-*")) == before
+
+
+def test_staging_tasks_that_cannot_write_the_directory_fall_back_to_a_checkpoint_and_say_why(
+    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Executors that cannot see the driver's staging directory (another user, another /tmp) fail the
+    staging job before any transaction opens; the export then stores the frame with a checkpoint."""
+    import logging
+
+    from airflow_provider_kafka2pc.spark import staging
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+    monkeypatch.setattr(staging, "staging_directory", lambda _spark: str(tmp_path / "not-there"))
+    topic = kafka.topic(2)
+    df = spark.range(2_000, numPartitions=2).selectExpr("concat('fb-', CAST(id AS STRING)) AS key", "'v' AS value")
+    s = _settings(kafka, topic)
+    result = export_dataframe(df, s)
+    assert (
+        "kafka2pc stores the frame with a checkpoint instead of staging Arrow files: the staging tasks could not "
+        "write the staging directory (No such file or directory)" in caplog.text
+    )
+    assert result.staged_bytes == 0 and len(result.committables) == 2
+    commit_prepared(result.committables, kafka.wire, _log(kafka), run="fallback")
+    assert kafka.count_committed(topic, b"fb-") == (2_000, 2_000)
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
