@@ -1,14 +1,14 @@
 """The one adapter to Spark's cache manager: is a frame already stored, whole, so that writing it
 computes nothing?
 
-A frame whose whole plan is a cached query with every partition loaded (``df.cache()`` and an
+A frame whose whole plan is a cached query with every partition held now (``df.cache()`` and an
 action, ``CACHE TABLE``), at a storage level that spills to disk rather than evicting, or a
 checkpoint (``df.checkpoint()``, ``df.localCheckpoint()``), needs no staging: its write job reads
 stored rows. PySpark has no public call for either question, so this reaches Spark's JVM
-(``CacheManager.lookupCachedData``, ``CachedRDDBuilder.isCachedColumnBuffersLoaded``,
-``LogicalRDD.rdd().isCheckpointed``); ``tests/integration/test_spark_export.py`` checks this
-surface on the pinned Spark and fails loudly when an upgrade moves it. Anything unexpected answers
-"not stored", which costs only a staging pass.
+(``CacheManager.lookupCachedData``, ``CachedRDDBuilder.isCachedColumnBuffersLoaded``, the blocks
+``SparkContext.getRDDStorageInfo`` counts now, ``LogicalRDD.rdd().isCheckpointed``);
+``tests/integration/test_spark_export.py`` checks this surface on the pinned Spark and fails loudly
+when an upgrade moves it. Anything unexpected answers "not stored", which costs only a staging pass.
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def stored_already(df: Any) -> StoredAlready | None:
                 return None
             if not level.useDisk():  # an evicted partition would be computed again inside the window
                 return None
-            partitions = int(builder.cachedColumnBuffers().getNumPartitions())
+            buffers = builder.cachedColumnBuffers()
+            partitions = int(buffers.getNumPartitions())
+            # Loaded once is a latch in Spark: the blocks a lost executor took are counted here, now.
+            if _cached_partitions(df.sparkSession, int(buffers.id())) != partitions:
+                return None
             return StoredAlready(f"a cached frame, every partition loaded ({level.description()})", partitions)
         plan = jdf.queryExecution().analyzed()
         if plan.getClass().getSimpleName() == "LogicalRDD" and plan.rdd().isCheckpointed():
@@ -51,6 +55,14 @@ def stored_already(df: Any) -> StoredAlready | None:
     except Exception as e:  # a moved internal: stage instead, and say why in DEBUG
         log.debug("kafka2pc could not ask Spark's cache manager: %r", e)
     return None
+
+
+def _cached_partitions(spark: Any, rdd_id: int) -> int:
+    """How many partitions of RDD ``rdd_id`` the block managers hold now (SparkContext's storage info)."""
+    for info in spark.sparkContext._jsc.sc().getRDDStorageInfo():
+        if int(info.id()) == rdd_id:
+            return int(info.numCachedPartitions())
+    return 0
 
 
 __all__ = ["StoredAlready", "stored_already"]

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_kafka2pc.spark.staging import STAGING_UNUSABLE
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
@@ -80,7 +81,7 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
     """The source computed before any transaction opens: staged in Arrow files where the cluster
     allows it (one pass), else stored with a checkpoint; the task log says which, and why."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
-    from airflow_provider_kafka2pc.spark.staging import machine_id, stage, staging_unavailable
+    from airflow_provider_kafka2pc.spark.staging import StagedFrame, stage, staging_unavailable
     from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
 
     if window.store == "auto" and (already := stored_already(df)) is not None:
@@ -94,35 +95,36 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
         )
         return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
+    refused: BaseException | None = None
     if why_not is None:
         try:
             staged = stage(df)
         except Exception as e:
-            # The executors could not write the driver's directory (another user, another /tmp): no
-            # transaction is open yet, so a checkpoint can still serve. Any other failure is the source's.
-            why_not = _local_disk_refused(e)
+            # The executors could not use the driver's directory (another user, another /tmp, a full
+            # disk): no transaction is open yet, so a checkpoint can still serve. Any other failure
+            # is the source's own, and raised as it is.
+            why_not, refused = _staging_directory_refused(e), e
             if why_not is None:
                 raise
         else:
-            if staged.machines <= {machine_id()}:
+            if isinstance(staged, StagedFrame):
                 return staged
-            staged.release()  # this host's files; another host's stay in its temporary directory
-            why_not = f"staging tasks ran on {len(staged.machines)} machine(s), not only the driver's"
+            why_not = staged
     if window.store == "arrow":
-        raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'")
+        raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'") from refused
     log.info("kafka2pc stores the frame with a checkpoint instead of staging Arrow files: %s", why_not)
     return materialize(df, window)
 
 
-# What an executor's Python worker answers when the staging directory is not there for it.
-_LOCAL_DISK_ERRORS = ("Permission denied", "No such file or directory", "Read-only file system")
-
-
-def _local_disk_refused(error: BaseException) -> str | None:
-    """Why the staging tasks could not use the staging directory, or None for another failure."""
+def _staging_directory_refused(error: BaseException) -> str | None:
+    """What the staging tasks said of the staging directory (``STAGING_UNUSABLE``), or None when the
+    job failed for another reason."""
     text = str(error)
-    found = next((e for e in _LOCAL_DISK_ERRORS if e in text), None)
-    return f"the staging tasks could not write the staging directory ({found})" if found else None
+    at = text.find(STAGING_UNUSABLE)
+    if at < 0:
+        return None
+    said = text[at:].splitlines()[0]
+    return f"the staging tasks could not write it: {said}"
 
 
 def partition_count(df: Any) -> int:

@@ -81,18 +81,21 @@ def export_dataframe(
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
     stored, budget = prepare_window(df, settings, window) if transactional else (None, None)
-    staged_dir, staged_bytes = None, 0
-    if isinstance(stored, StagedFrame):
-        df, staged_dir, staged_bytes = stored.write_frame(df.sparkSession), stored.directory, stored.disk_bytes
-    elif stored is not None:
-        df = stored.df
+    staged = stored if isinstance(stored, StagedFrame) else None
+    staged_bytes = 0
     try:
+        if staged is not None:
+            df, staged_bytes = staged.write_frame(df.sparkSession), staged.disk_bytes
+        elif stored is not None:
+            df = stored.df
         rows, write_s, write_started_ms = run_write_job(
-            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged_dir
+            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged
         )
     finally:
         if stored is not None:
             stored.release()
+    if staged is not None:
+        _check_staged_counts(rows, staged, abort_opened)
     result = _collect(rows, settings, time.monotonic() - started)
     result = replace(
         result,
@@ -101,18 +104,32 @@ def export_dataframe(
         write_s=write_s,
         staged_bytes=staged_bytes,
     )
-    if stored is not None:
+    if stored is not None and not result.retried:  # a retried task's time is not the cluster's rate
         from airflow_provider_kafka2pc.spark.window import task_slots
-        from airflow_provider_kafka2pc.txn.protocol.window import WriteRate
+        from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WriteRate
 
-        parallel = min(task_slots(df.sparkSession), result.partitions)
-        shown = WriteRate.shown(
-            result.records, result.bytes, write_s, result.partitions, parallel, "shown by an earlier write"
-        )
+        sizes = [PartitionSize(int(r["slot"]), int(r["records"]), int(r["bytes"])) for r in rows]
+        shown = WriteRate.shown(sizes, write_s, task_slots(df.sparkSession), "shown by an earlier write")
         result = replace(result, write_rate=shown)
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
     return result
+
+
+def _check_staged_counts(rows: list[Any], staged: Any, abort_opened: Callable[[], bool] | None) -> None:
+    """Every staged record was written, partition by partition, or nothing of the run may stand:
+    what the write job opened is aborted at once and the prepare fails."""
+    from airflow_provider_kafka2pc.spark.write_job import abort_now
+
+    written = {int(r["slot"]): int(r["records"]) for r in rows}
+    short = {p: (f.records, written.get(p, 0)) for p, f in staged.files.items() if written.get(p, 0) != f.records}
+    if not short:
+        return
+    said = ", ".join(f"partition {p}: {wrote} of {want}" for p, (want, wrote) in sorted(short.items()))
+    raise CollectError(
+        f"the write job did not write what was staged ({said} records), and {abort_now(abort_opened, True)}: "
+        "nothing of the run is visible. Clear the DAG run to export it again."
+    )
 
 
 def _collect(rows: list[Any], settings: ExportSettings, duration_s: float) -> ExportResult:

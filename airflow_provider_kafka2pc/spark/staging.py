@@ -87,72 +87,140 @@ def staging_unavailable(spark: Any, store: str, checkpoint_dir: str | None) -> s
     return None
 
 
+# Written in front of an executor's own file error, so that the driver tells a staging directory the
+# executors cannot use (it falls back to a checkpoint) from any failure of the source itself.
+STAGING_UNUSABLE = "kafka2pc staging directory unusable"
+# The staging directory's name: the driver's pid, so a later export can sweep what a killed one left.
+_PREFIX = "kafka2pc-stage-"
+
+
 def staging_directory(spark: Any) -> str:
-    """A new directory of this export's own, under the first of ``spark.local.dir`` if the session
-    sets it (where the executors spill), else the system's temporary directory."""
+    """A new directory of this export's own, under the first of the executors' local directories
+    (``SPARK_LOCAL_DIRS``, else the session's ``spark.local.dir``), else the system's temporary
+    directory. Directories that exports of processes no longer alive left there are removed first."""
     try:
-        local_dirs = str(spark.conf.get("spark.local.dir", "") or "")
+        local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or str(spark.conf.get("spark.local.dir", "") or "")
     except Exception:
         local_dirs = ""
-    parent = local_dirs.split(",")[0].strip() or None
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix="kafka2pc-stage-", dir=parent)
+    parent = local_dirs.split(",")[0].strip() or tempfile.gettempdir()
+    os.makedirs(parent, exist_ok=True)
+    _sweep(parent)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent)
 
 
-def _file(directory: str, partition: int) -> str:
-    return os.path.join(directory, f"part-{partition:05d}.arrows")
+def _sweep(parent: str) -> None:
+    """Remove staging directories whose driver process is gone (a killed task leaves its own)."""
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if not entry.name.startswith(_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                log.info("kafka2pc removes %s, left by an export whose process is gone", entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def stage_partition(directory: str, partition: int, attempt: int, batches: Iterator[Any]) -> Iterator[Any]:
-    """The body of one staging task: its batches into ``part-NNNNN.arrows`` (renamed into place once
-    complete, so a retried attempt never reads a torn file), one summary row out. An empty partition
-    leaves no file. Also callable without Spark."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def stage_partition(directory: str, partition: int, task_attempt_id: int, batches: Iterator[Any]) -> Iterator[Any]:
+    """The body of one staging task: its batches into a file of its own attempt (named by Spark's
+    task attempt id, unique in the application, so that no other attempt, of this stage or of a
+    resubmitted one, ever writes or replaces it), one summary row out naming that file. An empty
+    partition leaves no file. Also callable without Spark."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     records, nbytes = 0, 0
-    partial = os.path.join(directory, f"part-{partition:05d}.attempt-{attempt}.partial")
+    path = os.path.join(directory, f"part-{partition:05d}-{task_attempt_id}.arrows")
     writer: Any = None
-    with open(partial, "wb") as sink:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            if writer is None:
-                writer = pa.ipc.new_stream(sink, batch.schema)
-            writer.write_batch(batch)
-            records += batch.num_rows
-            for name in ("value", "key"):
-                if name in batch.schema.names:
-                    nbytes += int(pc.sum(pc.binary_length(batch.column(batch.schema.names.index(name)))).as_py() or 0)
-        if writer is not None:
-            writer.close()
-    if records:
-        os.replace(partial, _file(directory, partition))
-    else:
-        os.unlink(partial)
-    row = {"partition": partition, "records": records, "bytes": nbytes, "machine": machine_id()}
+    try:
+        sink = open(path, "wb")  # noqa: SIM115 (closed below, or on any failure)
+    except OSError as e:
+        raise OSError(e.errno, f"{STAGING_UNUSABLE} ({directory}): {e.strerror}") from e
+    try:
+        with sink:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    writer = pa.ipc.new_stream(sink, batch.schema)
+                try:
+                    writer.write_batch(batch)
+                except OSError as e:  # a full disk: the directory, not the source
+                    raise OSError(e.errno, f"{STAGING_UNUSABLE} ({directory}): {e.strerror}") from e
+                records += batch.num_rows
+                for name in ("value", "key"):
+                    if name in batch.schema.names:
+                        column = batch.column(batch.schema.names.index(name))
+                        nbytes += int(pc.sum(pc.binary_length(column)).as_py() or 0)
+            if writer is not None:
+                writer.close()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    if not records:
+        os.unlink(path)
+    row = {
+        "partition": partition,
+        "records": records,
+        "bytes": nbytes,
+        "machine": machine_id(),
+        "file": os.path.basename(path) if records else "",
+    }
     yield pa.RecordBatch.from_pylist([row], schema=_summary_schema())
 
 
-def staged_batches(directory: str, partition: int) -> Iterator[Any]:
-    """The staged batches of one partition, memory-mapped (nothing for an empty partition). The
-    writers copy what they produce, so the map may close once the last batch was handed out."""
+def staged_batches(directory: str, partition: int, file: str, records: int, machine: str) -> Iterator[Any]:
+    """The staged batches of one partition, memory-mapped, checked: on the machine that staged them,
+    from the file the successful staging attempt named, exactly ``records`` of them (a partition must
+    never be written short). Nothing for an empty partition. The writers copy what they produce, so
+    the map may close once the last batch was handed out."""
     import pyarrow as pa
 
-    path = _file(directory, partition)
-    if not os.path.exists(path):
+    if records == 0:
         return
-    with pa.memory_map(path) as source:
-        yield from pa.ipc.open_stream(source)
+    if machine_id() != machine:
+        raise RuntimeError(
+            f"kafka2pc: partition {partition} was staged on another machine than this write task's; "
+            "the task fails so that Spark retries it (staging needs one host for the driver and its executors)"
+        )
+    path = os.path.join(directory, file)
+    seen = 0
+    with pa.memory_map(path) as source:  # a missing file raises: never read as an empty partition
+        for batch in pa.ipc.open_stream(source):
+            seen += batch.num_rows
+            yield batch
+    if seen != records:
+        raise RuntimeError(f"kafka2pc: the staged file of partition {partition} holds {seen} records, not {records}")
 
 
 def _summary_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema(
-        [("partition", pa.int64()), ("records", pa.int64()), ("bytes", pa.int64()), ("machine", pa.string())]
+        [
+            ("partition", pa.int64()),
+            ("records", pa.int64()),
+            ("bytes", pa.int64()),
+            ("machine", pa.string()),
+            ("file", pa.string()),
+        ]
     )
+
+
+@dataclass(frozen=True)
+class StagedPartition:
+    file: str
+    records: int
 
 
 @dataclass
@@ -163,13 +231,13 @@ class StagedFrame:
     partitions: int  # of the source frame: the write job runs one task for each
     sizes: list[PartitionSize]
     seconds: float
-    machines: frozenset[str]
+    machine: str  # where every partition was staged (``stage`` refuses several)
+    files: dict[int, StagedPartition]
 
     @property
     def disk_bytes(self) -> int:
-        """What the staged files take on the local disk (the host is the driver's)."""
-        with os.scandir(self.directory) as entries:
-            return sum(e.stat().st_size for e in entries if e.is_file())
+        """What the staged files the write reads take on the local disk (the host is the driver's)."""
+        return sum(os.path.getsize(os.path.join(self.directory, f.file)) for f in self.files.values() if f.file)
 
     @property
     def where(self) -> str:
@@ -177,15 +245,17 @@ class StagedFrame:
 
     def write_frame(self, spark: Any) -> Any:
         """The frame the write job maps: one row in each of ``partitions`` partitions, so that task
-        ``p`` (a partition id of the source, hence its transactional id) writes the file of ``p``."""
-        return spark.range(0, self.partitions, 1, self.partitions)
+        ``p`` (a partition id of the source, hence its transactional id) writes the file of ``p``.
+        A source with no partition still gets one task, which writes nothing."""
+        return spark.range(0, self.partitions, 1, max(self.partitions, 1))
 
     def release(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def stage(df: Any) -> StagedFrame:
-    """Run the staging job over ``df``; the caller releases the files (``release``)."""
+def stage(df: Any) -> StagedFrame | str:
+    """Run the staging job over ``df``: the staged frame, or why it cannot serve (its tasks ran on
+    several machines, or not on the driver's), its files then removed. The caller releases it."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     started = time.monotonic()
@@ -196,28 +266,32 @@ def stage(df: Any) -> StagedFrame:
 
         ctx = TaskContext.get()
         assert ctx is not None
-        yield from stage_partition(directory, ctx.partitionId(), ctx.attemptNumber(), batches)
+        yield from stage_partition(directory, ctx.partitionId(), ctx.taskAttemptId(), batches)
 
     try:
         rows = df.mapInArrow(run, from_arrow_schema(_summary_schema())).collect()
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    machines = {str(r["machine"]) for r in rows}
+    if not machines <= {machine_id()}:
+        shutil.rmtree(directory, ignore_errors=True)  # this host's files; another host's stay in its temp dir
+        return f"staging tasks ran on {len(machines)} machine(s), not only the driver's"
     # Every task reports, empty or not: their number is the frame's partition count, read without
     # df.rdd (which, with adaptive execution, would run the source's shuffles once more).
-    partitions = len(rows)
     sizes = sorted(
         (PartitionSize(int(r["partition"]), int(r["records"]), int(r["bytes"])) for r in rows),
         key=lambda s: s.partition,
     )
-    return StagedFrame(
-        directory, partitions, sizes, time.monotonic() - started, frozenset(str(r["machine"]) for r in rows)
-    )
+    files = {int(r["partition"]): StagedPartition(str(r["file"]), int(r["records"])) for r in rows}
+    return StagedFrame(directory, len(rows), sizes, time.monotonic() - started, machine_id(), files)
 
 
 __all__ = [
+    "STAGING_UNUSABLE",
     "STORES",
     "StagedFrame",
+    "StagedPartition",
     "machine_id",
     "stage",
     "stage_partition",

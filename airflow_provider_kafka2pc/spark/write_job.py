@@ -20,6 +20,7 @@ from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_sche
 
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.export_result import ExportResult
+    from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
 
 log = logging.getLogger(__name__)
@@ -59,16 +60,21 @@ def run_write_job(
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
     abort_opened: Callable[[], bool] | None,
-    staged_dir: str | None = None,
+    staged: StagedFrame | None = None,
 ) -> tuple[list[Any], float, int]:
     """The write job, watched against the budget; on failure what it opened is aborted at once.
-    With ``staged_dir``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its
-    input rows. Returns its rows, its duration and its start (wall-clock ms on the driver)."""
+    With ``staged``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its input
+    rows, checked against what staging counted. Returns its rows, its duration and its start
+    (wall-clock ms on the driver)."""
     from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
     payload = settings.to_json()
+    # Plain values into the tasks' closure: where the files are, which file of which partition and
+    # how many records it must yield.
+    directory, machine = (staged.directory, staged.machine) if staged is not None else ("", "")
+    files = {p: (f.file, f.records) for p, f in staged.files.items()} if staged is not None else {}
     reporter = ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
     written = reporter.written if reporter is not None else None
 
@@ -77,12 +83,13 @@ def run_write_job(
 
         ctx = TaskContext.get()
         assert ctx is not None
-        if staged_dir is not None:
+        if directory:
             from airflow_provider_kafka2pc.spark.staging import staged_batches
 
             for _ in batches:  # the write frame's one placeholder row
                 pass
-            batches = staged_batches(staged_dir, ctx.partitionId())
+            file, records = files.get(ctx.partitionId(), ("", 0))
+            batches = staged_batches(directory, ctx.partitionId(), file, records, machine)
         for out in write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches):
             if written is not None:
                 written.add(sum(out.column("records").to_pylist()))
@@ -103,7 +110,7 @@ def run_write_job(
             raise
         seconds = time.monotonic() - started
         ended = watch.wait_tasks_ended()
-        aborted = _abort_now(abort_opened, ended)
+        aborted = abort_now(abort_opened, ended)
         assert budget is not None
         if watch.overran:
             raise WindowExceededError(
@@ -167,7 +174,7 @@ def check_window_left(
     )
     if left >= budget.headroom_ms + budget.handover_ms:
         return
-    aborted = _abort_now(abort_opened, True)
+    aborted = abort_now(abort_opened, True)
     raise WindowExceededError(
         f"the write phase ended {_before_or_after(left)} the broker's deadline of its first transaction, with less "
         f"than the commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms) left: the "
@@ -181,7 +188,7 @@ def _before_or_after(left_ms: int) -> str:
     return f"{left_ms} ms before" if left_ms >= 0 else f"{-left_ms} ms after"
 
 
-def _abort_now(abort_opened: Callable[[], bool] | None, tasks_ended: bool) -> str:
+def abort_now(abort_opened: Callable[[], bool] | None, tasks_ended: bool) -> str:
     """Abort what the write job opened, now; says truthfully what became of it."""
     if abort_opened is None:
         return "the abort task aborts every transaction it opened"
@@ -201,6 +208,7 @@ __all__ = [
     "ARROW_BYTES_UNCHECKED",
     "ARROW_MAX_BYTES_PER_BATCH",
     "ARROW_MAX_RECORDS_PER_BATCH",
+    "abort_now",
     "arrow_batch_bounds",
     "check_window_left",
     "iso",

@@ -312,8 +312,8 @@ def test_staging_tasks_that_cannot_write_the_directory_fall_back_to_a_checkpoint
     result = export_dataframe(df, s)
     assert (
         "kafka2pc stores the frame with a checkpoint instead of staging Arrow files: the staging tasks could not "
-        "write the staging directory (No such file or directory)" in caplog.text
-    )
+        f"write it: kafka2pc staging directory unusable ({tmp_path / 'not-there'}): No such file or directory"
+    ) in caplog.text
     assert result.staged_bytes == 0 and len(result.committables) == 2
     commit_prepared(result.committables, kafka.wire, _log(kafka), run="fallback")
     assert kafka.count_committed(topic, b"fb-") == (2_000, 2_000)

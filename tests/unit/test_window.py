@@ -52,17 +52,20 @@ def test_the_write_estimate_takes_the_longest_partition_or_the_sum_over_the_slot
     assert "about 4.2 s at 50000 records/s and 10000000 bytes/s per slot (stated: " in estimate.describe()
 
 
-def test_a_rate_shown_by_a_write_is_per_slot_and_survives_an_xcom() -> None:
-    # 8 partitions on 2 slots: 4 waves, 4 s of the 8 s were the tasks' fixed cost; 4 s moved records.
-    shown = WriteRate.shown(3_000_000, 320_000_000, 8.0, partitions=8, parallel=2, source="shown by run r1")
+def test_a_rate_shown_by_a_write_budgets_the_same_export_the_time_it_took_and_survives_an_xcom() -> None:
+    # 8 equal partitions on 2 slots in 8 s: 4 waves, 4 s of fixed cost, 4 s moving records.
+    sizes = [PartitionSize(p, 375_000, 40_000_000) for p in range(8)]
+    shown = WriteRate.shown(sizes, 8.0, slots=2, source="shown by run r1")
     assert shown is not None
     assert (shown.records_per_s, shown.bytes_per_s) == (375_000, 40_000_000)
     assert WriteRate.from_json(shown.to_json()) == shown
-    sizes = [PartitionSize(p, 375_000, 40_000_000) for p in range(8)]
     assert WriteEstimate.of(sizes, 2, shown).expected_ms == 8_000  # the same export: the time it took
-    tiny = WriteRate.shown(10, 1_000, 1.2, partitions=1, parallel=1, source="x")
-    assert tiny is not None and tiny.records_per_s == 10 / 1.2  # mostly fixed cost: the whole time
-    assert WriteRate.shown(0, 0, 1.0, 1, 2, "x") is None  # nothing written shows no rate
+    # Skewed: one partition holds nearly everything. The rate is the one that gives it its 100 s.
+    skewed = [PartitionSize(0, 970_000, 0), *(PartitionSize(p, 10_000, 0) for p in range(1, 4))]
+    rate = WriteRate.shown(skewed, 100.0, slots=4, source="x")
+    assert rate is not None and WriteEstimate.of(skewed, 4, rate).expected_ms == 100_000
+    assert WriteRate.shown(sizes, 1.9, slots=2, source="x") is None  # mostly fixed cost: tells no rate
+    assert WriteRate.shown([PartitionSize(0, 0, 0)], 10.0, slots=2, source="x") is None  # nothing written
     assert WriteRate.from_json({"records_per_s": -1, "bytes_per_s": None, "source": "x"}) is None
     assert WriteRate.from_json("garbage") is None and WriteRate.from_json(None) is None
     with pytest.raises(ValueError, match="needs records_per_s or bytes_per_s"):

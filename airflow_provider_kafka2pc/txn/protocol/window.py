@@ -13,6 +13,7 @@ one number. Nothing here talks to Kafka or Spark: the export feeds it what it me
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.protocol.errors import (
@@ -91,19 +92,29 @@ class WriteRate:
         return max(by_records, by_bytes)
 
     @classmethod
-    def shown(
-        cls, records: int, nbytes: int, seconds: float, partitions: int, parallel: int, source: str
-    ) -> WriteRate | None:
-        """The rate per slot a write job showed: its records and bytes over its duration less the
-        fixed cost its waves of tasks were budgeted (``WriteEstimate`` adds it back), on ``parallel``
-        slots at once; None when nothing was written."""
-        if records <= 0 or seconds <= 0 or parallel <= 0:
+    def shown(cls, sizes: Sequence[PartitionSize], seconds: float, slots: int, source: str) -> WriteRate | None:
+        """The rate per slot a write job showed: the lowest at which ``WriteEstimate`` gives the job's
+        own sizes the time it took (``seconds``), so the same export is budgeted exactly the time it
+        took, skew included. None for a job too short to tell its rate from its tasks' fixed cost."""
+        busy = [s for s in sizes if s.records > 0]
+        fixed = TASK_FIXED_MS / 1000
+        if not busy or seconds <= 2 * fixed:
             return None
-        waves = math.ceil(partitions / parallel)
-        moving = seconds - waves * TASK_FIXED_MS / 1000
-        if moving < seconds / 2:  # mostly fixed cost: the whole duration errs low, never high
-            moving = seconds
-        return cls(records / moving / parallel, nbytes / moving / parallel if nbytes > 0 else None, source)
+        slots = max(slots, 1)
+
+        def lowest(amounts: list[int]) -> float | None:
+            largest, total = max(amounts), sum(amounts)
+            if total <= 0:
+                return None
+            # The estimate is the longest partition, or the sum spread over the slots: the rate must
+            # bring both within ``seconds``.
+            bounds = [largest / (seconds - fixed)]
+            if (spread := slots * seconds - len(busy) * fixed) > 0:
+                bounds.append(total / spread)
+            return max(bounds)
+
+        records, nbytes = lowest([s.records for s in busy]), lowest([s.bytes for s in busy])
+        return cls(records, nbytes, source) if records is not None or nbytes is not None else None
 
     def describe(self) -> str:
         parts = [
