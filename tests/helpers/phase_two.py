@@ -6,7 +6,7 @@ ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostErro
 whole because part of it could no longer commit (RunAbortedError).
 
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
-    commit  --run R --committables FILE [--stall-after-ends K]
+    commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS]
     recover --prefix P --run R
     abort   --prefix P --run R --committables FILE [--hold-ms H]
 
@@ -58,6 +58,19 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
     return 0
 
 
+def hold_before_decision(log: DecisionLog, hold_ms: int) -> None:
+    """Make this process's decision log say "deciding" and hold ``hold_ms`` before each decision it
+    appends: a SIGKILL then lands before the decision, whatever the machine's speed."""
+    decide = log.decide
+
+    def hold_then_decide(*args: Any, **kwargs: Any) -> Any:
+        print("deciding", file=sys.stderr, flush=True)
+        time.sleep(hold_ms / 1000)
+        return decide(*args, **kwargs)
+
+    log.decide = hold_then_decide  # type: ignore[method-assign]
+
+
 def hold_after_decision(log: DecisionLog, hold_ms: int) -> None:
     """Make this process's decision log hold ``hold_ms`` after each decision it appends."""
     decide = log.decide
@@ -87,6 +100,7 @@ def main() -> int:
     ap.add_argument("--committables")
     ap.add_argument("--max-workers", type=int, default=16)
     ap.add_argument("--stall-after-ends", type=int, default=None)
+    ap.add_argument("--hold-before-decision-ms", type=int, default=0)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--end-txn-timeout", type=float, default=60.0)
     args = ap.parse_args()
@@ -113,6 +127,8 @@ def main() -> int:
             report = abort_prepared(list(refs.values()), wire, log, args.run)
             print(json.dumps({"resolutions": len(report.resolutions)}), flush=True)
             return 0
+        if args.hold_before_decision_ms:
+            hold_before_decision(log, args.hold_before_decision_ms)
         if args.stall_after_ends is None:
             report = commit_prepared(
                 committables, wire, log, args.run, max_workers=args.max_workers, end_txn_timeout_s=args.end_txn_timeout

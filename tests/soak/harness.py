@@ -625,9 +625,11 @@ class Soak:
         lk = self.leader_kill(r, plan, "commit")  # strikes the first commit that is not itself killed early
         patient = lk is not None and self.rng.random() < 0.5
         if plan.kill_commit_before:
-            proc, _ = self.spawn(commit)
-            # Within the commit process's life: start-up and imports, then a commit that takes
-            # ~0.1 s since clients connect at once (a longer wait mostly found it finished).
+            # Killed before its decision, then its retry: the commit holds just before appending its
+            # decision, so the kill lands there on any machine (a random sleep from its start often
+            # found it finished: it takes ~0.1 s once its clients connect).
+            proc, err = self.spawn([*commit, "--hold-before-decision-ms", "3000"])
+            self.wait_for(proc, err, "deciding")
             time.sleep(self.rng.uniform(0.05, 0.6))
             if proc.poll() is None:
                 self.inject(r, "kill_commit", "before-retry")
