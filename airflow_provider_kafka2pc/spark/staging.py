@@ -121,12 +121,13 @@ def _sweep(parent: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's process answers PermissionError: it does)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
+    except PermissionError:
+        pass
     return True
 
 

@@ -1,8 +1,9 @@
 """Keeping computation out of the transaction window (DESIGN §3b), on the Spark side.
 
-1. ``materialize``: the DataFrame is computed and stored before any transaction opens (a local
-   checkpoint on the executors by default, or a reliable checkpoint directory), and its size per
-   partition is read from the stored data; the write job then only moves stored rows into Kafka.
+1. ``materialize``: the DataFrame is computed and stored before any transaction opens with a local
+   checkpoint on the executors, or a reliable one in ``checkpoint_dir``, and its size per partition
+   is read from the stored data; the write job then only moves stored rows into Kafka. This is the
+   way where staging Arrow files cannot serve (``spark/compute_first.py`` chooses).
 2. ``WriteWatch``: the driver stops the write job when it runs past the budget of
    ``txn.protocol.window.WindowBudget``, so that a prepare never ends holding doomed transactions.
 """
