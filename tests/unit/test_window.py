@@ -64,7 +64,12 @@ def test_a_rate_shown_by_a_write_budgets_the_same_export_the_time_it_took_and_su
     skewed = [PartitionSize(0, 970_000, 0), *(PartitionSize(p, 10_000, 0) for p in range(1, 4))]
     rate = WriteRate.shown(skewed, 100.0, slots=4, source="x")
     assert rate is not None and WriteEstimate.of(skewed, 4, rate).expected_ms == 100_000
-    assert WriteRate.shown(sizes, 1.9, slots=2, source="x") is None  # mostly fixed cost: tells no rate
+    # Faster than the estimate's fixed costs (4 waves of 1 s): the plain throughput, which budgets
+    # the same export more than the 1.8 s it took, never less.
+    fast = WriteRate.shown(sizes, 1.8, slots=2, source="x")
+    assert fast is not None and fast.records_per_s == pytest.approx(3_000_000 / (2 * 1.8))
+    assert 1_800 < WriteEstimate.of(sizes, 2, fast).expected_ms < 8_000
+    assert WriteRate.shown(sizes, 0.9, slots=2, source="x") is None  # start-up would pass for a slow rate
     assert WriteRate.shown([PartitionSize(0, 0, 0)], 10.0, slots=2, source="x") is None  # nothing written
     assert WriteRate.from_json({"records_per_s": -1, "bytes_per_s": None, "source": "x"}) is None
     assert WriteRate.from_json("garbage") is None and WriteRate.from_json(None) is None

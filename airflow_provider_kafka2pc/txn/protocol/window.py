@@ -39,6 +39,10 @@ DEFAULT_HANDOVER_MS = 10_000
 # to what its records take at the rate in force.
 TASK_FIXED_MS = 1_000
 
+# A write job shorter than this shows no rate: its tasks' start-up would pass for a slow rate, and
+# a next, larger export would be refused by it.
+SHORTEST_SHOWING_S = 1.0
+
 
 # Why a budget has no estimate: the frame was not computed first, so its size is unknown.
 NOT_MATERIALIZED = "the data is not materialized first"
@@ -95,12 +99,16 @@ class WriteRate:
     def shown(cls, sizes: Sequence[PartitionSize], seconds: float, slots: int, source: str) -> WriteRate | None:
         """The rate per slot a write job showed: the lowest at which ``WriteEstimate`` gives the job's
         own sizes the time it took (``seconds``), so the same export is budgeted exactly the time it
-        took, skew included. None for a job too short to tell its rate from its tasks' fixed cost."""
+        took, skew included. A job faster than the estimate's fixed costs alone shows its plain
+        throughput (the same export is then budgeted more than it took). None for a job under
+        ``SHORTEST_SHOWING_S``: start-up costs would pass for a slow rate."""
         busy = [s for s in sizes if s.records > 0]
-        fixed = TASK_FIXED_MS / 1000
-        if not busy or seconds <= 2 * fixed:
+        if not busy or seconds < SHORTEST_SHOWING_S:
             return None
         slots = max(slots, 1)
+        fixed = TASK_FIXED_MS / 1000
+        if seconds - fixed <= 0 or slots * seconds - len(busy) * fixed <= 0:
+            fixed = 0.0
 
         def lowest(amounts: list[int]) -> float | None:
             largest, total = max(amounts), sum(amounts)
@@ -108,10 +116,7 @@ class WriteRate:
                 return None
             # The estimate is the longest partition, or the sum spread over the slots: the rate must
             # bring both within ``seconds``.
-            bounds = [largest / (seconds - fixed)]
-            if (spread := slots * seconds - len(busy) * fixed) > 0:
-                bounds.append(total / spread)
-            return max(bounds)
+            return max(largest / (seconds - fixed), total / (slots * seconds - len(busy) * fixed))
 
         records, nbytes = lowest([s.records for s in busy]), lowest([s.bytes for s in busy])
         return cls(records, nbytes, source) if records is not None or nbytes is not None else None
