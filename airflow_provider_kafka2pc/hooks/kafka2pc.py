@@ -28,8 +28,6 @@ from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, re
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.errors import (
     ClientConfigError,
-    DecisionLogError,
-    KafkaAuthorizationError,
     UnmappableConfigError,
 )
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
@@ -37,9 +35,11 @@ from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
+    from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
     from airflow_provider_kafka2pc.txn.protocol.records import Lease
+    from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
     from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult
 
 log = logging.getLogger(__name__)
@@ -228,28 +228,6 @@ class Kafka2PCHook(BaseHook):
             check_connection(config, timeout_s)
         self._connection_checked = True
 
-    def check_decision_topic_access(self) -> None:
-        """The principal may Read, Write and DescribeConfigs the decision topic, when it exists
-        (docs/acls.md); otherwise ``KafkaAuthorizationError`` names the ACL and the ``kafka-acls``
-        command."""
-        from airflow_provider_kafka2pc.txn.kafka.access import check_decision_topic_access
-
-        check_decision_topic_access(self.get_config(), self.decision_topic)
-
-    def _raise_missing_acl(self, error: DecisionLogError) -> None:
-        """The decision log failed: ask the broker whether an ACL of the decision topic is missing,
-        and raise that named error (the decision log's own says only TOPIC_AUTHORIZATION_FAILED);
-        return when none is, so the caller re-raises ``error``. Asked only after a failure:
-        nothing is added to a run that works."""
-        from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
-
-        try:
-            self.check_decision_topic_access()
-        except KafkaAuthorizationError as named:
-            raise named from error
-        except Exception:  # the broker could not say: the decision log's error stands
-            log.debug("could not check the decision topic's ACLs after %s", error, exc_info=True)
-
     def wire_client(self, bootstrap_timeout_ms: int = 30000) -> WireClient:
         from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
@@ -263,34 +241,23 @@ class Kafka2PCHook(BaseHook):
         self.check_connection()
         return DecisionLog(self.get_config(), topic=self.decision_topic)
 
+    def clients(self) -> KafkaClients:
+        """A wire client and the decision log, built on first use and closed together (``with``)."""
+        from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
+
+        self.check_connection()
+        return KafkaClients(self.get_config(), self.decision_topic, timeout_s=30.0, request_timeout_s=15.0)
+
+    def prepare_session(self, prefix: str, run: str, run_key: str | None = None) -> PrepareSession:
+        """Every Kafka step of one prepare of ``prefix`` over one set of clients (``with``)."""
+        from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
+
+        return PrepareSession(self.clients(), prefix, run, run_key)
+
     def recover(self, prefix: str, run: str, run_key: str | None = None) -> RecoveryResult:
         """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once."""
-        from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
-
-        wire = self.wire_client()
-        decision_log = self.decision_log()
-        try:
-            return recover(wire, prefix, decision_log, run=run, run_key=run_key)
-        except DecisionLogError as e:
-            self._raise_missing_acl(e)
-            raise
-        except KafkaAuthorizationError as e:
-            if e.resource_type != "TransactionalId":
-                raise
-            # The exporter's own principal: recovery needs Describe, its writers Write (which
-            # implies Describe). Name the one ACL docs/acls.md grants, not half of it.
-            raise KafkaAuthorizationError(
-                e.principal,
-                "TransactionalId",
-                prefix,
-                "Write",
-                "PREFIXED",
-                "the exporter's transactional ids",
-                bootstrap=e.bootstrap,
-            ) from None
-        finally:
-            decision_log.close()
-            wire.close()
+        with self.prepare_session(prefix, run, run_key) as session:
+            return session.recover()
 
     def take_turn(self, prefix: str, dag_id: str, run_id: str) -> Lease | None:
         """Queue this DAG run for the POOLING exporter ``prefix``; the live run ahead of it, or None.
@@ -299,52 +266,16 @@ class Kafka2PCHook(BaseHook):
         included (Airflow counts ``max_active_runs`` per backfill). The decision log orders the
         runs; the scheduler says which are still live, so a run that died never blocks the next.
         """
-        from airflow_provider_kafka2pc.txn.protocol.records import Lease
-
-        decision_log = self.decision_log()
-        try:
-            return decision_log.take_turn(Lease(prefix, dag_id, run_id, int(time.time() * 1000)), dag_run_is_live)
-        except DecisionLogError as e:  # e.g. appending the lease refused: name the missing ACL
-            self._raise_missing_acl(e)
-            raise
-        finally:
-            decision_log.close()
+        with self.prepare_session(prefix, run_id) as session:
+            return take_turn(session, dag_id, run_id)
 
     def check_export_access(self, topic: str | None) -> None:
-        """Before a prepare: the data topic exists and the principal may do what an export needs.
+        """Before a prepare: the data topic exists and the principal may do what an export needs
+        (``PrepareSession.check_export_access``)."""
+        from airflow_provider_kafka2pc.txn.two_phase.prepare_session import check_export_access
 
-        Data topic Write; decision topic Read, Write and DescribeConfigs when it exists (Create
-        otherwise, asked when it is created). ``KafkaAuthorizationError`` names the missing ACL and
-        the ``kafka-acls`` command; the transactional id's Write is refused by the first
-        InitProducerId, which writes nothing (docs/acls.md).
-        """
-        from airflow_provider_kafka2pc.txn.kafka.access import (
-            DECISION_TOPIC_OPERATIONS,
-            check_topic_access,
-            principal_of,
-        )
-        from airflow_provider_kafka2pc.txn.kafka.errors import acl_command
-        from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
-
-        config = self.get_config()
-        wire = self.wire_client()
-        try:
-            existing = wire.topics()
-        finally:
-            wire.close()
-        if topic is not None and topic not in existing:
-            bootstrap, principal = config["bootstrap.servers"], principal_of(config)
-            raise MissingTopicError(
-                f"topic {topic!r} does not exist on {bootstrap}, or {principal} may not Describe it; create it "
-                "first (the export never creates data topics) and grant Write on it (docs/acls.md), which "
-                f"implies Describe: {acl_command(principal, 'Topic', topic, 'Write', bootstrap=bootstrap)}"
-            )
-        needs: dict[str, list[str]] = {}
-        if topic is not None:
-            needs[topic] = ["WRITE"]
-        if self.decision_topic in existing:
-            needs[self.decision_topic] = list(DECISION_TOPIC_OPERATIONS)
-        check_topic_access(config, needs)
+        with self.clients() as clients:
+            check_export_access(clients, topic)
 
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and check that it can run transactions (the UI's Test button)."""
@@ -370,6 +301,13 @@ class Kafka2PCHook(BaseHook):
 
 
 LIVE_DAG_RUN_STATES = ("queued", "running")
+
+
+def take_turn(session: PrepareSession, dag_id: str, run_id: str) -> Lease | None:
+    """Queue DAG run ``run_id`` for the session's POOLING exporter, as the scheduler sees runs live."""
+    from airflow_provider_kafka2pc.txn.protocol.records import Lease
+
+    return session.take_turn(Lease(session.prefix, dag_id, run_id, int(time.time() * 1000)), dag_run_is_live)
 
 
 def dag_run_is_live(lease: Lease) -> bool:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+    from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
 
@@ -254,53 +255,41 @@ class Kafka2PCExportOperator(BaseOperator):
         self.log.info("kafka2pc: %s", reason)  # the skip's reason is otherwise only in the collapsed post-execute group
         raise AirflowSkipException(reason)
 
-    def _skip_if_decided(self, hook: Kafka2PCHook, context: Context, prefix: str, run: str) -> None:
+    def _skip_if_decided(self, session: PrepareSession, context: Context) -> None:
         """A run whose record is final (COMMITTED, ACKNOWLEDGED; LOST fails) skips before anything else.
         A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the recovery pass below,
         which rolls it forward; the status check after it then skips."""
         from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 
-        decision_log = hook.decision_log()
-        try:
-            status = decision_log.read_for(prefix, run).run_status(prefix, run)
-        finally:
-            decision_log.close()
+        status = session.run_status()
         if status is not None and status.status is not RunStatus.DECIDED:
-            self._skip_or_fail(context, prefix, run, status)
+            self._skip_or_fail(context, session.prefix, session.run, status)
 
     def _stand_down_if_decided_meanwhile(
-        self, hook: Kafka2PCHook, context: Context, prefix: str, run: str, committables: Sequence[Committable]
+        self, session: PrepareSession, context: Context, committables: Sequence[Committable]
     ) -> None:
         """The run may have reached its decision while Spark wrote (this export was cleared while the
         run's commit went on): then these transactions are a second export of a decided run. They are
         aborted (ABORT appended first) before the task stands down, not left open for the next run."""
         if not committables:
             return
-        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
-        from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+        status = session.run_status()
+        if status is None:
+            return
+        self.log.warning(
+            "run %s was decided while this export wrote: aborting its %d transaction(s)", session.run, len(committables)
+        )
+        session.abort(committables)
+        self._skip_or_fail(context, session.prefix, session.run, status)
 
-        decision_log, wire = hook.decision_log(), hook.wire_client()
-        try:
-            status = decision_log.read_for(prefix, run).run_status(prefix, run)
-            if status is None:
-                return
-            self.log.warning(
-                "run %s was decided while this export wrote: aborting its %d transaction(s)", run, len(committables)
-            )
-            abort_prepared([ref_of(c) for c in committables], wire, decision_log, run)
-        finally:
-            decision_log.close()
-            wire.close()
-        self._skip_or_fail(context, prefix, run, status)
-
-    def _abort_opened(self, hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None) -> bool:
+    def _abort_opened(self, session: PrepareSession) -> bool:
         """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
         does), instead of leaving it open, stalling read_committed readers, until the abort task.
         True when nothing of the exporter is left open."""
         from airflow_provider_kafka2pc.txn.two_phase.recovery import recover_until_clear
 
         try:
-            done, result = recover_until_clear(lambda: hook.recover(prefix, run, run_key))
+            done, result = recover_until_clear(session.recover)
         except Exception as e:  # best effort: the abort task (and the next recovery) remain
             self.log.warning(
                 "kafka2pc could not abort the write job's transactions now (%s: %s); the abort task will",
@@ -309,11 +298,13 @@ class Kafka2PCExportOperator(BaseOperator):
             )
             return False
         if done:
-            self.log.info("kafka2pc aborted the write job's open transactions of %s: %s", prefix, result.describe())
+            self.log.info(
+                "kafka2pc aborted the write job's open transactions of %s: %s", session.prefix, result.describe()
+            )
         else:
             self.log.warning(
                 "kafka2pc: transactions of %s still open after 30 s (%s); the abort task will end them",
-                prefix,
+                session.prefix,
                 result.describe(),
             )
         return done
@@ -332,46 +323,48 @@ class Kafka2PCExportOperator(BaseOperator):
         return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.spark.job import export_dataframe
-        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-
         prefix = self.transactional_id_prefix
         naming.validate_prefix(prefix)
         check_pooling_dag(self.naming_strategy, context["dag"], prefix)
-        run = decision_run(context)
+        run_key = (
+            naming.sanitize_run_key(context["run_id"])
+            if self.naming_strategy is naming.NamingStrategy.INCREMENTING
+            else None
+        )
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
+        # One wire client and one decision log for every Kafka step of this prepare.
+        with hook.prepare_session(prefix, decision_run(context), run_key) as session:
+            return self._prepare(hook, session, context)
+
+    def _prepare(self, hook: Kafka2PCHook, session: PrepareSession, context: Context) -> dict[str, Any]:
+        from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
+        from airflow_provider_kafka2pc.spark.job import export_dataframe
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+        prefix, run = session.prefix, session.run
         # Fail in seconds on the driver, before anything is written, not after every task's
         # delivery timeout or with transactions left open: the topic, then every ACL we can ask about.
-        hook.check_export_access(self.topic)
+        session.check_export_access(self.topic)
         # A clear of a run that already reached its decision: say so first, and touch nothing.
-        self._skip_if_decided(hook, context, prefix, run)
+        self._skip_if_decided(session, context)
         if self.naming_strategy is naming.NamingStrategy.POOLING:
-            holder = hook.take_turn(prefix, self.dag_id, context["run_id"])
+            holder = take_turn(session, self.dag_id, context["run_id"])
             if holder is not None:  # the recovery sensor waits for its turn; a bare export refuses
                 raise PoolingNeedsOneActiveRunError(
                     f"exporter {prefix!r} uses POOLING transactional ids and DAG run {holder.run_id} is still using "
                     "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
                     "turns, or use naming_strategy='INCREMENTING'"
                 )
-        run_key = (
-            naming.sanitize_run_key(context["run_id"])
-            if self.naming_strategy is naming.NamingStrategy.INCREMENTING
-            else None
-        )
         # A pass of recovery first, whatever the DAG wiring: an earlier run's decided transactions
         # are rolled forward (and a loss reported) before this run's writers fence their ids.
-        recovered = hook.recover(prefix, run, run_key)
+        recovered = session.recover()
         if not recovered.done:
             raise Kafka2PCError(
                 f"transactions of exporter {prefix!r} are still completing on the broker ({recovered.describe()}); "
                 "retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it"
             )
-        decision_log = hook.decision_log()
-        try:
-            decision_log.claim_prefix(prefix, owner=f"{self.dag_id}.{self.task_id}")
-            status = decision_log.read_for(prefix, run).run_status(prefix, run)
-        finally:
-            decision_log.close()
+        session.claim(owner=f"{self.dag_id}.{self.task_id}")
+        status = session.run_status()
         if status is not None:
             self._skip_or_fail(context, prefix, run, status)
         settings = ExportSettings(
@@ -379,9 +372,7 @@ class Kafka2PCExportOperator(BaseOperator):
             producer_config=hook.producer_config(self.producer_config),
             topic=self.topic,
             naming_strategy=self.naming_strategy,
-            run_key=naming.sanitize_run_key(context["run_id"])
-            if self.naming_strategy is naming.NamingStrategy.INCREMENTING
-            else None,
+            run_key=session.run_key,
             delivery_guarantee=self.delivery_guarantee,
             transaction_timeout_ms=self.transaction_timeout_ms,
             writer=self.writer,
@@ -401,7 +392,7 @@ class Kafka2PCExportOperator(BaseOperator):
             self.log.info("%s", p.describe())
 
         def abort_now() -> bool:
-            seen["aborted"] = self._abort_opened(hook, prefix, run, settings.run_key)
+            seen["aborted"] = self._abort_opened(session)
             return bool(seen["aborted"])
 
         window = self._window_with_shown_rate(context)
@@ -415,7 +406,7 @@ class Kafka2PCExportOperator(BaseOperator):
             raise
         finally:
             spark.stop()
-        self._stand_down_if_decided_meanwhile(hook, context, prefix, run, result.committables)
+        self._stand_down_if_decided_meanwhile(session, context, result.committables)
         if result.write_rate is not None:  # the next run's budget refuses by what this one showed
             shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
             context["ti"].xcom_push(key=WRITE_RATE_KEY, value=shown.to_json())

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import struct_time
 
+from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, Position
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
@@ -368,6 +370,24 @@ def _describe(key: bytes, value: bytes | None) -> str:
         d = DecisionRecord.from_json(value)
         return f"decision {d.kind.value} {' '.join(c.transactional_id for c in d.txns)}"
     return f"record {k}"
+
+
+class FakeClients(KafkaClients):
+    """A prepare's or a command's clients: one fake broker and one in-memory decision log, kept
+    (not closed) across the calls of a test."""
+
+    def __init__(self, broker: FakeBroker, log: MemoryDecisionLog, bootstrap: str = "b:9092") -> None:
+        super().__init__({"bootstrap.servers": bootstrap}, DEFAULT_DECISION_TOPIC, timeout_s=1.0)
+        self.broker, self.log = broker, log
+
+    def wire(self) -> WireClient:
+        return self.broker
+
+    def decision_log(self) -> DecisionLog:
+        return self.log
+
+    def close(self) -> None:
+        pass
 
 
 class FakeClock:

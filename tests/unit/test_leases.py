@@ -215,8 +215,15 @@ def test_queue_order_survives_compaction() -> None:
 def test_hook_take_turn_queues_the_dag_run_and_asks_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     log, scheduler = MemoryDecisionLog(), Scheduler("scheduled__1")
     closed: list[bool] = []
-    monkeypatch.setattr(Kafka2PCHook, "decision_log", lambda self: log)
-    monkeypatch.setattr(MemoryDecisionLog, "close", lambda self: closed.append(True))
+
+    class Clients:  # the hook's clients of one call: the decision log, closed when the call ends
+        def decision_log(self) -> MemoryDecisionLog:
+            return log
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(Kafka2PCHook, "clients", lambda self: Clients())
     monkeypatch.setattr(hook_module, "dag_run_is_live", scheduler)
     hook = Kafka2PCHook("kafka2pc_default")
     assert hook.take_turn("orders", DAG, "scheduled__1") is None

@@ -19,6 +19,7 @@ import pendulum
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_kafka2pc.hooks import kafka2pc as hook_module
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators import export as export_module
 from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
@@ -34,7 +35,9 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     TransactionLostError,
 )
 from airflow_provider_kafka2pc.txn.protocol.records import Lease
-from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
+from airflow_provider_kafka2pc.txn.two_phase import prepare_session
+from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
+from tests.unit.fakes import FakeBroker, FakeClients, FakeClock, MemoryDecisionLog, committable
 
 DAG_ID = "export_orders"
 RUN_ID = "scheduled__2026-01-02T00:00:00+00:00"
@@ -96,7 +99,7 @@ def no_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
 
         return call
 
-    for name in ("wire_client", "decision_log", "take_turn", "recover"):
+    for name in ("wire_client", "decision_log", "clients", "take_turn", "recover"):
         monkeypatch.setattr(Kafka2PCHook, name, refuse(name))
 
 
@@ -108,8 +111,9 @@ def kafka(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> Iterator[tuple[F
     broker.topics = lambda: {"events"}  # type: ignore[method-assign]
     monkeypatch.setattr(Kafka2PCHook, "wire_client", lambda self, *a, **k: broker)
     monkeypatch.setattr(Kafka2PCHook, "decision_log", lambda self: log)
+    monkeypatch.setattr(Kafka2PCHook, "clients", lambda self: FakeClients(broker, log))
     # The export's ACL check asks a real broker; these tests are about the decision protocol.
-    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.access.check_topic_access", lambda *a, **k: None)
+    monkeypatch.setattr(prepare_session, "check_topic_access", lambda *a, **k: None)
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
     yield broker, log
 
@@ -126,7 +130,11 @@ class Turns:
             self.calls.append((prefix, dag_id, run_id))
             return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
+        def session_take_turn(session: PrepareSession, dag_id: str, run_id: str) -> Lease | None:
+            return take_turn(Kafka2PCHook(), session.prefix, dag_id, run_id)
+
         monkeypatch.setattr(Kafka2PCHook, "take_turn", take_turn)
+        monkeypatch.setattr(hook_module, "take_turn", session_take_turn)
         return self
 
 
@@ -320,7 +328,9 @@ def test_incrementing_export_never_takes_turns(
     monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
-    monkeypatch.setattr(Kafka2PCHook, "take_turn", lambda *a: pytest.fail("INCREMENTING took a turn"))
+    fail_turn = lambda *a: pytest.fail("INCREMENTING took a turn")  # noqa: E731
+    monkeypatch.setattr(Kafka2PCHook, "take_turn", fail_turn)
+    monkeypatch.setattr(hook_module, "take_turn", fail_turn)
     dag, op = export_task("INCREMENTING")
     with pytest.raises(AssertionError, match="started Spark"):
         op.execute(context(dag))
@@ -493,7 +503,9 @@ def test_incrementing_abort_never_takes_turns_and_aborts_only_its_run(
     monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog]
 ) -> None:
     broker, _ = kafka
-    monkeypatch.setattr(Kafka2PCHook, "take_turn", lambda *a: pytest.fail("INCREMENTING took a turn"))
+    fail_turn = lambda *a: pytest.fail("INCREMENTING took a turn")  # noqa: E731
+    monkeypatch.setattr(Kafka2PCHook, "take_turn", fail_turn)
+    monkeypatch.setattr(hook_module, "take_turn", fail_turn)
     mine = naming.transactional_id("orders", 0, naming.NamingStrategy.INCREMENTING, RUN_ID)
     theirs = naming.transactional_id("orders", 0, naming.NamingStrategy.INCREMENTING, OTHER_RUN)
     broker.prepared(committable(mine))

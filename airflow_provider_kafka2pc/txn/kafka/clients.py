@@ -1,5 +1,5 @@
-"""The Kafka clients of one command of the ``kafka2pc`` CLI or one load of the exporters page: a wire
-client and the decision log, built on first use and closed together, and the one question asked
+"""The Kafka clients of one prepare, one command of the ``kafka2pc`` CLI or one load of the exporters
+page: a wire client and the decision log, built on first use and closed together, and the one question asked
 before any read (does the decision topic exist, without creating it?).
 """
 
@@ -20,13 +20,17 @@ LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
 
 
 class KafkaClients:
-    """The Kafka clients one command or one page load needs, built on first use, closed at the end
-    (``close``, or leaving a ``with`` block)."""
+    """The Kafka clients one prepare, command or page load needs, built on first use, closed at the end
+    (``close``, or leaving a ``with`` block). ``timeout_s`` bounds connecting and the decision log's
+    calls; ``request_timeout_s`` (default: the same) one request of the wire client."""
 
-    def __init__(self, config: Mapping[str, Any], decision_topic: str, timeout_s: float) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], decision_topic: str, timeout_s: float, request_timeout_s: float | None = None
+    ) -> None:
         self.config = dict(config)
         self.decision_topic = decision_topic
         self.timeout_s = timeout_s
+        self.request_timeout_s = timeout_s if request_timeout_s is None else request_timeout_s
         self._wire: WireClient | None = None
         self._log: DecisionLog | None = None
 
@@ -38,8 +42,11 @@ class KafkaClients:
 
     def wire(self) -> WireClient:
         if self._wire is None:
-            ms = int(self.timeout_s * 1000)
-            self._wire = WireClient(self.config, request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+            self._wire = WireClient(
+                self.config,
+                request_timeout_ms=int(self.request_timeout_s * 1000),
+                bootstrap_timeout_ms=int(self.timeout_s * 1000),
+            )
         return self._wire
 
     def decision_log(self) -> DecisionLog:
@@ -76,10 +83,13 @@ class KafkaClients:
         return True
 
     def close(self) -> None:
-        if self._wire is not None:
-            self._wire.close()
-        if self._log is not None:
-            self._log.close()
+        wire, decision_log, self._wire, self._log = self._wire, self._log, None, None
+        try:
+            if wire is not None:
+                wire.close()
+        finally:
+            if decision_log is not None:
+                decision_log.close()
 
     def __enter__(self) -> KafkaClients:
         return self
