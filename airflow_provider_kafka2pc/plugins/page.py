@@ -5,7 +5,8 @@
     POST /kafka2pc/exporters/acknowledge                      acknowledge a LOST run (a form)
 
 Every endpoint asks Airflow's auth manager, with the user of the request (the UI's ``_token``
-cookie or an ``Authorization: Bearer`` JWT): no user is 401; reading needs GET on DAG runs
+cookie or an ``Authorization: Bearer`` JWT): no user is 401 (the page itself sends a browser to
+Airflow's login page instead, and back after it); reading needs GET on DAG runs
 (``is_authorized_dag``, ``DagAccessEntity.RUN``); acknowledging a loss needs, on top, PUT on the
 connection the page reads Kafka with (``is_authorized_connection``: "can edit on Connections"), a
 same-origin request, and the run id typed again. The reports are ``txn.two_phase.survey``'s, the CLI's own;
@@ -23,7 +24,9 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails, DagAccessEntity
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_kafka2pc.plugins.page_html import render_page
 from airflow_provider_kafka2pc.plugins.urls import PAGE, page_query
@@ -45,7 +48,24 @@ router = APIRouter()
 def create_app() -> FastAPI:
     app = FastAPI(title="kafka2pc exporters", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(router)
+    app.add_exception_handler(StarletteHTTPException, _login_first)
     return app
+
+
+async def _login_first(request: Request, exc: Exception) -> Response:
+    """A browser opening the page without a session goes to Airflow's login page, and back here
+    after it (as Airflow's own UI does); the JSON endpoint and the form keep their 401."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == status.HTTP_401_UNAUTHORIZED and request.method == "GET" and _is_page(request):
+        login = get_auth_manager().get_url_login(next_url=str(request.url))
+        return RedirectResponse(login, status_code=status.HTTP_303_SEE_OTHER)
+    return await http_exception_handler(request, exc)
+
+
+def _is_page(request: Request) -> bool:
+    """The page's own path, below wherever the app is mounted (``root_path``)."""
+    path = request.url.path.removeprefix(str(request.scope.get("root_path", "")))
+    return path.rstrip("/") == f"/{PAGE}"
 
 
 # -- who may do what ---------------------------------------------------------------------------

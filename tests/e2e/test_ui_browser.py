@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import pytest
@@ -453,7 +453,14 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
                          ("POST", "/kafka2pc/exporters/acknowledge")):  # fmt: skip
         data = {"conn_id": "kafka2pc_default"} if method == "POST" else None
         r = httpx.request(method, f"{base}{path}", params={"prefix": lossy}, data=data)
-        assert r.status_code in (401, 403), (method, path, r.status_code, r.text)
+        if (method, path) == ("GET", "/kafka2pc/exporters"):  # a browser: to Airflow's login, and back after it
+            assert r.status_code == 303, (path, r.status_code, r.text)
+            login = urlsplit(r.headers["location"])
+            assert login.path == "/auth/login", r.headers["location"]
+            assert parse_qs(login.query)["next"] == [f"{base}{path}?prefix={lossy}"], r.headers["location"]
+            assert httpx.get(f"{base}{login.path}?{login.query}").status_code == 200  # the login page answers
+        else:
+            assert r.status_code in (401, 403), (method, path, r.status_code, r.text)
     plugins = ui.af.request("GET", "/api/v2/plugins").json()["plugins"]
     views = [v for p in plugins if p["name"] == "kafka2pc" for v in p["external_views"]]
     assert [(v["name"], v["url_route"]) for v in views] == [("Kafka exporters", "kafka2pc-exporters")], plugins

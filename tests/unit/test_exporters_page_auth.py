@@ -2,7 +2,8 @@
 Airflow's own user dependency and a fake auth manager; tests/e2e/test_ui_browser.py proves the same
 on a standalone Airflow with the SimpleAuthManager).
 
-- No token: 401 on every endpoint, reads and the acknowledgement alike.
+- No token: 401 on every endpoint, reads and the acknowledgement alike; a browser opening the page
+  itself is sent to Airflow's login page, and back to the page after it.
 - A user who may not read DAG runs: 403, and nothing is read from Kafka.
 - A viewer reads, but its acknowledgement is refused (403) and nothing is written.
 - An editor of the connection must retype the run id (400 otherwise) and send the form from the
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from fastapi.testclient import TestClient
@@ -42,6 +44,9 @@ class AuthManager:
     readers: frozenset[str] = frozenset({"admin", "viewer"})
     editors: frozenset[str] = frozenset({"admin"})
     asked: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def get_url_login(self, **kwargs: Any) -> str:
+        return f"/auth/login?{urlencode({'next': kwargs['next_url']})}"
 
     async def get_user_from_token(self, token: str) -> User:
         from jwt import InvalidTokenError
@@ -116,7 +121,12 @@ FORM = {"conn_id": "kafka2pc_default", "prefix": "orders", "run": "dag/run_1", "
 @pytest.mark.parametrize(("method", "path"), ENDPOINTS)
 def test_no_token_is_refused_on_every_endpoint(exporters_page: Page, method: str, path: str) -> None:
     r = exporters_page.call(method, path, data=FORM if method == "POST" else None)
-    assert r.status_code == 401, r.text
+    if (method, path) == ("GET", "/exporters"):  # the page: to the login page, and back after it
+        assert r.status_code == 303, r.text
+        assert r.headers["location"] == f"/auth/login?{urlencode({'next': 'http://airflow.test/exporters'})}"
+    else:
+        assert r.status_code == 401, r.text
+        assert r.json() == {"detail": "Not authenticated"}
     assert exporters_page.surveyed == [] and exporters_page.acknowledged == []
     assert exporters_page.auth.asked == []
 
