@@ -28,7 +28,11 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "kafka2pc",
-                "python-modules": [f"{_PKG}.operators.export", f"{_PKG}.operators.commit"],
+                "python-modules": [
+                    f"{_PKG}.operators.export",
+                    f"{_PKG}.operators.commit",
+                    f"{_PKG}.operators.create_topic",
+                ],
             }
         ],
         "sensors": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.sensors.recovery"]}],

@@ -1,8 +1,11 @@
-"""Export a generated dataset to Kafka exactly once: recover → prepare (Spark) → commit, or abort.
+"""Export a generated dataset to Kafka exactly once: create the topic if missing → recover → prepare
+(Spark) → commit, or abort.
 
-Needs a ``kafka2pc_default`` connection (``scripts/demo`` sets one up for a local broker) and the
-topic below. Spark runs ``local[*]`` unless ``KAFKA2PC_EXAMPLE_SPARK_CONN_ID`` names a ``spark``
-connection (docker-compose.yml sets it to its standalone cluster's).
+Needs a ``kafka2pc_default`` connection (``scripts/demo`` sets one up for a local broker). Its first
+task makes the topic on a fresh cluster (the export never creates data topics: a mistyped topic
+fails instead); drop it where the topic is managed elsewhere. Spark runs ``local[*]`` unless
+``KAFKA2PC_EXAMPLE_SPARK_CONN_ID`` names a ``spark`` connection (docker-compose.yml sets it to its
+standalone cluster's).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Param
 
+from airflow_provider_kafka2pc.operators.create_topic import Kafka2PCCreateTopicOperator
 from airflow_provider_kafka2pc.task_group import kafka2pc_export_group
 
 TOPIC = "kafka2pc_example_orders"
@@ -41,7 +45,8 @@ with DAG(
     },
     tags=["kafka2pc", "example"],
 ) as dag:
-    kafka2pc_export_group(
+    create_topic = Kafka2PCCreateTopicOperator(task_id="create_topic", topic=TOPIC, partitions=8)
+    create_topic >> kafka2pc_export_group(
         group_id="orders",
         transactional_id_prefix="kafka2pc_example.orders",
         topic=TOPIC,

@@ -27,12 +27,19 @@ SHORT_TXN_MAX_TIMEOUT_MS = 6000
 CAP30_TXN_MAX_TIMEOUT_MS = 30_000
 
 
+def run_logs_dir() -> Path | None:
+    """Where this run keeps brokers' and DAG runs' logs (scripts/test sets it): one folder per
+    pytest-xdist worker, whose brokers and Airflow are its own."""
+    base = os.environ.get("KAFKA2PC_TEST_LOGS")
+    return Path(base) / os.environ.get("PYTEST_XDIST_WORKER", "main") if base else None
+
+
 def _start(
     tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, oidc_url: str | None = None, **kwargs: object
 ) -> Iterator[KafkaEnv]:
     kl = kafka_local()
-    base = os.environ.get("KAFKA2PC_TEST_LOGS")
-    directory = Path(base) / name if base else tmp_path_factory.mktemp(name)
+    logs = run_logs_dir()
+    directory = logs / name if logs else tmp_path_factory.mktemp(name)
     state = kl.start_cluster(directory, brokers=brokers, **kwargs)
     security = {k: v for k, v in kl.client_config(state).items() if k != "bootstrap.servers"}
     bootstrap = state["bootstrap_servers"]

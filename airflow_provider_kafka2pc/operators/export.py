@@ -333,10 +333,20 @@ class Kafka2PCExportOperator(BaseOperator):
         )
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         # One wire client and one decision log for every Kafka step of this prepare.
+        seen: dict[str, Any] = {}  # whether the write job started, its last progress, whether it was aborted
         with hook.prepare_session(prefix, decision_run(context), run_key) as session:
-            return self._prepare(hook, session, context)
+            try:
+                return self._prepare(hook, session, context, seen)
+            except AirflowSkipException:
+                raise
+            except BaseException as e:
+                # Last, so that it is the line a user reads first: how far the prepare got, what is open.
+                self.log.error("kafka2pc: %s", prepare_failure_line(session.run, prefix, e, seen))
+                raise
 
-    def _prepare(self, hook: Kafka2PCHook, session: PrepareSession, context: Context) -> dict[str, Any]:
+    def _prepare(
+        self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
+    ) -> dict[str, Any]:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
         from airflow_provider_kafka2pc.spark.job import export_dataframe
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -385,7 +395,6 @@ class Kafka2PCExportOperator(BaseOperator):
             redact(settings.producer_config),
         )
         spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
-        seen: dict[str, Any] = {}  # the last progress, and whether the write job's transactions were aborted
 
         def progress(p: Progress) -> None:
             seen["progress"], seen["progress_at"] = p, time.monotonic()
@@ -398,12 +407,9 @@ class Kafka2PCExportOperator(BaseOperator):
         window = self._window_with_shown_rate(context)
         try:
             df = self._dataframe(spark, context)
+            seen["writing"] = True
             result = export_dataframe(df, settings, on_progress=progress, window=window, abort_opened=abort_now)
             self._read = self._source_tables(spark)
-        except BaseException as e:
-            # Last, so that it is the line a user reads first: how far the prepare got, what is open.
-            self.log.error("kafka2pc: %s", prepare_failure_line(run, prefix, e, seen))
-            raise
         finally:
             spark.stop()
         self._stand_down_if_decided_meanwhile(session, context, result.committables)

@@ -33,6 +33,12 @@ _FIX_THE_CONNECTION = frozenset(
 
 def prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
     """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
+    if not seen.get("writing"):  # the checks before Spark: the topic, the ACLs, the turn, recovery
+        return (
+            f"prepare of run {run} (exporter {prefix}) failed ({type(error).__name__}) before its write job "
+            "started: nothing was written and no transaction of this run is open. Next: fix the cause above, "
+            "then clear this task."
+        )
     p = seen.get("progress")
     # What the driver last heard from Spark's status tracker: a partition may have finished since.
     how_far = (

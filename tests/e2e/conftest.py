@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import run_logs_dir
 from tests.helpers.airflow_dagtest import DagTester, migrate
 from tests.helpers.kafka import REPO
 
@@ -17,6 +15,6 @@ E2E_DAGS = REPO / "tests" / "e2e" / "dags"
 def dag_tester(tmp_path_factory: pytest.TempPathFactory) -> DagTester:
     home = tmp_path_factory.mktemp("airflow_home")
     migrate(home, E2E_DAGS)
-    base = os.environ.get("KAFKA2PC_TEST_LOGS")
-    logs = Path(base) / "dag-test" if base else home / "runs"
+    base = run_logs_dir()
+    logs = base / "dag-test" if base else home / "runs"
     return DagTester(home=home, dags_folder=E2E_DAGS, logs=logs)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.kafka
 
 E2E_DAG = REPO / "tests" / "e2e" / "dags" / "e2e_kafka2pc.py"
 ROWS, PARTITIONS = 3000, 4
-EXAMPLE_TOPIC = "kafka2pc_example_orders"  # dags/kafka2pc_example.py's TOPIC: the DAG never creates it
+EXAMPLE_TOPIC = "kafka2pc_example_orders"  # dags/kafka2pc_example.py's TOPIC, made by its create_topic task
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(\w+)\s*\] ")
 
 
@@ -45,12 +45,14 @@ def conf(tag: str) -> dict[str, object]:
 
 
 def test_example_dag_exports_exactly_once(kafka: KafkaEnv, dag_tester: DagTester) -> None:
-    kafka.topic(partitions=4, name=EXAMPLE_TOPIC)
+    """On a fresh broker: the DAG's first task makes the topic (the export itself never would)."""
+    assert EXAMPLE_TOPIC not in kafka.wire.topics()
     result = dag_tester.run(
         EXAMPLE_DAG, "kafka2pc_example", {"rows": 20_000, "partitions": 4}, kafka2pc_connection(kafka)
     )
     assert result.state == "success", result.log
     assert result.tasks == EXAMPLE_DAG_COMMITTED
+    assert "kafka2pc: topic kafka2pc_example_orders created: 8 partition(s)" in result.log.read_text(errors="replace")
     keys = visible_keys(kafka, EXAMPLE_TOPIC)
     assert len(keys) == 20_000 and set(keys.values()) == {1}
     assert kafka.open_transactions("kafka2pc_example.orders") == []

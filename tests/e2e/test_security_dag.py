@@ -82,8 +82,9 @@ def test_example_dag_twice_with_exactly_the_documented_acls(kafka_secure: KafkaE
 def test_a_refused_login_or_certificate_fails_the_first_task_at_once_naming_it(
     kafka_secure: KafkaEnv, dag_tester: DagTester, what: str
 ) -> None:
-    """The recovery sensor is the run's first task: it fails within seconds naming the cause (not 30 s
-    of "Broker transport failure"); the prepare never runs and the abort says so in one line."""
+    """The run's first task (the topic step, then the recovery sensor) fails within seconds naming the
+    cause (not 30 s of "Broker transport failure"); the prepare never runs and the abort says so in
+    one line."""
     import certifi
 
     connection = sasl_connection(kafka_secure, SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD)
@@ -97,7 +98,8 @@ def test_a_refused_login_or_certificate_fails_the_first_task_at_once_naming_it(
     result = dag_tester.run(EXAMPLE_DAG, "kafka2pc_example", {"rows": 10, "partitions": 1}, env)
     assert result.state == "failed"
     assert result.tasks == {
-        "orders.recover": "failed",
+        "create_topic": "failed",
+        "orders.recover": "upstream_failed",
         "orders.prepare": "upstream_failed",
         "orders.commit": "upstream_failed",
         "orders.abort": "skipped",

@@ -20,6 +20,7 @@ RUNNER = REPO / "scripts" / "dag_test.py"
 EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
 # The task states of a run of the example DAG that exported and committed.
 EXAMPLE_DAG_COMMITTED = {
+    "create_topic": "success",
     "orders.recover": "success",
     "orders.prepare": "success",
     "orders.commit": "success",

@@ -197,6 +197,29 @@ def test_each_missing_acl_is_named_before_anything_is_written(exporter: Exporter
     ex.assert_exactly_once([*runs, "run1"])
 
 
+def test_the_topic_step_needs_create_only_for_a_missing_topic_and_names_it(exporter: Exporter) -> None:
+    """An existing topic passes with the export's own ACLs (Write implies Describe); a missing one
+    without Create on it is refused naming the ACL and its command, and nothing is created."""
+    from airflow_provider_kafka2pc.txn.kafka.data_topic import create_topic_if_missing
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
+
+    ex = exporter
+    set_acls(ex.env, PRINCIPAL, set(ex.documented_acls()))
+    config = ex.hook().get_config()
+    assert create_topic_if_missing(config, ex.topic, 4).created is False
+    missing = f"{ex.topic}_new"
+    write_missing = Acl("Topic", missing, "LITERAL", "Write")  # what its export will need anyway
+    set_acls(ex.env, PRINCIPAL, {*ex.documented_acls(), write_missing})
+    with pytest.raises(KafkaAuthorizationError) as refused:
+        create_topic_if_missing(config, missing, 4)
+    message = str(refused.value)
+    assert refused.value.resource_type == "Topic" and refused.value.operation == "Create", message
+    assert missing in message and "--operation Create" in message and PRINCIPAL in message
+    assert missing not in ex.env.wire.topics()
+    set_acls(ex.env, PRINCIPAL, {*ex.documented_acls(), write_missing, Acl("Topic", missing, "LITERAL", "Create")})
+    assert create_topic_if_missing(config, missing, 4).created is True
+
+
 def test_cluster_describe_configs_is_needed_only_without_a_transaction_timeout(exporter: Exporter) -> None:
     from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 

@@ -268,7 +268,7 @@ def test_a_cached_frame_is_written_as_stored_and_a_computed_one_is_staged_first(
 
     caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     staging_root = Path(spark.conf.get("spark.local.dir", None) or __import__("tempfile").gettempdir())
-    before = set(staging_root.glob("kafka2pc-stage-*"))
+    before = set(staging_root.glob(f"kafka2pc-stage-{os.getpid()}-*"))
     for tag, cache in (("cached", True), ("computed", False)):
         topic = kafka.topic(4)
         df = spark.range(20_000, numPartitions=4).selectExpr(
@@ -292,7 +292,7 @@ def test_a_cached_frame_is_written_as_stored_and_a_computed_one_is_staged_first(
         commit_prepared(result.committables, kafka.wire, _log(kafka), run=tag)
         assert kafka.count_committed(topic, f"{tag}-".encode()) == (20_000, 20_000)
         assert kafka.open_transactions(s.transactional_id_prefix) == []
-    assert set(staging_root.glob("kafka2pc-stage-*")) == before
+    assert set(staging_root.glob(f"kafka2pc-stage-{os.getpid()}-*")) == before
 
 
 def test_staging_tasks_that_cannot_write_the_directory_fall_back_to_a_checkpoint_and_say_why(

@@ -312,6 +312,27 @@ def test_pooling_export_refuses_before_spark_while_another_run_holds_the_ids(
     assert no_spark == [] and ti.pushed == {}
 
 
+def test_an_export_that_fails_its_checks_ends_with_a_kafka2pc_line_saying_nothing_was_written(
+    monkeypatch: pytest.MonkeyPatch,
+    kafka: tuple[FakeBroker, MemoryDecisionLog],
+    no_spark: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A fresh broker without the topic: the check refuses before Spark, and the task log's last
+    line (the one a user reads first) is the prepare's ``kafka2pc:`` line, as the runbook says."""
+    from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
+
+    kafka[0].topics = lambda: set()  # type: ignore[method-assign]
+    dag, op = export_task()
+    with pytest.raises(MissingTopicError, match="topic 'events' does not exist"):
+        op.execute(context(dag, FakeTI()))
+    assert no_spark == []
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "kafka2pc: prepare of run" in lines[-1], lines[-3:]
+    assert "failed (MissingTopicError) before its write job started: nothing was written" in lines[-1]
+    assert "Next: fix the cause above, then clear this task." in lines[-1]
+
+
 def test_pooling_export_goes_on_to_spark_when_it_is_its_turn(
     monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
 ) -> None:
