@@ -97,45 +97,78 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--prefix", required=True, help="the exporter's transactional id prefix")
-    common.add_argument(
+# The dest of a repeatable common option given after the command; parse_args appends it.
+_AFTER_COMMAND = "_after_command"
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before or after its name (``kafka2pc --debug list`` and
+    ``kafka2pc list --debug``): one definition, added to the top parser and to each command's.
+
+    After the command they have no defaults: argparse copies all that a command's parser holds over
+    what was parsed before the command, so a default there would reset ``--debug`` given before it.
+    A repeatable option given after the command has its own dest, appended by ``parse_args``."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if after_command else value
+
+    def repeatable(dest: str) -> str:
+        return dest + _AFTER_COMMAND if after_command else dest
+
+    # Required, but checked by parse_args: argparse checks it per parser, and it may come before the command.
+    parser.add_argument("--prefix", default=default(None), help="the exporter's transactional id prefix (required)")
+    parser.add_argument(
         "--conn-id",
         metavar="CONN_ID",
-        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from; "
-        "needs Airflow installed",
+        default=default(None),
+        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from, "
+        "looked up as `airflow connections get` does; needs Airflow installed",
     )
-    common.add_argument(
+    parser.add_argument(
         "--bootstrap-servers",
+        default=default(None),
         help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
     )
-    common.add_argument(
+    parser.add_argument(
         "--config",
         action="append",
-        default=[],
+        dest=repeatable("config"),
+        default=default([]),
         metavar="KEY=VALUE",
         help="a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)",
     )
-    common.add_argument(
+    parser.add_argument(
         "--config-file",
         action="append",
-        default=[],
+        dest=repeatable("config_file"),
+        default=default([]),
         metavar="PATH",
         help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
     )
-    common.add_argument(
-        "--decision-topic", help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})"
+    parser.add_argument(
+        "--decision-topic",
+        default=default(None),
+        help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})",
     )
-    common.add_argument(
+    parser.add_argument(
         "--timeout",
         type=_positive_float,
-        default=DEFAULT_TIMEOUT_S,
+        default=default(DEFAULT_TIMEOUT_S),
         metavar="SECONDS",
         help=f"connection and request timeout (default {DEFAULT_TIMEOUT_S:g})",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--debug", action="store_true", help="log more and show tracebacks (secrets stay hidden)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="log more and show tracebacks (secrets stay hidden)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_options(common, after_command=True)
 
     parser = argparse.ArgumentParser(
         prog="kafka2pc",
@@ -146,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")
+    _add_common_options(parser, after_command=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -184,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note", default="", metavar="TEXT", help="why, by whom: kept on the run record")
     p.set_defaults(handler=cmd_acknowledge)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with the common options given before and after the command merged: after
+    wins, and repeatable ones add up (before first)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key in [k for k in vars(args) if k.endswith(_AFTER_COMMAND)]:
+        base = key.removesuffix(_AFTER_COMMAND)
+        setattr(args, base, [*getattr(args, base), *vars(args).pop(key)])
+    if args.prefix is None:
+        parser.error(f"{args.command}: the following arguments are required: --prefix")
+    return args
 
 
 def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -456,7 +503,7 @@ def _fail(code: int, message: str, config: Mapping[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     config: dict[str, Any] = {}
     try:
         naming.validate_prefix(args.prefix)

@@ -646,6 +646,59 @@ def test_prefix_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--prefix" in capsys.readouterr().err
 
 
+COMMON = [
+    "--prefix",
+    "orders",
+    "--bootstrap-servers",
+    "h:1",
+    "--config",
+    "a=1",
+    "--config-file",
+    "f.properties",
+    "--decision-topic",
+    "d",
+    "--timeout",
+    "3",
+    "--json",
+    "--debug",
+]
+
+
+@pytest.mark.parametrize("split", [0, len(COMMON), 6, 13], ids=["after", "before", "split", "debug-after"])
+def test_the_common_options_mean_the_same_before_and_after_the_command(split: int) -> None:
+    """argparse copies a command's defaults over what was parsed before the command: none may reset
+    an option given there (``kafka2pc --debug list`` is debug=True)."""
+    args = vars(commands.parse_args([*COMMON[:split], "list", *COMMON[split:]]))
+    assert args == {
+        "command": "list",
+        "handler": commands.cmd_list,
+        "prefix": "orders",
+        "conn_id": None,
+        "bootstrap_servers": "h:1",
+        "config": ["a=1"],
+        "config_file": ["f.properties"],
+        "decision_topic": "d",
+        "timeout": 3.0,
+        "json": True,
+        "debug": True,
+    }
+
+
+def test_defaults_and_repeatable_options_on_both_sides_of_the_command() -> None:
+    args = commands.parse_args(["--config", "a=1", "resolve", "--config", "b=2", "--prefix", "p", "--dry-run"])
+    assert args.config == ["a=1", "b=2"] and args.config_file == []  # before first, then after
+    assert (args.debug, args.json, args.timeout, args.wait, args.dry_run) == (False, False, 10.0, 10.0, True)
+    assert commands.parse_args(["--prefix", "a", "describe", "--prefix", "b"]).prefix == "b"  # after wins
+
+
+def test_debug_before_the_command_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(config: Mapping[str, Any], topic: str, timeout_s: float) -> cli.Connection:
+        raise RuntimeError("boom")
+
+    assert cli.main(["--debug", "list", "--prefix", "o"], connect=broken) == cli.EXIT_FAILED
+    assert "Traceback" in capsys.readouterr().err
+
+
 def test_config_settings_and_files_reach_the_clients(
     tmp_path: Path, broker: FakeBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
