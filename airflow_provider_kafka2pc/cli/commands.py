@@ -18,8 +18,9 @@ acknowledged, or a COMMIT decision in force has transactions that can never beco
 precedence over 1).
 
 Only the transaction core is imported: no Airflow, and Kafka clients only when a command runs.
-``--conn-id`` takes the settings from an Airflow connection instead, through the tasks' own hook
-(imported only then, so it needs Airflow installed).
+``--conn-id`` takes the settings from an Airflow connection instead, found where ``airflow
+connections get`` finds it and mapped by the tasks' own hook (imported only then, so it needs
+Airflow installed).
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
     """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
 
-    Imported here, not at the top: the CLI runs without Airflow, and only --conn-id needs it.
+    Found where ``airflow connections get`` finds it (``find_airflow_connection``). Imported here,
+    not at the top: the CLI runs without Airflow, and only --conn-id needs it.
     """
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
@@ -272,13 +274,69 @@ def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
         raise UsageError(
             f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
         ) from None
-    hook = Kafka2PCHook(conn_id)
     try:
+        hook = Kafka2PCHook(conn_id, connection=find_airflow_connection(conn_id))
         return hook.get_config(), hook.decision_topic
     except AirflowNotFoundException:
-        raise UsageError(f"no Airflow connection {conn_id!r} (looked up as Airflow's tasks do)") from None
+        raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
     except Kafka2PCConfigError as e:
         raise UsageError(f"connection {conn_id!r}: {e}") from None
+
+
+def find_airflow_connection(conn_id: str) -> Any:
+    """The connection as ``airflow connections get`` finds it: the AIRFLOW_CONN_<ID> variable, the
+    configured secrets backend, and, where Airflow is configured in this shell, its metadata
+    database (``Connection.get_connection_from_secrets``, the call that command makes). Elsewhere the
+    Task SDK's lookup, without the database: Airflow would otherwise make a home and an empty SQLite
+    database in ~/airflow. Raises ``AirflowNotFoundException``."""
+    from airflow.sdk import Connection
+
+    if _airflow_home() is None or _airflow_core() is None:
+        return Connection.get(conn_id)
+    from airflow.models.connection import Connection as StoredConnection
+
+    return StoredConnection.get_connection_from_secrets(conn_id)
+
+
+def _airflow_home() -> str | None:
+    """Where Airflow is configured in this shell: $AIRFLOW_HOME, or its default ~/airflow when that
+    holds an airflow.cfg or the database is set in the environment; None when it is not."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    database_set = any(k.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for k in os.environ)
+    if os.environ.get("AIRFLOW_HOME") or database_set or os.path.isfile(os.path.join(home, "airflow.cfg")):
+        return home
+    return None
+
+
+def _airflow_core() -> str | None:
+    """apache-airflow-core's version where it is installed (the metadata database needs it; a worker
+    may have only the Task SDK)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apache-airflow-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _looked_in(conn_id: str) -> str:
+    """Where ``find_airflow_connection`` looked, and why not in a database: the not-found message."""
+    from airflow.sdk import conf
+
+    backend = str(conf.get("secrets", "backend", fallback="") or "")
+    places = [f"the environment variable AIRFLOW_CONN_{conn_id.upper()}"]
+    if backend:
+        places.append(f"the secrets backend {backend}")
+    none = "" if backend else " (no secrets backend is configured)"
+    home = _airflow_home()
+    if home is not None and _airflow_core() is not None:
+        places.append(f"the metadata database of AIRFLOW_HOME={home}")
+        return f"looked where `airflow connections get {conn_id}` looks: {', '.join(places)}{none}"
+    if home is None:
+        why = "Airflow is not configured in this shell (set AIRFLOW_HOME to the home whose database holds it)"
+    else:
+        why = f"apache-airflow-core, which reads the metadata database of AIRFLOW_HOME={home}, is not installed"
+    return f"looked in {' and '.join(places)}{none}; not in a metadata database: {why}"
 
 
 def _read_properties(path: str) -> list[tuple[str, str]]:
