@@ -263,7 +263,7 @@ def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
     """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
 
-    Found where ``airflow connections get`` finds it (``find_airflow_connection``). Imported here,
+    Found where ``airflow connections get`` finds it (``_find_airflow_connection``). Imported here,
     not at the top: the CLI runs without Airflow, and only --conn-id needs it.
     """
     try:
@@ -275,7 +275,7 @@ def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
             f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
         ) from None
     try:
-        hook = Kafka2PCHook(conn_id, connection=find_airflow_connection(conn_id))
+        hook = Kafka2PCHook(conn_id, connection=_find_airflow_connection(conn_id))
         return hook.get_config(), hook.decision_topic
     except AirflowNotFoundException:
         raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
@@ -283,12 +283,13 @@ def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
         raise UsageError(f"connection {conn_id!r}: {e}") from None
 
 
-def find_airflow_connection(conn_id: str) -> Any:
+def _find_airflow_connection(conn_id: str) -> Any:
     """The connection as ``airflow connections get`` finds it: the AIRFLOW_CONN_<ID> variable, the
     configured secrets backend, and, where Airflow is configured in this shell, its metadata
     database (``Connection.get_connection_from_secrets``, the call that command makes). Elsewhere the
-    Task SDK's lookup, without the database: Airflow would otherwise make a home and an empty SQLite
-    database in ~/airflow. Raises ``AirflowNotFoundException``."""
+    Task SDK's lookup, without the database: Airflow would otherwise read, and SQLite create, a
+    database in its default home. Raises ``AirflowNotFoundException``. Either Connection class has
+    the fields the hook reads, hence ``Any``."""
     from airflow.sdk import Connection
 
     if _airflow_home() is None or _airflow_core() is None:
@@ -320,7 +321,7 @@ def _airflow_core() -> str | None:
 
 
 def _looked_in(conn_id: str) -> str:
-    """Where ``find_airflow_connection`` looked, and why not in a database: the not-found message."""
+    """Where ``_find_airflow_connection`` looked, and why not in a database: the not-found message."""
     from airflow.sdk import conf
 
     backend = str(conf.get("secrets", "backend", fallback="") or "")
