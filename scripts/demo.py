@@ -104,8 +104,8 @@ def main() -> int:
             )
         lines = log.read_text(errors="replace").splitlines()
         for line in lines:
-            if "kafka2pc" in line and ("prepared " in line or "commit: " in line or "recovery of" in line):
-                say("  " + line.split("[info     ]")[-1].split("[airflow.task")[0].strip())
+            if "kafka2pc" in line and ("prepared " in line or "commit of run " in line or "recovery of" in line):
+                say("  " + line.split("[info     ]")[-1].split(" [airflow")[0].strip())
         result = json.loads(next((ln for ln in reversed(lines) if ln.startswith('{"run_id"')), "{}") or "{}")
         say(f"DAG run: {result.get('state', 'crashed')}; tasks {result.get('tasks')}; full log in {log}")
 

@@ -18,8 +18,9 @@ acknowledged, or a COMMIT decision in force has transactions that can never beco
 precedence over 1).
 
 Only the transaction core is imported: no Airflow, and Kafka clients only when a command runs.
-``--conn-id`` takes the settings from an Airflow connection instead, through the tasks' own hook
-(imported only then, so it needs Airflow installed).
+``--conn-id`` takes the settings from an Airflow connection instead, found where ``airflow
+connections get`` finds it and mapped by the tasks' own hook (imported only then, so it needs
+Airflow installed).
 """
 
 from __future__ import annotations
@@ -97,45 +98,78 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--prefix", required=True, help="the exporter's transactional id prefix")
-    common.add_argument(
+# The dest of a repeatable common option given after the command; parse_args appends it.
+_AFTER_COMMAND = "_after_command"
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before or after its name (``kafka2pc --debug list`` and
+    ``kafka2pc list --debug``): one definition, added to the top parser and to each command's.
+
+    After the command they have no defaults: argparse copies all that a command's parser holds over
+    what was parsed before the command, so a default there would reset ``--debug`` given before it.
+    A repeatable option given after the command has its own dest, appended by ``parse_args``."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if after_command else value
+
+    def repeatable(dest: str) -> str:
+        return dest + _AFTER_COMMAND if after_command else dest
+
+    # Required, but checked by parse_args: argparse checks it per parser, and it may come before the command.
+    parser.add_argument("--prefix", default=default(None), help="the exporter's transactional id prefix (required)")
+    parser.add_argument(
         "--conn-id",
         metavar="CONN_ID",
-        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from; "
-        "needs Airflow installed",
+        default=default(None),
+        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from, "
+        "looked up as `airflow connections get` does; needs Airflow installed",
     )
-    common.add_argument(
+    parser.add_argument(
         "--bootstrap-servers",
+        default=default(None),
         help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
     )
-    common.add_argument(
+    parser.add_argument(
         "--config",
         action="append",
-        default=[],
+        dest=repeatable("config"),
+        default=default([]),
         metavar="KEY=VALUE",
         help="a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)",
     )
-    common.add_argument(
+    parser.add_argument(
         "--config-file",
         action="append",
-        default=[],
+        dest=repeatable("config_file"),
+        default=default([]),
         metavar="PATH",
         help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
     )
-    common.add_argument(
-        "--decision-topic", help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})"
+    parser.add_argument(
+        "--decision-topic",
+        default=default(None),
+        help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})",
     )
-    common.add_argument(
+    parser.add_argument(
         "--timeout",
         type=_positive_float,
-        default=DEFAULT_TIMEOUT_S,
+        default=default(DEFAULT_TIMEOUT_S),
         metavar="SECONDS",
         help=f"connection and request timeout (default {DEFAULT_TIMEOUT_S:g})",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--debug", action="store_true", help="log more and show tracebacks (secrets stay hidden)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="log more and show tracebacks (secrets stay hidden)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_options(common, after_command=True)
 
     parser = argparse.ArgumentParser(
         prog="kafka2pc",
@@ -146,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")
+    _add_common_options(parser, after_command=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -186,6 +221,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with the common options given before and after the command merged: after
+    wins, and repeatable ones add up (before first)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key in [k for k in vars(args) if k.endswith(_AFTER_COMMAND)]:
+        base = key.removesuffix(_AFTER_COMMAND)
+        setattr(args, base, [*getattr(args, base), *vars(args).pop(key)])
+    if args.prefix is None:
+        parser.error(f"{args.command}: the following arguments are required: --prefix")
+    return args
+
+
 def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The client settings and decision topic: an Airflow connection's or the options', then --config."""
     config: dict[str, Any]
@@ -215,7 +263,8 @@ def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
     """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
 
-    Imported here, not at the top: the CLI runs without Airflow, and only --conn-id needs it.
+    Found where ``airflow connections get`` finds it (``_find_airflow_connection``). Imported here,
+    not at the top: the CLI runs without Airflow, and only --conn-id needs it.
     """
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
@@ -225,13 +274,70 @@ def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
         raise UsageError(
             f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
         ) from None
-    hook = Kafka2PCHook(conn_id)
     try:
+        hook = Kafka2PCHook(conn_id, connection=_find_airflow_connection(conn_id))
         return hook.get_config(), hook.decision_topic
     except AirflowNotFoundException:
-        raise UsageError(f"no Airflow connection {conn_id!r} (looked up as Airflow's tasks do)") from None
+        raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
     except Kafka2PCConfigError as e:
         raise UsageError(f"connection {conn_id!r}: {e}") from None
+
+
+def _find_airflow_connection(conn_id: str) -> Any:
+    """The connection as ``airflow connections get`` finds it: the AIRFLOW_CONN_<ID> variable, the
+    configured secrets backend, and, where Airflow is configured in this shell, its metadata
+    database (``Connection.get_connection_from_secrets``, the call that command makes). Elsewhere the
+    Task SDK's lookup, without the database: Airflow would otherwise read, and SQLite create, a
+    database in its default home. Raises ``AirflowNotFoundException``. Either Connection class has
+    the fields the hook reads, hence ``Any``."""
+    from airflow.sdk import Connection
+
+    if _airflow_home() is None or _airflow_core() is None:
+        return Connection.get(conn_id)
+    from airflow.models.connection import Connection as StoredConnection
+
+    return StoredConnection.get_connection_from_secrets(conn_id)
+
+
+def _airflow_home() -> str | None:
+    """Where Airflow is configured in this shell: $AIRFLOW_HOME, or its default ~/airflow when that
+    holds an airflow.cfg or the database is set in the environment; None when it is not."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    database_set = any(k.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for k in os.environ)
+    if os.environ.get("AIRFLOW_HOME") or database_set or os.path.isfile(os.path.join(home, "airflow.cfg")):
+        return home
+    return None
+
+
+def _airflow_core() -> str | None:
+    """apache-airflow-core's version where it is installed (the metadata database needs it; a worker
+    may have only the Task SDK)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apache-airflow-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _looked_in(conn_id: str) -> str:
+    """Where ``_find_airflow_connection`` looked, and why not in a database: the not-found message."""
+    from airflow.sdk import conf
+
+    backend = str(conf.get("secrets", "backend", fallback="") or "")
+    places = [f"the environment variable AIRFLOW_CONN_{conn_id.upper()}"]
+    if backend:
+        places.append(f"the secrets backend {backend}")
+    none = "" if backend else " (no secrets backend is configured)"
+    home = _airflow_home()
+    if home is not None and _airflow_core() is not None:
+        places.append(f"the metadata database of AIRFLOW_HOME={home}")
+        return f"looked where `airflow connections get {conn_id}` looks: {', '.join(places)}{none}"
+    if home is None:
+        why = "Airflow is not configured in this shell (set AIRFLOW_HOME to the home whose database holds it)"
+    else:
+        why = f"apache-airflow-core, which reads the metadata database of AIRFLOW_HOME={home}, is not installed"
+    return f"looked in {' and '.join(places)}{none}; not in a metadata database: {why}"
 
 
 def _read_properties(path: str) -> list[tuple[str, str]]:
@@ -456,7 +562,7 @@ def _fail(code: int, message: str, config: Mapping[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     config: dict[str, Any] = {}
     try:
         naming.validate_prefix(args.prefix)

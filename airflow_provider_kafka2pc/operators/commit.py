@@ -77,22 +77,13 @@ class _PhaseTwo(BaseOperator):
             naming.check_members((c.transactional_id for c in p.committables), [members_of(p, context)])
         return payloads
 
-    def log_report(self, verb: str, report: CommitReport) -> dict[str, Any]:
+    @staticmethod
+    def counts(report: CommitReport) -> dict[str, Any]:
+        """The task's XCom: how many ended committed, aborted, lost. The log has them already: the
+        core's summary line per decision (``txn.two_phase.ruling.log_resolutions``)."""
         from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 
-        counts = {v.name.lower(): report.count(v) for v in (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)}
-        for r in report.resolutions:
-            self.log.info(
-                "%s %s (producer id %d, epoch %d): %s; %s",
-                verb,
-                r.ref.transactional_id,
-                r.ref.producer_id,
-                r.ref.producer_epoch,
-                r.outcome.value,
-                r.detail,
-            )
-        self.log.info("%s: %s", verb, counts)
-        return counts
+        return {v.name.lower(): report.count(v) for v in (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)}
 
 
 def members_of(payload: ExportPayload, context: Context) -> naming.Members:
@@ -184,7 +175,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             raise
         if not report.note:  # a finished run (a clear) said so first, in the core's own line
             self._log_window(present, run)
-        counts = self.log_report("commit", report)
+        counts = self.counts(report)
         counts["records"] = sum(c.records for c in committables)
         if report.committed:
             bootstrap = str(hook.get_config()["bootstrap.servers"])
@@ -291,7 +282,13 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 events[AssetAlias(self.asset_alias)].add(asset, extra=extra)
             else:
                 continue
-            self.log.info("asset event for %s: %s", asset.uri, extra)
+            self.log.info(
+                "asset event for %s: run %s, %d records in %d transaction(s)",
+                asset.uri,
+                extra["run"],
+                records[topic],
+                transactions[topic],
+            )
 
     def resolve(
         self,
@@ -426,7 +423,7 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         finally:
             decision_log.close()
             wire.close()
-        return self.log_report("abort", report)
+        return self.counts(report)
 
     def _never_ran(self, context: Context, task_ids: Sequence[str]) -> dict[str, str]:
         """Which of ``task_ids`` never ran in this DAG run (upstream_failed, skipped, removed), with

@@ -646,6 +646,59 @@ def test_prefix_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--prefix" in capsys.readouterr().err
 
 
+COMMON = [
+    "--prefix",
+    "orders",
+    "--bootstrap-servers",
+    "h:1",
+    "--config",
+    "a=1",
+    "--config-file",
+    "f.properties",
+    "--decision-topic",
+    "d",
+    "--timeout",
+    "3",
+    "--json",
+    "--debug",
+]
+
+
+@pytest.mark.parametrize("split", [0, len(COMMON), 6, 13], ids=["after", "before", "split", "debug-after"])
+def test_the_common_options_mean_the_same_before_and_after_the_command(split: int) -> None:
+    """argparse copies a command's defaults over what was parsed before the command: none may reset
+    an option given there (``kafka2pc --debug list`` is debug=True)."""
+    args = vars(commands.parse_args([*COMMON[:split], "list", *COMMON[split:]]))
+    assert args == {
+        "command": "list",
+        "handler": commands.cmd_list,
+        "prefix": "orders",
+        "conn_id": None,
+        "bootstrap_servers": "h:1",
+        "config": ["a=1"],
+        "config_file": ["f.properties"],
+        "decision_topic": "d",
+        "timeout": 3.0,
+        "json": True,
+        "debug": True,
+    }
+
+
+def test_defaults_and_repeatable_options_on_both_sides_of_the_command() -> None:
+    args = commands.parse_args(["--config", "a=1", "resolve", "--config", "b=2", "--prefix", "p", "--dry-run"])
+    assert args.config == ["a=1", "b=2"] and args.config_file == []  # before first, then after
+    assert (args.debug, args.json, args.timeout, args.wait, args.dry_run) == (False, False, 10.0, 10.0, True)
+    assert commands.parse_args(["--prefix", "a", "describe", "--prefix", "b"]).prefix == "b"  # after wins
+
+
+def test_debug_before_the_command_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(config: Mapping[str, Any], topic: str, timeout_s: float) -> cli.Connection:
+        raise RuntimeError("boom")
+
+    assert cli.main(["--debug", "list", "--prefix", "o"], connect=broken) == cli.EXIT_FAILED
+    assert "Traceback" in capsys.readouterr().err
+
+
 def test_config_settings_and_files_reach_the_clients(
     tmp_path: Path, broker: FakeBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -732,6 +785,64 @@ def test_a_missing_or_mistaken_airflow_connection_is_a_usage_error_naming_it(
     code, out, err = run(fake, capsys, "list", "--prefix", "o", "--conn-id", "kafka2pc_default")
     assert code == cli.EXIT_USAGE and out == "" and fake.configs == []
     assert message in err and "pw-from-airflow" not in err
+
+
+def test_conn_id_looks_where_airflow_connections_get_looks_and_says_where_it_looked(
+    tmp_path: Path, broker: FakeBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Airflow configured, the lookup is ``airflow connections get``'s (environment, secrets
+    backend, metadata database): here a stand-in for the database holds the connection."""
+    from airflow.models.connection import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    def from_secrets(conn_id: str) -> Connection:
+        if conn_id != "made_in_the_ui":
+            raise AirflowNotFoundException(conn_id)
+        return Connection(conn_id=conn_id, conn_type="kafka2pc", host="db-host:9093", extra='{"decision_topic": "t"}')
+
+    monkeypatch.setattr(Connection, "get_connection_from_secrets", staticmethod(from_secrets))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("AIRFLOW_CONN_MISSING", raising=False)
+    fake = FakeConnection(broker, MemoryDecisionLog())
+    assert run(fake, capsys, "describe", "--prefix", "o", "--conn-id", "made_in_the_ui")[0] == cli.EXIT_OK
+    assert fake.configs == [{"bootstrap.servers": "db-host:9093"}] and fake.topics == ["t"]
+
+    code, out, err = run(fake, capsys, "list", "--prefix", "o", "--conn-id", "missing")
+    assert code == cli.EXIT_USAGE and out == ""
+    assert err == (
+        "kafka2pc: error: no Airflow connection 'missing': looked where `airflow connections get missing` looks: "
+        f"the environment variable AIRFLOW_CONN_MISSING, the metadata database of AIRFLOW_HOME={tmp_path} "
+        "(no secrets backend is configured)\n"
+    )
+    monkeypatch.setenv("AIRFLOW__SECRETS__BACKEND", "vault.VaultBackend")  # named, never its kwargs
+    code, _, err = run(fake, capsys, "list", "--prefix", "o", "--conn-id", "missing")
+    assert "AIRFLOW_CONN_MISSING, the secrets backend vault.VaultBackend, the metadata database of" in err
+
+
+def test_without_airflow_configured_conn_id_reads_no_database_and_says_so(
+    tmp_path: Path, broker: FakeBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AIRFLOW_HOME, no database setting, no ~/airflow/airflow.cfg: the Task SDK's lookup
+    (environment, secrets backend), and nothing made in ~/airflow for it."""
+    from airflow.models.connection import Connection
+
+    monkeypatch.setattr(Connection, "get_connection_from_secrets", lambda *a: pytest.fail("database read"))
+    monkeypatch.delenv("AIRFLOW_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("AIRFLOW_CONN_MISSING", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_IN_ENV", json.dumps({"conn_type": "kafka2pc", "host": "env-host:9093"}))
+    fake = FakeConnection(broker, MemoryDecisionLog())
+    assert run(fake, capsys, "describe", "--prefix", "o", "--conn-id", "in_env")[0] == cli.EXIT_OK
+    assert fake.configs == [{"bootstrap.servers": "env-host:9093"}]
+
+    code, _, err = run(fake, capsys, "list", "--prefix", "o", "--conn-id", "missing")
+    assert code == cli.EXIT_USAGE
+    assert err == (
+        "kafka2pc: error: no Airflow connection 'missing': looked in the environment variable AIRFLOW_CONN_MISSING "
+        "(no secrets backend is configured); not in a metadata database: Airflow is not configured in this shell "
+        "(set AIRFLOW_HOME to the home whose database holds it)\n"
+    )
+    assert not (tmp_path / "airflow" / "airflow.db").exists()
 
 
 @pytest.mark.parametrize(

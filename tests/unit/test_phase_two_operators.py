@@ -658,3 +658,31 @@ def test_a_declared_topic_asset_gets_the_extra_instead_of_a_second_event(monkeyp
     events = run_commit(monkeypatch, op, dag, committed=True)
     assert events[declared].extra == {"run": f"{DAG_ID}/{RUN_ID}", "records": 15, "transactions": 2}
     assert events[AssetAlias("kafka2pc")].asset_alias_events == []  # no alias, no other topic
+
+
+def test_a_200_partition_commit_task_log_has_a_handful_of_info_lines(
+    kafka: tuple[FakeBroker, MemoryDecisionLog], caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole task's log, the operator's own lines (structlog, to stdout outside a task runner)
+    and the core's (logging): it does not grow with the run, and no line is a Python repr."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    broker, _ = kafka
+    tids = [f"orders-{i}" for i in range(200)]
+    for tid in tids:
+        broker.prepared(committable(tid))
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    ti = FakeTI({("prepare", "return_value"): payload("orders", *tids)})
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="airflow_provider_kafka2pc"):
+        counts = op.execute({**context(dag, ti), "outlet_events": OutletEventAccessors()})
+    assert counts == {"committed": 200, "aborted": 0, "lost": 0, "records": 2000}
+    core = [r.getMessage() for r in caplog.records if r.name.startswith("airflow_provider_kafka2pc")]
+    out = capsys.readouterr().out.splitlines()
+    operator = [line for line in out if "[info" in line and "airflow_provider_kafka2pc.txn." not in line]
+    assert len(core) + len(operator) <= 6, core + operator
+    assert any(
+        "200 transaction(s): 200 committed and 0 aborted by this call, 0 already ended, 0 lost" in m for m in core
+    )
+    assert not [m for m in core + operator if re.search(r"[{\[]'|'[}\]]", m)], core + operator

@@ -455,7 +455,9 @@ def abort_prepared(
     rulers = [d.decision_id for d in (state.ruled_by(r) for r in refs) if d is not None]
     forward = [r.transactional_id for r in refs if (d := state.ruled_by(r)) is not None and d.kind is Kind.COMMIT]
     if forward:
-        log.warning("rolling forward %d transaction(s) whose first decision is COMMIT: %s", len(forward), forward)
+        log.warning(
+            "rolling forward %d transaction(s) whose first decision is COMMIT: %s", len(forward), ", ".join(forward)
+        )
     resolutions = obey(decision_log, state, rulers, resolver)
     return CommitReport(tuple(resolutions + abort_reopened(resolver, state, refs, resolutions)))
 

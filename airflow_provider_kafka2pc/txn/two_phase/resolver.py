@@ -51,6 +51,14 @@ class Resolution:
     observation: Observation  # the last thing DescribeTransactions showed
     detail: str
     end_txn_codes: tuple[str, ...] = field(default=())
+    ended_here: bool = False  # this call's EndTxn ended it (else it was found ended, or lost)
+
+    def describe(self) -> str:
+        """'orders-0 (producer id 4, epoch 0): committed by this call', for a log line."""
+        said = self.detail if self.outcome.value in self.detail else f"{self.outcome.value}: {self.detail}"
+        return (
+            f"{self.ref.transactional_id} (producer id {self.ref.producer_id}, epoch {self.ref.producer_epoch}): {said}"
+        )
 
 
 class TransactionResolver:
@@ -109,7 +117,7 @@ class TransactionResolver:
             if not pending:
                 return
             if time.monotonic() > deadline:
-                log.warning("transaction markers still pending after %.0f s: %s", timeout_s, sorted(pending))
+                log.warning("transaction markers still pending after %.0f s: %s", timeout_s, ", ".join(sorted(pending)))
                 return
             time.sleep(0.02)
 
@@ -126,7 +134,7 @@ class TransactionResolver:
                 code = self._end_txn(ref, intent, codes)
                 if code == NONE:
                     done = Verdict.COMMITTED if intent is Intent.COMMIT else Verdict.ABORTED
-                    return Resolution(ref, done, obs, f"{done.value} by this call", tuple(codes))
+                    return Resolution(ref, done, obs, f"{done.value} by this call", tuple(codes), ended_here=True)
                 # Not retriable: ask the broker what happened instead of guessing from the code.
                 obs = self._observe_one(ref)
                 continue

@@ -111,6 +111,7 @@ def obey(
                 d.actor,
             )
         resolutions = resolver.resolve([c.ref for c in todo], intent)
+        log_resolutions(f"{intent.value.lower()} of run {d.run} under {d.kind.value} decision {did}", resolutions)
         done += resolutions
         by_tid = {c.transactional_id: c for c in d.txns}
         outcome = state.outcome(did).merge(
@@ -147,7 +148,37 @@ def abort_reopened(
     if not reopened:
         return []
     log.warning("%d transaction(s) open again under their ABORT: aborting them again", len(reopened))
-    return resolver.resolve(reopened, Intent.ABORT, observed)
+    resolutions = resolver.resolve(reopened, Intent.ABORT, observed)
+    log_resolutions("abort again of what reopened under its ABORT", resolutions)
+    return resolutions
+
+
+# Up to this many transactions, each one's end is an INFO line; past it, DEBUG (a lost one: WARNING).
+FEW_TRANSACTIONS = 5
+
+
+def log_resolutions(what: str, resolutions: Sequence[Resolution]) -> None:
+    """How the transactions of one decision ended: one summary line, and a line per transaction at
+    INFO for a few, else at DEBUG, so that a log does not grow with the run; a lost one is a
+    WARNING whatever the count, never hidden."""
+    if not resolutions:
+        return
+    lost = [r for r in resolutions if r.outcome is Verdict.LOST]
+    level = logging.INFO if len(resolutions) <= FEW_TRANSACTIONS else logging.DEBUG
+    for r in resolutions:
+        log.log(logging.WARNING if r.outcome is Verdict.LOST else level, "%s", r.describe())
+    log.log(logging.WARNING if lost else logging.INFO, "%s: %s", what, tally(resolutions))
+
+
+def tally(resolutions: Sequence[Resolution]) -> str:
+    """'200 transaction(s): 198 committed and 0 aborted by this call, 2 already ended, 0 lost'."""
+    here = [r for r in resolutions if r.ended_here]
+    lost = sum(1 for r in resolutions if r.outcome is Verdict.LOST)
+    committed = sum(1 for r in here if r.outcome is Verdict.COMMITTED)
+    return (
+        f"{len(resolutions)} transaction(s): {committed} committed and {len(here) - committed} aborted by this call, "
+        f"{len(resolutions) - len(here) - lost} already ended, {lost} lost"
+    )
 
 
 def committed_in(state: LogState) -> Callable[[TxnRef], bool]:
@@ -192,10 +223,12 @@ __all__ = [
     "covered_state",
     "deadline_of",
     "iso",
+    "log_resolutions",
     "lost_of_decisions",
     "lost_of_run",
     "now_ms",
     "obey",
     "partitions_of",
     "ref_of",
+    "tally",
 ]
