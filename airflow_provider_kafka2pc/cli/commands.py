@@ -26,20 +26,27 @@ Airflow installed).
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.cli import render
+from airflow_provider_kafka2pc.cli.arguments import (
+    ACTOR,
+    EXIT_FAILED,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_OPEN,
+    EXIT_USAGE,
+    UsageError,
+    parse_args,
+)
+from airflow_provider_kafka2pc.cli.client_settings import client_config
 from airflow_provider_kafka2pc.cli.log_setup import scrub, setup_logging
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.errors import ClientConfigError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, WireClient
@@ -55,303 +62,6 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.two_phase import survey
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, acknowledge_loss, recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution
-
-EXIT_OK = 0
-EXIT_OPEN = 1
-EXIT_USAGE = 2  # what argparse uses too; also a missing or mistaken --conn-id
-EXIT_FAILED = 3
-EXIT_LOST = 4
-
-ENV_BOOTSTRAP = "KAFKA2PC_BOOTSTRAP_SERVERS"
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_TIMEOUT_S = 10.0
-DEFAULT_WAIT_S = 10.0
-DEFAULT_RUN = "kafka2pc-cli"
-ACTOR = "cli"  # who the decisions this command appends name
-_POLL_S = 0.5
-
-
-class UsageError(Exception):
-    """Bad input found after argument parsing; exits with EXIT_USAGE."""
-
-
-Connect = Callable[[Mapping[str, Any], str, float], Connection]
-
-
-# -- arguments ------------------------------------------------------------------------------
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-# The dest of a repeatable common option given after the command; parse_args appends it.
-_AFTER_COMMAND = "_after_command"
-
-
-def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
-    """The options every command takes, before or after its name (``kafka2pc --debug list`` and
-    ``kafka2pc list --debug``): one definition, added to the top parser and to each command's.
-
-    After the command they have no defaults: argparse copies all that a command's parser holds over
-    what was parsed before the command, so a default there would reset ``--debug`` given before it.
-    A repeatable option given after the command has its own dest, appended by ``parse_args``."""
-
-    def default(value: Any) -> Any:
-        return argparse.SUPPRESS if after_command else value
-
-    def repeatable(dest: str) -> str:
-        return dest + _AFTER_COMMAND if after_command else dest
-
-    # Required, but checked by parse_args: argparse checks it per parser, and it may come before the command.
-    parser.add_argument("--prefix", default=default(None), help="the exporter's transactional id prefix (required)")
-    parser.add_argument(
-        "--conn-id",
-        metavar="CONN_ID",
-        default=default(None),
-        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from, "
-        "looked up as `airflow connections get` does; needs Airflow installed",
-    )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default=default(None),
-        help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--config",
-        action="append",
-        dest=repeatable("config"),
-        default=default([]),
-        metavar="KEY=VALUE",
-        help="a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)",
-    )
-    parser.add_argument(
-        "--config-file",
-        action="append",
-        dest=repeatable("config_file"),
-        default=default([]),
-        metavar="PATH",
-        help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
-    )
-    parser.add_argument(
-        "--decision-topic",
-        default=default(None),
-        help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=default(DEFAULT_TIMEOUT_S),
-        metavar="SECONDS",
-        help=f"connection and request timeout (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    parser.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        default=default(False),
-        help="log more and show tracebacks (secrets stay hidden)",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    _add_common_options(common, after_command=True)
-
-    parser = argparse.ArgumentParser(
-        prog="kafka2pc",
-        description="Inspect and resolve the Kafka transactions of a kafka2pc exporter.",
-        epilog=(
-            "Exit status: 0 nothing open and nothing lost, 1 transactions open, 2 bad usage (or acknowledge of "
-            "a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, or lost transactions under a COMMIT)."
-        ),
-    )
-    parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")
-    _add_common_options(parser, after_command=False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser(
-        "list", parents=[common], help="open transactions of a prefix, what recovery would do, and the prefix's losses"
-    )
-    p.set_defaults(handler=cmd_list)
-
-    p = sub.add_parser(
-        "describe", parents=[common], help="decisions touching a prefix (in force and void) and its run records"
-    )
-    p.set_defaults(handler=cmd_describe)
-
-    p = sub.add_parser("resolve", parents=[common], help="roll forward what a COMMIT rules, abort the rest")
-    p.add_argument("--dry-run", action="store_true", help="print the plan only; change nothing")
-    p.add_argument(
-        "--wait",
-        type=_non_negative_float,
-        default=DEFAULT_WAIT_S,
-        metavar="SECONDS",
-        help=f"how long to wait for transactions the broker is completing (Prepare*), default {DEFAULT_WAIT_S:g}",
-    )
-    p.add_argument("--run", default=DEFAULT_RUN, help=f"run name on the records written (default {DEFAULT_RUN})")
-    p.add_argument(
-        "--allow-missing-decision-topic",
-        action="store_true",
-        help="resolve even if the decision topic does not exist (every open transaction is then aborted)",
-    )
-    p.set_defaults(handler=cmd_resolve)
-
-    p = sub.add_parser(
-        "acknowledge",
-        parents=[common],
-        help="acknowledge a LOST run so that recovery stops failing on it (the lost records stay lost)",
-    )
-    p.add_argument("--run", required=True, help="the run whose loss to acknowledge, as its run record names it")
-    p.add_argument("--note", default="", metavar="TEXT", help="why, by whom: kept on the run record")
-    p.set_defaults(handler=cmd_acknowledge)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, with the common options given before and after the command merged: after
-    wins, and repeatable ones add up (before first)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for key in [k for k in vars(args) if k.endswith(_AFTER_COMMAND)]:
-        base = key.removesuffix(_AFTER_COMMAND)
-        setattr(args, base, [*getattr(args, base), *vars(args).pop(key)])
-    if args.prefix is None:
-        parser.error(f"{args.command}: the following arguments are required: --prefix")
-    return args
-
-
-def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The client settings and decision topic: an Airflow connection's or the options', then --config."""
-    config: dict[str, Any]
-    if args.conn_id:
-        if args.bootstrap_servers is not None:
-            raise UsageError("give either --conn-id or --bootstrap-servers, not both")
-        config, decision_topic = airflow_connection(args.conn_id)
-    else:
-        config = {"bootstrap.servers": str(args.bootstrap_servers or os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP))}
-        decision_topic = DEFAULT_DECISION_TOPIC
-    items: list[tuple[str, str]] = []
-    for path in args.config_file:
-        items += _read_properties(path)
-    items += [(f"--config #{i + 1}", item) for i, item in enumerate(args.config)]
-    for where, item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        # Never echo the item: a mistyped one may be a bare password.
-        if not sep or not key:
-            raise UsageError(f"{where}: expected KEY=VALUE")
-        if key == "bootstrap.servers":
-            raise UsageError(f"{where}: set bootstrap.servers with --bootstrap-servers or the connection")
-        config[key] = value
-    return config, args.decision_topic or decision_topic
-
-
-def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
-    """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
-
-    Found where ``airflow connections get`` finds it (``_find_airflow_connection``). Imported here,
-    not at the top: the CLI runs without Airflow, and only --conn-id needs it.
-    """
-    try:
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
-        from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
-    except ImportError as e:
-        raise UsageError(
-            f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
-        ) from None
-    try:
-        hook = Kafka2PCHook(conn_id, connection=_find_airflow_connection(conn_id))
-        return hook.get_config(), hook.decision_topic
-    except AirflowNotFoundException:
-        raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
-    except Kafka2PCConfigError as e:
-        raise UsageError(f"connection {conn_id!r}: {e}") from None
-
-
-def _find_airflow_connection(conn_id: str) -> Any:
-    """The connection as ``airflow connections get`` finds it: the AIRFLOW_CONN_<ID> variable, the
-    configured secrets backend, and, where Airflow is configured in this shell, its metadata
-    database (``Connection.get_connection_from_secrets``, the call that command makes). Elsewhere the
-    Task SDK's lookup, without the database: Airflow would otherwise read, and SQLite create, a
-    database in its default home. Raises ``AirflowNotFoundException``. Either Connection class has
-    the fields the hook reads, hence ``Any``."""
-    from airflow.sdk import Connection
-
-    if _airflow_home() is None or _airflow_core() is None:
-        return Connection.get(conn_id)
-    from airflow.models.connection import Connection as StoredConnection
-
-    return StoredConnection.get_connection_from_secrets(conn_id)
-
-
-def _airflow_home() -> str | None:
-    """Where Airflow is configured in this shell: $AIRFLOW_HOME, or its default ~/airflow when that
-    holds an airflow.cfg or the database is set in the environment; None when it is not."""
-    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    database_set = any(k.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for k in os.environ)
-    if os.environ.get("AIRFLOW_HOME") or database_set or os.path.isfile(os.path.join(home, "airflow.cfg")):
-        return home
-    return None
-
-
-def _airflow_core() -> str | None:
-    """apache-airflow-core's version where it is installed (the metadata database needs it; a worker
-    may have only the Task SDK)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("apache-airflow-core")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _looked_in(conn_id: str) -> str:
-    """Where ``_find_airflow_connection`` looked, and why not in a database: the not-found message."""
-    from airflow.sdk import conf
-
-    backend = str(conf.get("secrets", "backend", fallback="") or "")
-    places = [f"the environment variable AIRFLOW_CONN_{conn_id.upper()}"]
-    if backend:
-        places.append(f"the secrets backend {backend}")
-    none = "" if backend else " (no secrets backend is configured)"
-    home = _airflow_home()
-    if home is not None and _airflow_core() is not None:
-        places.append(f"the metadata database of AIRFLOW_HOME={home}")
-        return f"looked where `airflow connections get {conn_id}` looks: {', '.join(places)}{none}"
-    if home is None:
-        why = "Airflow is not configured in this shell (set AIRFLOW_HOME to the home whose database holds it)"
-    else:
-        why = f"apache-airflow-core, which reads the metadata database of AIRFLOW_HOME={home}, is not installed"
-    return f"looked in {' and '.join(places)}{none}; not in a metadata database: {why}"
-
-
-def _read_properties(path: str) -> list[tuple[str, str]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read --config-file {path}: {e.strerror}") from None
-    return [
-        (f"{path}:{n}", line.strip())
-        for n, line in enumerate(lines, 1)
-        if line.strip() and not line.lstrip().startswith(("#", "!"))
-    ]
-
 
 # -- reading what there is -------------------------------------------------------------------
 
@@ -561,6 +271,18 @@ def _fail(code: int, message: str, config: Mapping[str, Any]) -> int:
     return code
 
 
+_POLL_S = 0.5  # how often resolve --wait asks again
+
+Connect = Callable[[Mapping[str, Any], str, float], Connection]
+Command = Callable[[Connection, argparse.Namespace, TextIO], int]
+COMMANDS: dict[str, Command] = {
+    "list": cmd_list,
+    "describe": cmd_describe,
+    "resolve": cmd_resolve,
+    "acknowledge": cmd_acknowledge,
+}
+
+
 def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> int:
     args = parse_args(argv)
     config: dict[str, Any] = {}
@@ -571,8 +293,7 @@ def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> in
         conn = connect(config, args.decision_topic, args.timeout)
         try:
             conn.check()
-            handler: Callable[[Connection, argparse.Namespace, TextIO], int] = args.handler
-            return handler(conn, args, sys.stdout)
+            return COMMANDS[args.command](conn, args, sys.stdout)
         finally:
             conn.close()
     except (UsageError, InvalidPrefixError, ClientConfigError) as e:  # a mistake of ours to fix, not Kafka's

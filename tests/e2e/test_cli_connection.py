@@ -31,8 +31,8 @@ def test_the_cli_finds_a_connection_in_the_metadata_database(dag_tester: DagTest
     script = textwrap.dedent(
         f"""
         import json
-        from airflow_provider_kafka2pc.cli import commands
-        print(json.dumps(commands.airflow_connection({CONN_ID!r})))
+        from airflow_provider_kafka2pc.cli import client_settings
+        print(json.dumps(client_settings.airflow_connection({CONN_ID!r})))
         """
     )
     found = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)

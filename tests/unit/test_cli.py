@@ -671,7 +671,6 @@ def test_the_common_options_mean_the_same_before_and_after_the_command(split: in
     args = vars(commands.parse_args([*COMMON[:split], "list", *COMMON[split:]]))
     assert args == {
         "command": "list",
-        "handler": commands.cmd_list,
         "prefix": "orders",
         "conn_id": None,
         "bootstrap_servers": "h:1",

@@ -1,0 +1,178 @@
+"""The ``kafka2pc`` command line: its commands and options, the common ones accepted before and after
+the command, defined once, and the exit codes and defaults they document."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_provider_kafka2pc import __version__
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+
+EXIT_OK = 0
+EXIT_OPEN = 1
+EXIT_USAGE = 2  # what argparse uses too; also a missing or mistaken --conn-id
+EXIT_FAILED = 3
+EXIT_LOST = 4
+
+ENV_BOOTSTRAP = "KAFKA2PC_BOOTSTRAP_SERVERS"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_WAIT_S = 10.0
+DEFAULT_RUN = "kafka2pc-cli"
+ACTOR = "cli"  # who the decisions this command appends name
+
+
+class UsageError(Exception):
+    """Bad input found after argument parsing; exits with EXIT_USAGE."""
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+# The dest of a repeatable common option given after the command; parse_args appends it.
+_AFTER_COMMAND = "_after_command"
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before or after its name (``kafka2pc --debug list`` and
+    ``kafka2pc list --debug``): one definition, added to the top parser and to each command's.
+
+    After the command they have no defaults: argparse copies all that a command's parser holds over
+    what was parsed before the command, so a default there would reset ``--debug`` given before it.
+    A repeatable option given after the command has its own dest, appended by ``parse_args``."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if after_command else value
+
+    def repeatable(dest: str) -> str:
+        return dest + _AFTER_COMMAND if after_command else dest
+
+    # Required, but checked by parse_args: argparse checks it per parser, and it may come before the command.
+    parser.add_argument("--prefix", default=default(None), help="the exporter's transactional id prefix (required)")
+    parser.add_argument(
+        "--conn-id",
+        metavar="CONN_ID",
+        default=default(None),
+        help="an Airflow connection (kafka2pc or kafka) to take the client settings and decision topic from, "
+        "looked up as `airflow connections get` does; needs Airflow installed",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=default(None),
+        help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        dest=repeatable("config"),
+        default=default([]),
+        metavar="KEY=VALUE",
+        help="a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)",
+    )
+    parser.add_argument(
+        "--config-file",
+        action="append",
+        dest=repeatable("config_file"),
+        default=default([]),
+        metavar="PATH",
+        help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
+    )
+    parser.add_argument(
+        "--decision-topic",
+        default=default(None),
+        help=f"the decision log topic (default: the connection's, else {DEFAULT_DECISION_TOPIC})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=default(DEFAULT_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"connection and request timeout (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="log more and show tracebacks (secrets stay hidden)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_options(common, after_command=True)
+
+    parser = argparse.ArgumentParser(
+        prog="kafka2pc",
+        description="Inspect and resolve the Kafka transactions of a kafka2pc exporter.",
+        epilog=(
+            "Exit status: 0 nothing open and nothing lost, 1 transactions open, 2 bad usage (or acknowledge of "
+            "a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, or lost transactions under a COMMIT)."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")
+    _add_common_options(parser, after_command=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "list", parents=[common], help="open transactions of a prefix, what recovery would do, and the prefix's losses"
+    )
+
+    p = sub.add_parser(
+        "describe", parents=[common], help="decisions touching a prefix (in force and void) and its run records"
+    )
+
+    p = sub.add_parser("resolve", parents=[common], help="roll forward what a COMMIT rules, abort the rest")
+    p.add_argument("--dry-run", action="store_true", help="print the plan only; change nothing")
+    p.add_argument(
+        "--wait",
+        type=_non_negative_float,
+        default=DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait for transactions the broker is completing (Prepare*), default {DEFAULT_WAIT_S:g}",
+    )
+    p.add_argument("--run", default=DEFAULT_RUN, help=f"run name on the records written (default {DEFAULT_RUN})")
+    p.add_argument(
+        "--allow-missing-decision-topic",
+        action="store_true",
+        help="resolve even if the decision topic does not exist (every open transaction is then aborted)",
+    )
+
+    p = sub.add_parser(
+        "acknowledge",
+        parents=[common],
+        help="acknowledge a LOST run so that recovery stops failing on it (the lost records stay lost)",
+    )
+    p.add_argument("--run", required=True, help="the run whose loss to acknowledge, as its run record names it")
+    p.add_argument("--note", default="", metavar="TEXT", help="why, by whom: kept on the run record")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with the common options given before and after the command merged: after
+    wins, and repeatable ones add up (before first)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key in [k for k in vars(args) if k.endswith(_AFTER_COMMAND)]:
+        base = key.removesuffix(_AFTER_COMMAND)
+        setattr(args, base, [*getattr(args, base), *vars(args).pop(key)])
+    if args.prefix is None:
+        parser.error(f"{args.command}: the following arguments are required: --prefix")
+    return args
