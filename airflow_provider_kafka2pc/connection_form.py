@@ -9,12 +9,14 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.config import SASL_MECHANISMS, SECURITY_PROTOCOLS
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
 
 # Keys of a kafka2pc connection's extra that are not librdkafka settings.
 EXTRA_SECURITY_PROTOCOL = "security_protocol"
 EXTRA_SASL_MECHANISM = "sasl_mechanism"
 EXTRA_DECISION_TOPIC = "decision_topic"
 EXTRA_CONFIG = "config"
+EXTRA_CONNECT_TIMEOUT = "connect_timeout_s"
 
 # Airflow 3's UI renders these (JSON schema ``enum`` -> a drop-down); the classic form is built
 # from the same entries by Kafka2PCHook.get_connection_form_widgets. Airflow 3's form saves every
@@ -43,6 +45,12 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "label": "Decision topic",
         "description": "Compacted topic holding the commit decisions (created if missing)",
         "schema": {"type": "string", "default": DEFAULT_DECISION_TOPIC},
+    },
+    EXTRA_CONNECT_TIMEOUT: {
+        "label": "Connect timeout (s)",
+        "description": "How long the Test button, the tasks, the exporters page and the CLI wait for a broker "
+        "to answer before saying why Kafka cannot be reached",
+        "schema": {"type": "number", "exclusiveMinimum": 0, "default": DEFAULT_CONNECT_TIMEOUT_S},
     },
     EXTRA_CONFIG: {
         "label": "librdkafka settings",

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
 
 EXIT_OK = 0
 EXIT_OPEN = 1
@@ -19,7 +20,6 @@ EXIT_LOST = 4
 
 ENV_BOOTSTRAP = "KAFKA2PC_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 10.0
 DEFAULT_RUN = "kafka2pc-cli"
 ACTOR = "cli"  # who the decisions this command appends name
@@ -102,9 +102,10 @@ def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool)
     parser.add_argument(
         "--timeout",
         type=_positive_float,
-        default=default(DEFAULT_TIMEOUT_S),
+        default=default(None),
         metavar="SECONDS",
-        help=f"connection and request timeout (default {DEFAULT_TIMEOUT_S:g})",
+        help="connect and request timeout (default: the connection's connect timeout with --conn-id, "
+        f"else {DEFAULT_CONNECT_TIMEOUT_S:g})",
     )
     parser.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
     parser.add_argument(

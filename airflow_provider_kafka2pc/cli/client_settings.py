@@ -5,22 +5,30 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_provider_kafka2pc.cli.arguments import DEFAULT_BOOTSTRAP, ENV_BOOTSTRAP, UsageError
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
 
 
-def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The client settings and decision topic: an Airflow connection's or the options', then --config."""
+class ClientSettings(NamedTuple):
+    config: dict[str, Any]
+    decision_topic: str
+    connect_timeout_s: float  # the connection's (the Test button's and the tasks'), or the default
+
+
+def client_config(args: argparse.Namespace) -> ClientSettings:
+    """The client settings, decision topic and connect timeout: an Airflow connection's or the
+    options', then --config."""
     config: dict[str, Any]
     if args.conn_id:
         if args.bootstrap_servers is not None:
             raise UsageError("give either --conn-id or --bootstrap-servers, not both")
-        config, decision_topic = airflow_connection(args.conn_id)
+        config, decision_topic, connect_timeout_s = airflow_connection(args.conn_id)
     else:
         config = {"bootstrap.servers": str(args.bootstrap_servers or os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP))}
-        decision_topic = DEFAULT_DECISION_TOPIC
+        decision_topic, connect_timeout_s = DEFAULT_DECISION_TOPIC, DEFAULT_CONNECT_TIMEOUT_S
     items: list[tuple[str, str]] = []
     for path in args.config_file:
         items += _read_properties(path)
@@ -34,11 +42,12 @@ def client_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if key == "bootstrap.servers":
             raise UsageError(f"{where}: set bootstrap.servers with --bootstrap-servers or the connection")
         config[key] = value
-    return config, args.decision_topic or decision_topic
+    return ClientSettings(config, args.decision_topic or decision_topic, connect_timeout_s)
 
 
-def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
-    """An Airflow connection's client settings and decision topic, mapped by the tasks' own hook.
+def airflow_connection(conn_id: str) -> ClientSettings:
+    """An Airflow connection's client settings, decision topic and connect timeout, mapped by the
+    tasks' own hook.
 
     Found where ``airflow connections get`` finds it (``_find_airflow_connection``). Imported here,
     not at the top: the CLI runs without Airflow, and only --conn-id needs it.
@@ -53,7 +62,7 @@ def airflow_connection(conn_id: str) -> tuple[dict[str, Any], str]:
         ) from None
     try:
         hook = Kafka2PCHook(conn_id, connection=_find_airflow_connection(conn_id))
-        return hook.get_config(), hook.decision_topic
+        return ClientSettings(hook.get_config(), hook.decision_topic, hook.connect_timeout_s)
     except AirflowNotFoundException:
         raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
     except Kafka2PCConfigError as e:

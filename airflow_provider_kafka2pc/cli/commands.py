@@ -288,7 +288,9 @@ def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> in
     config: dict[str, Any] = {}
     try:
         naming.validate_prefix(args.prefix)
-        config, args.decision_topic = client_config(args)  # the commands print the topic they read
+        config, args.decision_topic, connect_timeout_s = client_config(args)  # the commands print the topic
+        if args.timeout is None:  # as the Test button and the tasks wait for this connection
+            args.timeout = connect_timeout_s
         setup_logging(args.debug, config)
         conn = connect(config, args.decision_topic, args.timeout)
         try:

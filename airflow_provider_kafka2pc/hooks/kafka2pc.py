@@ -6,6 +6,7 @@ Nothing here builds a client at import or construction time; Kafka libraries loa
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow_provider_kafka2pc.connection_form import (
     CONN_FIELDS,
     EXTRA_CONFIG,
+    EXTRA_CONNECT_TIMEOUT,
     EXTRA_DECISION_TOPIC,
     EXTRA_SASL_MECHANISM,
     EXTRA_SECURITY_PROTOCOL,
@@ -30,6 +32,7 @@ from airflow_provider_kafka2pc.txn.kafka.errors import (
     ClientConfigError,
     UnmappableConfigError,
 )
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
@@ -103,6 +106,22 @@ def client_config(
     except UnmappableConfigError as e:
         raise Kafka2PCConfigError(field_of_setting(e.key, official), str(e)) from e
     return config
+
+
+def connect_timeout_s(conn_type: str, extra: Mapping[str, Any]) -> float:
+    """How long a client of the connection waits to connect: its Connect timeout field (pure)."""
+    value = None if conn_type == KAFKA_CONN_TYPE else extra.get(EXTRA_CONNECT_TIMEOUT)
+    if value is None or value == "":
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
+        raise Kafka2PCConfigError(
+            str(CONN_FIELDS[EXTRA_CONNECT_TIMEOUT]["label"]), f"must be a number of seconds > 0, got {value!r}"
+        )
+    return seconds
 
 
 def bootstrap_servers(host: str, port: int | None) -> str:
@@ -203,6 +222,12 @@ class Kafka2PCHook(BaseHook):
             return DEFAULT_DECISION_TOPIC
         return str(c.extra_dejson.get(EXTRA_DECISION_TOPIC) or DEFAULT_DECISION_TOPIC)
 
+    @property
+    def connect_timeout_s(self) -> float:
+        """How long every client of this connection waits to connect (its Connect timeout field)."""
+        c = self.connection
+        return connect_timeout_s(str(c.conn_type), c.extra_dejson)
+
     def redacted_config(self) -> dict[str, Any]:
         return redact(self.get_config())
 
@@ -210,29 +235,33 @@ class Kafka2PCHook(BaseHook):
     def get_conn(self) -> WireClient:
         return self.wire_client()
 
-    def check_connection(self, timeout_s: float = 30.0, contact_plaintext: bool = False) -> None:
-        """Before the first client: a refused login or TLS handshake is named at once.
+    def check_connection(self) -> None:
+        """Before the first client: a broker that cannot be reached, a refused login or TLS handshake
+        is named (``reachability.check_connection``), within the connection's connect timeout.
 
-        The decision log's client (librdkafka) would otherwise wait its whole timeout and report
-        only "Broker transport failure". Raises ``KafkaAuthenticationError`` (``KafkaTlsError``
-        for a certificate problem) within a second, ``BrokerUnavailableError`` when nothing answers
-        within ``timeout_s``. Over PLAINTEXT nothing can be refused: no extra round trip unless
-        ``contact_plaintext``. Once per hook.
+        The decision log's client (librdkafka) would otherwise wait its whole budget and report only
+        "Broker transport failure". Raises ``KafkaAuthenticationError`` (``KafkaTlsError`` for a
+        certificate problem) within a second, ``BrokerUnavailableError`` for a refused connection or
+        a host name that does not resolve within a second or two, and when nothing answers within
+        ``connect_timeout_s``. Once per hook.
         """
-        from airflow_provider_kafka2pc.txn.kafka.access import check_connection, needs_authentication
+        from airflow_provider_kafka2pc.txn.kafka.reachability import check_connection
 
         if self._connection_checked:
             return
-        config = self.get_config()
-        if contact_plaintext or needs_authentication(config):
-            check_connection(config, timeout_s)
+        check_connection(self.get_config(), self.connect_timeout_s)
         self._connection_checked = True
 
-    def wire_client(self, bootstrap_timeout_ms: int = 30000) -> WireClient:
+    def wire_client(self) -> WireClient:
+        """The commit side's client, connecting within the connection's connect timeout."""
         from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
-        wire = WireClient(self.get_config(), bootstrap_timeout_ms=bootstrap_timeout_ms)
-        self._connection_checked = True  # WireClient asks librdkafka first when SASL or TLS is on
+        wire = WireClient(
+            self.get_config(),
+            bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
+            reachable=self._connection_checked,
+        )
+        self._connection_checked = True  # WireClient asked librdkafka first, unless this hook had
         return wire
 
     def decision_log(self) -> DecisionLog:
@@ -246,7 +275,14 @@ class Kafka2PCHook(BaseHook):
         from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 
         self.check_connection()
-        return KafkaClients(self.get_config(), self.decision_topic, timeout_s=30.0, request_timeout_s=15.0)
+        return KafkaClients(
+            self.get_config(),
+            self.decision_topic,
+            timeout_s=30.0,
+            request_timeout_s=15.0,
+            connect_timeout_s=self.connect_timeout_s,
+            reachable=True,
+        )
 
     def prepare_session(self, prefix: str, run: str, run_key: str | None = None) -> PrepareSession:
         """Every Kafka step of one prepare of ``prefix`` over one set of clients (``with``)."""
@@ -281,19 +317,20 @@ class Kafka2PCHook(BaseHook):
         """Reach the cluster and check that it can run transactions (the UI's Test button)."""
         try:
             self.get_config()
+            self.connect_timeout_s  # noqa: B018  (read for its check: a mistake in the form)
         except Kafka2PCConfigError as e:  # before any network: a mistake in the form is not "cannot reach Kafka"
             return False, f"configuration mistake, Kafka was not contacted: {e}"
         try:
-            wire = self.wire_client(bootstrap_timeout_ms=10000)
+            wire = self.wire_client()
             try:
                 brokers = wire.broker_ids()
                 kip939 = wire.supports_kip939()
             finally:
                 wire.close()
-        except Kafka2PCError as e:  # written for the user: "authentication failed: ...", "cannot reach ..."
+        except Kafka2PCError as e:  # written for the user, as the CLI and the tasks say it: "cannot reach ..."
             return False, str(e)
         except Exception as e:  # reported to the user, not raised: this is what the Test button shows
-            return False, f"cannot reach Kafka: {e}"
+            return False, f"{type(e).__name__}: {e}"
         return True, (
             f"connected to {len(brokers)} broker(s); decision topic {self.decision_topic!r}; "
             f"KIP-939 two-phase commit {'supported' if kip939 else 'not supported (not needed)'}"

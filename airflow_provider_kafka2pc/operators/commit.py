@@ -373,8 +373,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         for p in payloads.values():
             if p is not None:
                 refs.update((c.transactional_id, ref_of(c)) for c in p.committables)
-        try:  # a bounded first contact: an unreachable broker is one line after 10 s, not 30 s of retries
-            wire = hook.wire_client(bootstrap_timeout_ms=ABORT_CONNECT_TIMEOUT_MS)
+        try:  # a bounded first contact: an unreachable broker is one line, within the connect timeout
+            wire = hook.wire_client()
         except BrokerUnavailableError as e:
             raise BrokerUnavailableError(
                 f"abort of run {decision_run(context)}: {e}. Nothing was aborted: clear this task once Kafka is "
@@ -442,8 +442,6 @@ class Kafka2PCAbortOperator(_PhaseTwo):
 
 # An export task in one of these states did not run in this DAG run: it prepared nothing.
 NEVER_RAN_STATES = frozenset({"upstream_failed", "skipped", "removed"})
-# The abort's first contact with Kafka: an unreachable broker fails the task after this, in one line.
-ABORT_CONNECT_TIMEOUT_MS = 10_000
 
 
 def _states(tasks: dict[str, str]) -> str:

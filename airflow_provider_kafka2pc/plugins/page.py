@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 10.0  # each Kafka request of one page load
+TIMEOUT_S = 10.0  # each Kafka request of one page load (connecting: the connection's connect timeout)
 RECENT_RUNS = 25
 KAFKA_CONN_TYPES = ("kafka2pc", "kafka")
 
@@ -155,13 +155,13 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
             raise PageError(400, str(e)) from None
     hook = _hook(conn_id)
     try:
-        config, topic = hook.get_config(), hook.decision_topic
+        config, topic, connect_timeout_s = hook.get_config(), hook.decision_topic, hook.connect_timeout_s
     except Kafka2PCConfigError as e:
         raise PageError(400, f"connection {conn_id!r}: {e}") from None
     wire = None
     decision_log = None
     try:
-        exists = KafkaClients(config, topic, TIMEOUT_S).decision_topic_exists()
+        exists = KafkaClients(config, topic, TIMEOUT_S, connect_timeout_s=connect_timeout_s).decision_topic_exists()
         wanted = set(prefixes)
         state = LogState()
         if exists:
@@ -171,7 +171,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
             )
         exporters = []
         if prefixes:
-            wire = hook.wire_client(bootstrap_timeout_ms=int(TIMEOUT_S * 1000))
+            wire = hook.wire_client()
             inspector = TransactionInspector(wire, TIMEOUT_S)
             for prefix in prefixes:
                 report = reports.exporter_report(inspector, inspector.describe_prefix(prefix), state, prefix)

@@ -37,7 +37,7 @@ def test_the_cli_finds_a_connection_in_the_metadata_database(dag_tester: DagTest
     )
     found = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr
-    config, topic = json.loads(found.stdout.strip().splitlines()[-1])
+    config, topic, connect_timeout_s = json.loads(found.stdout.strip().splitlines()[-1])
     assert config == {
         "bootstrap.servers": "b1:9093",
         "security.protocol": "SASL_SSL",
@@ -45,7 +45,7 @@ def test_the_cli_finds_a_connection_in_the_metadata_database(dag_tester: DagTest
         "sasl.username": "exporter",
         "sasl.password": "pw-in-the-database",
     }
-    assert topic == "td"
+    assert (topic, connect_timeout_s) == ("td", 10)
 
     # Not there: exit 2, naming where it looked, the database included; no traceback.
     cli = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "list", "--prefix", "p", "--conn-id", "nowhere"]

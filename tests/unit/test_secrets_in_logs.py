@@ -57,8 +57,8 @@ def everything_at_debug() -> Iterator[Capture]:
 
 
 def test_wire_client_logs_no_password_at_debug(everything_at_debug: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
-    # librdkafka's authentication probe would answer first (nothing listens); this is about kafka-python.
-    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.access.check_authentication", lambda *a, **k: None)
+    # librdkafka's probe would answer first (nothing listens); this is about kafka-python.
+    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.wire.check_reachable", lambda *a, **k: None)
     config = {
         "bootstrap.servers": "127.0.0.1:1",  # nothing listens: bootstrap fails after the config is logged
         "security.protocol": "SASL_PLAINTEXT",

@@ -275,6 +275,7 @@ def client(
     manager = ProtocolManager(MODERN_BROKER if api_versions is None else api_versions, node_ids or [1])
     FakeAdmin.next_manager = manager
     monkeypatch.setattr(kafka, "KafkaAdminClient", FakeAdmin)
+    monkeypatch.setattr("airflow_provider_kafka2pc.txn.kafka.wire.check_reachable", lambda *a, **k: None)
     return WireClient({"bootstrap.servers": "b1:9092", "linger.ms": 5}, request_timeout_ms=7000), manager
 
 
@@ -286,7 +287,7 @@ def test_wire_client_builds_the_admin_client_from_the_connection_settings(monkey
         "bootstrap_servers": ["b1:9092"],
         "client_id": "kafka2pc",
         "request_timeout_ms": 7000,
-        "bootstrap_timeout_ms": 30000,
+        "bootstrap_timeout_ms": 10000,  # the default connect timeout
     }
     with c:
         pass

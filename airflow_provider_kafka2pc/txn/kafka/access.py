@@ -1,26 +1,24 @@
-"""Who the client is and what it may do: authentication and ACL failures that name their cause.
+"""Who the client is and what it may do: the principal a connection authenticates as, and ACL
+failures that name their cause.
 
-Both clients hide these causes by default: kafka-python retries a failed SASL handshake until its
-bootstrap deadline ("Unable to bootstrap"), librdkafka reports it only through its error callback,
-and a transactional producer turns a broker's rejection into ``_PURGE_QUEUE`` for every queued
-record. ``check_authentication`` asks librdkafka directly (its error callback fires on the first
-refused SASL or TLS handshake, ~0.3 s), and ``check_topic_access`` reads the operations the broker
-says this principal may perform (Metadata's authorized operations), so a missing ACL is named
-before anything is written. ``check_connection`` is the one call to make before a command's first
-client. The ACLs an exporter needs are listed in ``docs/acls.md``.
+A transactional producer turns a broker's rejection into ``_PURGE_QUEUE`` for every queued record;
+``check_topic_access`` reads the operations the broker says this principal may perform (Metadata's
+authorized operations), so a missing ACL is named before anything is written. Refused logins and
+certificates, and brokers that cannot be reached, are ``reachability.check_connection``'s, the one
+call to make before a command's first client. The ACLs an exporter needs are listed in
+``docs/acls.md``.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
-from airflow_provider_kafka2pc.txn.kafka.config import connection_only, kafka_python_settings
-from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError, KafkaAuthorizationError, KafkaTlsError
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 # Kafka error names -> the resource type whose ACL refused (KafkaError names in both clients).
@@ -89,109 +87,6 @@ def describe_identity(config: Mapping[str, Any]) -> str:
         mechanism = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI").upper()
         return f"SASL {mechanism} as {principal_of(config)} over {protocol}"
     return f"{protocol} as {principal_of(config)}"
-
-
-def check_authentication(config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
-    """Connect with librdkafka and raise at the first refused handshake, or when nothing answers.
-
-    ``KafkaAuthenticationError`` names the mechanism and principal; ``KafkaTlsError`` (one of them)
-    the certificate problem, at the first failed TLS handshake; ``BrokerUnavailableError`` carries
-    librdkafka's last errors (a refused connection, ...) once ``timeout_s`` has passed.
-    """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    errors: list[Any] = []
-    conf: dict[str, Any] = {**connection_only(config), "error_cb": errors.append, "log_level": 0}
-    admin = AdminClient(conf)
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            admin.list_topics(timeout=min(0.5, max(0.05, deadline - time.monotonic())))
-            return
-        except KafkaException as e:
-            last = e
-        admin.poll(0)
-        for err in errors:
-            if err.code() == KafkaError._AUTHENTICATION:
-                raise KafkaAuthenticationError(
-                    f"authentication failed: {describe_identity(config)} at {config.get('bootstrap.servers')}: "
-                    f"{_without_secrets(err.str(), config)}"
-                )
-            if err.code() == KafkaError._SSL and not _transient_tls_failure(err.str()):
-                raise KafkaTlsError(_tls_message(config, _without_secrets(err.str(), config)))
-    seen = dict.fromkeys(_without_timing(_without_secrets(e.str(), config)) for e in errors)
-    detail = "; ".join(list(seen)[-3:]) or str(last)
-    raise BrokerUnavailableError(
-        f"cannot reach Kafka at {config.get('bootstrap.servers')} within {timeout_s:g} s "
-        f"({describe_identity(config)}): {detail}"
-    )
-
-
-def check_connection(config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
-    """Before a command's or task's first Kafka client: is the config usable, and does the broker
-    let this principal in? Returns once a broker has answered, and raises at once (not after
-    ``timeout_s``) for a mistake:
-
-    - ``config.ClientConfigError`` (a ``ValueError``): a setting kafka2pc cannot honour (turning
-      certificate verification off, GSSAPI, ...); Kafka was not contacted. A configuration mistake.
-    - ``KafkaAuthenticationError``: the broker refused the credentials (names mechanism and
-      principal); ``KafkaTlsError``, a subclass: the TLS handshake failed (names the certificate
-      problem and ``ssl.ca.location``).
-    - ``BrokerUnavailableError``: nothing answered within ``timeout_s`` (librdkafka's cause attached).
-    """
-    kafka_python_settings(config)  # pure: refuses what the commit side's client cannot honour
-    check_authentication(config, timeout_s)
-
-
-def needs_authentication(config: Mapping[str, Any]) -> bool:
-    """SASL or TLS: something the broker can refuse (over PLAINTEXT nothing can be)."""
-    return str(config.get("security.protocol", "PLAINTEXT")).upper() != "PLAINTEXT"
-
-
-_TIMING = re.compile(r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)")
-
-
-def _without_timing(text: str) -> str:
-    """librdkafka's "(after 9ms in state SSL_HANDSHAKE)" tail: repeated errors then read the same."""
-    return _TIMING.sub("", text)
-
-
-def _transient_tls_failure(text: str) -> bool:
-    """A handshake cut short by the network (a broker going down), not refused: worth another try."""
-    lowered = text.lower()
-    return "disconnected" in lowered or "connection reset" in lowered or "timed out" in lowered
-
-
-def _tls_message(config: Mapping[str, Any], text: str) -> str:
-    ca = config.get("ssl.ca.location")
-    if ca:
-        where = f"ssl.ca.location is {ca}"
-    elif config.get("ssl.ca.pem"):
-        where = "ssl.ca.pem is set"
-    else:
-        where = "ssl.ca.location is not set, so the system's CA certificates were used"
-    cause = _without_timing(text)
-    cause = cause.split("SSL handshake failed: ", 1)[-1]
-    fix = (
-        "set ssl.ca.location to the CA that signed the brokers' certificates"
-        if "certificate verify failed" in cause
-        else "check the TLS settings (ssl.*) against the broker's listener"
-    )
-    return (
-        f"SSL handshake failed with Kafka at {config.get('bootstrap.servers')} ({describe_identity(config)}): "
-        f"{cause}. {where}: {fix}"
-    )
-
-
-def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
-    from airflow_provider_kafka2pc.txn.kafka.config import REDACTED, is_secret_key
-
-    for k, v in config.items():
-        if is_secret_key(str(k)) and isinstance(v, str) and v:
-            text = text.replace(v, REDACTED)
-    return text
 
 
 def check_topic_access(config: Mapping[str, Any], needs: Mapping[str, Sequence[str]], timeout_s: float = 30.0) -> None:

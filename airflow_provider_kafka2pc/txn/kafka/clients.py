@@ -9,9 +9,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of, check_connection, needs_authentication
+from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.reachability import check_connection
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
@@ -21,31 +22,42 @@ LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
 
 class KafkaClients:
     """The Kafka clients one prepare, command or page load needs, built on first use, closed at the end
-    (``close``, or leaving a ``with`` block). ``timeout_s`` bounds connecting and the decision log's
-    calls; ``request_timeout_s`` (default: the same) one request of the wire client."""
+    (``close``, or leaving a ``with`` block). ``timeout_s`` bounds the decision log's calls and the
+    describe of its topic; ``request_timeout_s`` (default: the same) one request of the wire client;
+    ``connect_timeout_s`` (default: the same) connecting, for every client."""
 
     def __init__(
-        self, config: Mapping[str, Any], decision_topic: str, timeout_s: float, request_timeout_s: float | None = None
+        self,
+        config: Mapping[str, Any],
+        decision_topic: str,
+        timeout_s: float,
+        request_timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
+        reachable: bool = False,
     ) -> None:
         self.config = dict(config)
         self.decision_topic = decision_topic
         self.timeout_s = timeout_s
         self.request_timeout_s = timeout_s if request_timeout_s is None else request_timeout_s
+        self.connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        self._checked = reachable  # the caller's check_connection has just passed with this config
         self._wire: WireClient | None = None
         self._log: DecisionLog | None = None
 
     def check(self) -> None:
-        """Name a refused login or TLS handshake at once, before a command waits out its timeout (over
-        PLAINTEXT nothing can be refused; a broker that is down is reported by the command itself)."""
-        if needs_authentication(self.config):
-            check_connection(self.config, self.timeout_s)
+        """Reach Kafka once, before the first client: a broker down, a wrong address, a refused login
+        or certificate is named (``reachability.check_connection``), not met as a request's timeout."""
+        if not self._checked:
+            check_connection(self.config, self.connect_timeout_s)
+            self._checked = True
 
     def wire(self) -> WireClient:
         if self._wire is None:
             self._wire = WireClient(
                 self.config,
                 request_timeout_ms=int(self.request_timeout_s * 1000),
-                bootstrap_timeout_ms=int(self.timeout_s * 1000),
+                bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
+                reachable=self._checked,
             )
         return self._wire
 
@@ -64,6 +76,7 @@ class KafkaClients:
         from confluent_kafka import KafkaError, KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
+        self.check()  # a broker that cannot be reached is named as such, not as a describe's timeout
         # librdkafka logs every failed connect to stderr; we report the failure ourselves.
         conf: dict[str, Any] = {**connection_only(self.config), "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
         admin = AdminClient(conf)
@@ -78,7 +91,8 @@ class KafkaClients:
             if named is not None:
                 raise named from None
             raise BrokerUnavailableError(
-                f"cannot reach Kafka at {self.config.get('bootstrap.servers')} within {self.timeout_s:g} s: {e}"
+                f"cannot describe the decision topic {self.decision_topic!r} at "
+                f"{self.config.get('bootstrap.servers')} within {self.timeout_s:g} s: {err.name()}: {err.str()}"
             ) from e
         return True
 

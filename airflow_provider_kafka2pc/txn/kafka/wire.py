@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, check_reachable
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
@@ -92,21 +93,26 @@ class WireClient:
     """A kafka-python admin connection used for the raw transaction APIs."""
 
     def __init__(
-        self, config: Mapping[str, Any], request_timeout_ms: int = 15000, bootstrap_timeout_ms: int = 30000
+        self,
+        config: Mapping[str, Any],
+        request_timeout_ms: int = 15000,
+        bootstrap_timeout_ms: int = int(DEFAULT_CONNECT_TIMEOUT_S * 1000),
+        reachable: bool = False,
     ) -> None:
+        """``bootstrap_timeout_ms``: the connect timeout. ``reachable``: ``reachability.check_connection``
+        has just passed with this config (the caller's first client), so it is not asked again."""
         from kafka import KafkaAdminClient
 
-        from airflow_provider_kafka2pc.txn.kafka.access import check_authentication, principal_of
+        from airflow_provider_kafka2pc.txn.kafka.access import principal_of
 
         cfg, pems = kafka_python_settings(config)
         self.principal = principal_of(config)  # named in permission errors, with the cluster
         self.bootstrap = str(config.get("bootstrap.servers", ""))
         cfg.setdefault("client_id", "kafka2pc")
-        # kafka-python retries a refused SASL or TLS handshake until its bootstrap deadline and then
-        # says only "Unable to bootstrap"; librdkafka tells at the first refusal, so ask it first.
-        # Without SASL or TLS nothing can be refused.
-        if str(config.get("security.protocol", "PLAINTEXT")).upper() != "PLAINTEXT":
-            check_authentication(config, timeout_s=bootstrap_timeout_ms / 1000)
+        # kafka-python retries a refused connection, SASL or TLS handshake until its bootstrap deadline
+        # and then says only "Unable to bootstrap"; librdkafka names the cause, mostly at once.
+        if not reachable:
+            check_reachable(config, timeout_s=bootstrap_timeout_ms / 1000)
         # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
         protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
@@ -120,8 +126,11 @@ class WireClient:
             )
         except Exception as e:
             self._remove_pem_files()
+            # librdkafka answered just now: this is the commit side's client alone (or a broker that
+            # went away in between); say so rather than blame the network.
             raise BrokerUnavailableError(
-                f"cannot reach Kafka at {','.join(cfg['bootstrap_servers'])} within {bootstrap_timeout_ms} ms: {e}"
+                f"cannot reach Kafka at {self.bootstrap} with the commit side's client (kafka-python) within "
+                f"{bootstrap_timeout_ms / 1000:g} s, though librdkafka reached it: {type(e).__name__}: {e}"
             ) from e
         finally:
             protect_kafka_python_logs(cfg)  # again, for loggers of modules imported while connecting

@@ -1,0 +1,216 @@
+"""Can this client reach Kafka, and if not, why: the one diagnosis behind every "cannot reach Kafka".
+
+The Test button, the CLI, the exporters page and the tasks all ask ``check_connection`` before their
+first Kafka client, and all say the same thing when it fails. librdkafka knows the cause (kafka-python
+says only "Unable to bootstrap" once its deadline has passed, and a librdkafka request only "Local:
+Timed out") but tells it through its error callback, one line per failed connect; ``check_reachable``
+listens there while it asks for metadata in short steps, and answers:
+
+- at once, for a refused login (``KafkaAuthenticationError``) or certificate (``KafkaTlsError``);
+- as soon as every bootstrap broker has refused the connection or failed to resolve, and kept doing
+  so for ``_GRACE_S`` (a name may resolve to several addresses, tried in turn);
+- at the connect timeout otherwise: no answer, with whatever librdkafka said meanwhile.
+
+One message builder (``unreachable_message``) words it for every caller, with the address and the
+cause; secrets never reach it (librdkafka's texts are scrubbed of every secret value of the config).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.kafka.access import describe_identity
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only, kafka_python_settings
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthenticationError, KafkaTlsError
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
+
+# How long a client waits to connect, unless the connection says otherwise (its connect_timeout_s).
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+_STEP_S = 0.25  # one metadata request: the error callback is served between steps
+# After every bootstrap broker has refused or failed to resolve: the probe retries every 50-250 ms,
+# so within this grace each address a name resolves to is tried and a broker that is up is found.
+_GRACE_S = 1.0
+_PROBE_SETTINGS: dict[str, Any] = {"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250, "log_level": 0}
+_DEFAULT_PORT = 9092
+
+REFUSED = "connection refused (is a broker listening on that port?)"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed connect to one broker, as librdkafka's error callback told it."""
+
+    address: str  # "host:port", as the bootstrap list names it
+    cause: str  # worded for the user: REFUSED, "the host name h could not be resolved (...)", or librdkafka's
+    definite: bool  # refused or not resolved: nothing answers there, however long we wait
+
+
+# "127.0.0.1:19999/bootstrap: Connect to ipv4#127.0.0.1:19999 failed: Connection refused (after 0ms ...)"
+# "sasl_ssl://b:9093/1: Failed to resolve 'b:9093': Name or service not known (after 1ms ...)"
+_BROKER_TEXT = re.compile(r"^(?:[a-z_]+://)?(?P<address>\S+?)/(?:bootstrap|\d+): (?P<text>.*)$", re.DOTALL)
+_RESOLVE_TEXT = re.compile(r"Failed to resolve '(?P<host>.*?)(?::\d+)?': (?P<why>.*)$", re.DOTALL)
+_TIMING = re.compile(r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)")
+
+
+def failure_of(text: str) -> Failure | None:
+    """The broker and the cause of one librdkafka connection error; None for a text about no one
+    broker ("1/1 brokers are down")."""
+    match = _BROKER_TEXT.match(without_timing(text))
+    if match is None:
+        return None
+    address, detail = match["address"], match["text"]
+    if "Connection refused" in detail:
+        return Failure(address, REFUSED, True)
+    resolve = _RESOLVE_TEXT.search(detail)
+    if resolve is not None:
+        return Failure(address, f"the host name {resolve['host']} could not be resolved ({resolve['why']})", True)
+    return Failure(address, detail, False)
+
+
+def bootstrap_addresses(bootstrap: str) -> list[str]:
+    """The bootstrap list as librdkafka names its brokers: host:port, a port-less host on 9092."""
+    addresses = []
+    for entry in bootstrap.split(","):
+        entry = re.sub(r"^[a-z_]+://", "", entry.strip(), flags=re.IGNORECASE)
+        if entry:
+            has_port = re.search(r"(?::\d+)$", entry) and (not entry.startswith("[") or "]:" in entry)
+            addresses.append(entry if has_port else f"{entry}:{_DEFAULT_PORT}")
+    return addresses
+
+
+def unreachable_message(bootstrap: str, timeout_s: float, failures: Sequence[Failure]) -> str:
+    """The one wording of "cannot reach Kafka": the address and the cause of each failed broker, or
+    no answer within the timeout (with the last thing librdkafka said, if anything)."""
+    head = f"cannot reach Kafka at {bootstrap}"
+    addresses = bootstrap_addresses(bootstrap)
+    latest = {f.address: f for f in failures}  # the last failure of each broker
+    if not latest:
+        return f"{head}: no answer within {timeout_s:g} s (timed out)"
+    # Each broker in bootstrap order (then any other librdkafka named); one that said nothing: no answer.
+    named = [*addresses, *(a for a in latest if a not in addresses)]
+    causes = [(a, latest[a].cause if a in latest else "no answer") for a in named]
+    if len(causes) == 1:
+        [(_, cause)] = causes
+        return f"{head}: {cause}" if latest[named[0]].definite else f"{head}: no answer within {timeout_s:g} s; {cause}"
+    listed = "; ".join(f"{a}: {cause}" for a, cause in causes)
+    if all(a in latest and latest[a].definite for a in named):
+        return f"{head}: {listed}"
+    return f"{head}: no broker answered within {timeout_s:g} s: {listed}"
+
+
+def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+    """Return once a broker has answered a metadata request; raise at once for a refused login
+    (``KafkaAuthenticationError``, naming mechanism and principal) or certificate (``KafkaTlsError``),
+    soon for a bootstrap list that refuses or does not resolve, else after ``timeout_s``
+    (``BrokerUnavailableError``, worded by ``unreachable_message``)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    errors: list[Any] = []
+    probe: dict[str, Any] = {**connection_only(config), **_PROBE_SETTINGS, "error_cb": errors.append}
+    admin = AdminClient(probe)
+    bootstrap = str(config.get("bootstrap.servers", ""))
+    wanted = set(bootstrap_addresses(bootstrap))
+    failures: list[Failure] = []
+    deadline = time.monotonic() + timeout_s
+    all_failed_at: float | None = None
+    while (now := time.monotonic()) < deadline:
+        try:
+            admin.list_topics(timeout=min(_STEP_S, max(0.05, deadline - now)))
+            return
+        except KafkaException:
+            pass  # what went wrong comes through the error callback
+        admin.poll(0)
+        for err in errors:
+            text = _without_secrets(err.str(), config)
+            if err.code() == KafkaError._AUTHENTICATION:
+                raise KafkaAuthenticationError(
+                    f"authentication failed: {describe_identity(config)} at {bootstrap}: {text}"
+                )
+            if err.code() == KafkaError._SSL and not _transient_tls_failure(text):
+                raise KafkaTlsError(_tls_message(config, text))
+            failure = failure_of(text)
+            if failure is not None:
+                failures.append(failure)
+        errors.clear()
+        latest = {f.address: f for f in failures}
+        if wanted and all(a in latest and latest[a].definite for a in wanted):
+            all_failed_at = all_failed_at or time.monotonic()
+            if time.monotonic() - all_failed_at >= _GRACE_S:
+                break
+        else:
+            all_failed_at = None
+    raise BrokerUnavailableError(unreachable_message(bootstrap, timeout_s, failures))
+
+
+def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+    """Before a command's or task's first Kafka client: is the config usable, and does a broker answer
+    and let this principal in? Returns once a broker has answered, and raises:
+
+    - ``config.ClientConfigError`` (a ``ValueError``): a setting kafka2pc cannot honour (turning
+      certificate verification off, GSSAPI, ...); Kafka was not contacted. A configuration mistake.
+    - ``KafkaAuthenticationError``: the broker refused the credentials (names mechanism and
+      principal); ``KafkaTlsError``, a subclass: the TLS handshake failed (names the certificate
+      problem and ``ssl.ca.location``). Within a second.
+    - ``BrokerUnavailableError``: connection refused or a name not resolved, within a second or
+      two; nothing answered, after ``timeout_s``.
+    """
+    kafka_python_settings(config)  # pure: refuses what the commit side's client cannot honour
+    check_reachable(config, timeout_s)
+
+
+def without_timing(text: str) -> str:
+    """librdkafka's "(after 9ms in state SSL_HANDSHAKE)" tail: repeated errors then read the same."""
+    return _TIMING.sub("", text)
+
+
+def _transient_tls_failure(text: str) -> bool:
+    """A handshake cut short by the network (a broker going down), not refused: worth another try."""
+    lowered = text.lower()
+    return "disconnected" in lowered or "connection reset" in lowered or "timed out" in lowered
+
+
+def _tls_message(config: Mapping[str, Any], text: str) -> str:
+    ca = config.get("ssl.ca.location")
+    if ca:
+        where = f"ssl.ca.location is {ca}"
+    elif config.get("ssl.ca.pem"):
+        where = "ssl.ca.pem is set"
+    else:
+        where = "ssl.ca.location is not set, so the system's CA certificates were used"
+    cause = without_timing(text)
+    cause = cause.split("SSL handshake failed: ", 1)[-1]
+    fix = (
+        "set ssl.ca.location to the CA that signed the brokers' certificates"
+        if "certificate verify failed" in cause
+        else "check the TLS settings (ssl.*) against the broker's listener"
+    )
+    return (
+        f"SSL handshake failed with Kafka at {config.get('bootstrap.servers')} ({describe_identity(config)}): "
+        f"{cause}. {where}: {fix}"
+    )
+
+
+def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
+    from airflow_provider_kafka2pc.txn.kafka.config import REDACTED, is_secret_key
+
+    for k, v in config.items():
+        if is_secret_key(str(k)) and isinstance(v, str) and v:
+            text = text.replace(v, REDACTED)
+    return text
+
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "REFUSED",
+    "Failure",
+    "bootstrap_addresses",
+    "check_connection",
+    "check_reachable",
+    "failure_of",
+    "unreachable_message",
+]
