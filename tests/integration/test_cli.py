@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.reachability import REFUSED
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, new_decision
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
@@ -240,7 +241,7 @@ def test_a_broker_that_is_down_fails_fast_and_clearly(kafka: KafkaEnv) -> None:
         assert proc.returncode == 3, (command, proc.stdout, proc.stderr)
         assert proc.stdout == ""
         assert "Traceback" not in proc.stderr and "hunter2-secret" not in proc.stderr
-        assert proc.stderr.startswith(f"kafka2pc: error: cannot reach Kafka at {dead}"), proc.stderr
+        assert proc.stderr == f"kafka2pc: error: cannot reach Kafka at {dead}: {REFUSED}\n", proc.stderr
         assert len(proc.stderr.splitlines()) == 1, proc.stderr  # no client library noise
         assert elapsed < 15, (command, elapsed)
 

@@ -138,7 +138,7 @@ def test_every_bootstrap_broker_refused_is_answered_after_a_short_grace_not_the_
         reachability.check_reachable({"bootstrap.servers": "127.0.0.1:19999", "sasl.password": "pw"}, timeout_s=8)
     assert time.monotonic() - started < 3
     assert str(failed.value) == f"cannot reach Kafka at 127.0.0.1:19999: {REFUSED}"
-    assert built[0]["reconnect.backoff.max.ms"] <= 250  # retried often: a second address is tried in the grace
+    assert built[0]["reconnect.backoff.max.ms"] <= 500  # retried often: a second address is tried in the grace
 
 
 def test_one_broker_refusing_and_one_silent_waits_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ cause; secrets never reach it (librdkafka's texts are scrubbed of every secret v
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,10 +32,10 @@ from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 # How long a client waits to connect, unless the connection says otherwise (its connect_timeout_s).
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 _STEP_S = 0.25  # one metadata request: the error callback is served between steps
-# After every bootstrap broker has refused or failed to resolve: the probe retries every 50-250 ms,
+# After every bootstrap broker has refused or failed to resolve: the probe retries every 0.1-0.5 s,
 # so within this grace each address a name resolves to is tried and a broker that is up is found.
 _GRACE_S = 1.0
-_PROBE_SETTINGS: dict[str, Any] = {"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250, "log_level": 0}
+_PROBE_SETTINGS: dict[str, Any] = {"reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500, "log_level": 0}
 _DEFAULT_PORT = 9092
 
 REFUSED = "connection refused (is a broker listening on that port?)"
@@ -69,6 +70,12 @@ def failure_of(text: str) -> Failure | None:
     if resolve is not None:
         return Failure(address, f"the host name {resolve['host']} could not be resolved ({resolve['why']})", True)
     return Failure(address, detail, False)
+
+
+def _detail(text: str) -> str:
+    """librdkafka's text without its broker prefix ("sasl_ssl://b:9093/bootstrap: ")."""
+    match = _BROKER_TEXT.match(text)
+    return text if match is None else match["text"]
 
 
 def bootstrap_addresses(bootstrap: str) -> list[str]:
@@ -107,12 +114,26 @@ def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNEC
     (``KafkaAuthenticationError``, naming mechanism and principal) or certificate (``KafkaTlsError``),
     soon for a bootstrap list that refuses or does not resolve, else after ``timeout_s``
     (``BrokerUnavailableError``, worded by ``unreachable_message``)."""
-    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
     errors: list[Any] = []
     probe: dict[str, Any] = {**connection_only(config), **_PROBE_SETTINGS, "error_cb": errors.append}
-    admin = AdminClient(probe)
+    # Only this list holds the client, and _ask returns its error rather than raising it (a traceback
+    # would hold the client too): the thread _destroy_later starts drops the last reference.
+    holder = [AdminClient(probe)]
+    try:
+        error = _ask(holder, errors, config, timeout_s)
+    finally:
+        _destroy_later(holder)
+    if error is not None:
+        raise error
+
+
+def _ask(holder: list[Any], errors: list[Any], config: Mapping[str, Any], timeout_s: float) -> Exception | None:
+    """Ask for metadata in short steps, reading the error callback between them: None once a broker
+    answered, else the error to raise (see ``check_reachable``)."""
+    from confluent_kafka import KafkaError, KafkaException
+
     bootstrap = str(config.get("bootstrap.servers", ""))
     wanted = set(bootstrap_addresses(bootstrap))
     failures: list[Failure] = []
@@ -120,19 +141,19 @@ def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNEC
     all_failed_at: float | None = None
     while (now := time.monotonic()) < deadline:
         try:
-            admin.list_topics(timeout=min(_STEP_S, max(0.05, deadline - now)))
-            return
+            holder[0].list_topics(timeout=min(_STEP_S, max(0.05, deadline - now)))
+            return None
         except KafkaException:
             pass  # what went wrong comes through the error callback
-        admin.poll(0)
+        holder[0].poll(0)
         for err in errors:
-            text = _without_secrets(err.str(), config)
+            text = without_timing(_without_secrets(err.str(), config))  # the same words every time
             if err.code() == KafkaError._AUTHENTICATION:
-                raise KafkaAuthenticationError(
-                    f"authentication failed: {describe_identity(config)} at {bootstrap}: {text}"
+                return KafkaAuthenticationError(
+                    f"authentication failed: {describe_identity(config)} at {bootstrap}: {_detail(text)}"
                 )
             if err.code() == KafkaError._SSL and not _transient_tls_failure(text):
-                raise KafkaTlsError(_tls_message(config, text))
+                return KafkaTlsError(_tls_message(config, text))
             failure = failure_of(text)
             if failure is not None:
                 failures.append(failure)
@@ -144,7 +165,13 @@ def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNEC
                 break
         else:
             all_failed_at = None
-    raise BrokerUnavailableError(unreachable_message(bootstrap, timeout_s, failures))
+    return BrokerUnavailableError(unreachable_message(bootstrap, timeout_s, failures))
+
+
+def _destroy_later(holder: list[Any]) -> None:
+    """Destroy the probe client on a daemon thread: librdkafka's destroy waits for its broker threads,
+    and one may sit in the system resolver for seconds (a name that does not resolve, asked again)."""
+    threading.Thread(target=holder.clear, name="kafka2pc-reachability-probe", daemon=True).start()
 
 
 def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
