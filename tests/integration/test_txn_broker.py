@@ -319,8 +319,9 @@ def test_a_broker_that_is_down_gives_a_clear_error_and_loses_nothing(kafka: Kafk
     c = prepare_in_subprocess(kafka, f"{prefix}-0", generate(topic, 100))
     with pytest.raises(BrokerUnavailableError, match=r"^cannot reach Kafka at 127\.0\.0\.1:\d+: connection refused"):
         WireClient(dead, bootstrap_timeout_ms=2000)
-    with pytest.raises(BrokerUnavailableError, match="decision log"):
+    with pytest.raises(BrokerUnavailableError, match="decision log") as unavailable:
         DecisionLog(dead, timeout_s=2).read()
+    assert f"Now: cannot reach Kafka at {dead['bootstrap.servers']}: connection refused" in str(unavailable.value)
     # The prepared transaction is untouched and still commits once the broker is back.
     assert kafka.describe(c.transactional_id)[c.transactional_id].state == "Ongoing"  # type: ignore[union-attr]
     commit_prepared([c], kafka.wire, _log(kafka), run="down")

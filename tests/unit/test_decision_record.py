@@ -267,4 +267,9 @@ def test_a_leader_down_past_the_budget_is_named_not_raw() -> None:
         "decision log unavailable: partition 0 of decision topic 'decisions' (Kafka at 127.0.0.1:1) did not answer "
         "for 1 s while asking for its end offset; last error _TIMED_OUT: Failed to get watermark offsets"
     )
+    # Nothing listens at 127.0.0.1:1: the cause, as the Test button and the CLI word it.
+    assert (
+        "; last error _TIMED_OUT: Failed to get watermark offsets: Local: Timed out. Now: cannot reach Kafka at "
+        "127.0.0.1:1: connection refused (is a broker listening on that port?). Its leader is down" in str(info.value)
+    )
     assert "Nothing was decided or ended by this call" in str(info.value)

@@ -212,10 +212,21 @@ class DecisionTopicClient:
         return DecisionLogUnavailableError(
             f"decision log unavailable: {where}decision topic {self.topic!r} (Kafka at "
             f"{self._config.get('bootstrap.servers')}) did not answer for {budget.seconds:g} s while {doing}; "
-            f"last error {error}. Its leader is down or being elected (a broker crashed or restarts), or no "
-            f"broker answers. {budget.outcome} Retry the task once the brokers are back: it reads the decision "
-            f"log first and obeys any decision in it. {self._describe_hint()}"
+            f"last error {error}.{self._unreachable()} Its leader is down or being elected (a broker crashed or "
+            f"restarts), or no broker answers. {budget.outcome} Retry the task once the brokers are back: it reads "
+            f"the decision log first and obeys any decision in it. {self._describe_hint()}"
         )
+
+    def _unreachable(self) -> str:
+        """ " Now: cannot reach Kafka at ...: connection refused ..." when no broker answers at all, in
+        the words of every other "cannot reach Kafka"; "" when one does (a leader being elected)."""
+        from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, check_reachable
+
+        try:
+            check_reachable(self._config, min(self.timeout_s, DEFAULT_CONNECT_TIMEOUT_S))
+        except Kafka2PCError as e:
+            return f" Now: {e}."
+        return ""
 
     def _describe_hint(self) -> str:
         topic = "" if self.topic == DEFAULT_DECISION_TOPIC else f" --decision-topic {shlex.quote(self.topic)}"
