@@ -28,6 +28,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_kafka2pc.plugins.live_runs import live_dag_runs, mark_live
 from airflow_provider_kafka2pc.plugins.page_html import render_page
 from airflow_provider_kafka2pc.plugins.urls import PAGE, page_query
 
@@ -171,11 +172,13 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
             )
         exporters = []
         if prefixes:
+            live = live_dag_runs()
             wire = hook.wire_client()
             inspector = TransactionInspector(wire, TIMEOUT_S)
             for prefix in prefixes:
                 report = reports.exporter_report(inspector, inspector.describe_prefix(prefix), state, prefix)
                 described = reports.describe_report(inspector, state, prefix)
+                mark_live(prefix, report["transactions"], state.queue(prefix), live)
                 exporters.append(
                     {
                         "prefix": prefix,

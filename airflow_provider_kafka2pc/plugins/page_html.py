@@ -23,7 +23,8 @@ td code{white-space:nowrap}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
  background:#64748b}.COMMITTED{background:#15803d}.LOST{background:#b91c1c}.ACKNOWLEDGED{background:#7c3aed}
 .ABORTED,.ABORT{background:#c2410c}.COMMITTING,.DECIDED,.COMMIT{background:#0369a1}.VOID{background:#94a3b8}
-.Ongoing{background:#a16207}.box{border:1px solid #e2e8f0;border-radius:8px;padding:10px 14px;margin:8px 0}
+.Ongoing{background:#a16207}.LIVE{background:#0e7490}
+.box{border:1px solid #e2e8f0;border-radius:8px;padding:10px 14px;margin:8px 0}
 .loss{border-color:#fca5a5;background:#fef2f2}.error{border-color:#fca5a5;background:#fef2f2;color:#991b1b}
 .notice{border-color:#86efac;background:#f0fdf4}form.inline{display:flex;gap:8px;flex-wrap:wrap;align-items:end}
 label{display:flex;flex-direction:column;font-size:12px;color:#475569;gap:2px}
@@ -136,14 +137,15 @@ def _exporter(conn_id: str, x: Mapping[str, Any], can_acknowledge: bool) -> str:
                         e(_when(t["start_time_ms"])),
                         e(_when(t["start_time_ms"] + t["timeout_ms"]) if t["start_time_ms"] else "-"),
                         _ruling(t),
-                        e(t["action"]),
+                        (_badge("LIVE") + f" DAG run <code>{e(t['live_run'])}</code>: " if t.get("live_run") else "")
+                        + e(t["action"]),
                     ]
                     for t in open_txns
                 ),
                 f"{anchor}-open",
             )
         )
-        if any(t["decision"] is None for t in open_txns):
+        if any(t["decision"] is None and not t.get("live_run") for t in open_txns):
             # An undecided transaction is most often a run still between its prepare and its commit:
             # the action column is what a prefix-wide resolve would do now, not the next sensor.
             parts.append(
