@@ -16,11 +16,17 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Param
 
+from airflow_provider_kafka2pc.operators.commit import topic_asset
 from airflow_provider_kafka2pc.operators.create_topic import Kafka2PCCreateTopicOperator
 from airflow_provider_kafka2pc.task_group import kafka2pc_export_group
 
 TOPIC = "kafka2pc_example_orders"
 SPARK_CONN_ID = os.environ.get("KAFKA2PC_EXAMPLE_SPARK_CONN_ID") or None
+# The topic's asset (kafka://{bootstrap}/{topic}, as the commit names it) declared on the commit, so
+# Airflow knows it before the first run: KAFKA2PC_EXAMPLE_BOOTSTRAP is the connection's bootstrap
+# servers (scripts/demo and docker-compose.yml set it). Unset, the commit emits the asset through the
+# kafka2pc asset alias, and Airflow warns that it creates the asset on the way.
+BOOTSTRAP = os.environ.get("KAFKA2PC_EXAMPLE_BOOTSTRAP")
 
 
 def generated_orders(spark: Any, context: Any) -> Any:
@@ -53,5 +59,5 @@ with DAG(
         source=generated_orders,
         spark_conn_id=SPARK_CONN_ID,
         retries=0,
-        commit_kwargs={"retries": 3},
+        commit_kwargs={"retries": 3, "outlets": [topic_asset(BOOTSTRAP, TOPIC)] if BOOTSTRAP else []},
     )
