@@ -344,16 +344,16 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
     assert len(stoppable.open_transactions(ui.prefix, settle_s=0)) == partitions
     # While the run awaits its commit, the exporter's page shows its transactions as its live run's,
     # not as what a prefix-wide resolve would abort.
-    driver = browser("admin")
-    driver.get(f"{af.base_url}/kafka2pc/exporters?conn_id={STOPPABLE}&prefix={ui.prefix}")
+    page_driver = browser("admin")
+    page_driver.get(f"{af.base_url}/kafka2pc/exporters?conn_id={STOPPABLE}&prefix={ui.prefix}")
     open_table = f"[data-prefix='{ui.prefix}'] [id$='-open'] tbody tr"
     cells = wait_for(
-        "the open transactions", lambda: [r.text for r in driver.find_elements(By.CSS_SELECTOR, open_table)]
+        "the open transactions", lambda: [r.text for r in page_driver.find_elements(By.CSS_SELECTOR, open_table)]
     )
     assert len(cells) == partitions, cells
     assert all(f"LIVE DAG run {DAG_ID}/{run_id}: nothing: its DAG run is live" in c for c in cells), cells
-    assert "A transaction without a decision belongs to" not in body_text(driver)
-    shot(driver, "live-run-exporters-page")
+    assert "A transaction without a decision belongs to" not in body_text(page_driver)
+    shot(page_driver, "live-run-exporters-page")
     kill_node(stoppable, 1)  # Kafka stops after the prepare
     try:
         gate.touch()
@@ -368,6 +368,7 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
     }
 
     # The user opens the failed task: its log's last kafka2pc line says the state and the next click.
+    driver = browser("admin")
     driver.get(task_page(ui, run_id, "commit"))
     lines = wait_for("the kafka2pc line in the log", lambda: kafka2pc_lines(body_text(driver)))
     last = lines[-1]
