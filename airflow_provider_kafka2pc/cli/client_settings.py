@@ -55,7 +55,8 @@ def airflow_connection(conn_id: str) -> ClientSettings:
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
 
-        from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
+        from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+        from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
     except ImportError as e:
         raise UsageError(
             f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"

@@ -25,11 +25,11 @@ from airflow_provider_kafka2pc.connection_form import (
     RELABELING,
     field_of_setting,
 )
+from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
 from airflow_provider_kafka2pc.txn.kafka.client_logs import quiet_third_party_logs
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, redact
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.errors import (
-    ClientConfigError,
     UnmappableConfigError,
 )
 from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
@@ -50,14 +50,6 @@ log = logging.getLogger(__name__)
 # The official apache-kafka provider's connection type: its extra is the librdkafka config itself.
 KAFKA_CONN_TYPE = "kafka"
 _FIELDS = tuple(CONN_FIELDS)
-
-
-class Kafka2PCConfigError(ClientConfigError):
-    """The connection cannot be turned into a Kafka client config; ``field`` is the form field to fix."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"connection field {field!r}: {message}")
-        self.field = field
 
 
 def client_config(

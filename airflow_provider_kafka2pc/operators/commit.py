@@ -9,6 +9,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
+from airflow_provider_kafka2pc.exceptions import ConnectionMismatchError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
@@ -33,10 +34,6 @@ KAFKA2PC_ASSET_ALIAS = "kafka2pc"
 def topic_asset(bootstrap_servers: str, topic: str) -> Asset:
     """A topic as an asset: ``kafka://{first bootstrap server}/{topic}``."""
     return Asset(f"{kafka_namespace(bootstrap_servers)}/{topic}")
-
-
-class ConnectionMismatchError(Kafka2PCError):
-    """Committables prepared on one Kafka connection cannot be ended through another."""
 
 
 def _task_ids(export_task_ids: str | Sequence[str]) -> list[str]:

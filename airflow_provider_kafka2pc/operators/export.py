@@ -11,6 +11,7 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
+from airflow_provider_kafka2pc.exceptions import PoolingNeedsOneActiveRunError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
@@ -33,10 +34,6 @@ SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> D
 # What the apache-spark provider's PySparkOperator uses when no Spark connection is given.
 DEFAULT_SPARK_MASTER = "local[*]"
 SPARK_CONNECT_CONN_TYPE = "spark_connect"
-
-
-class PoolingNeedsOneActiveRunError(Kafka2PCError):
-    """POOLING ids are shared by every run of the exporter: two runs at once would fence each other."""
 
 
 def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: str) -> None:

@@ -141,7 +141,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
     """Per prefix, ``txn.two_phase.survey``'s exporter and describe reports plus the runs table; and the
     prefixes the decision log knows (their claims). Read-only: a missing decision topic is not
     created."""
-    from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError
+    from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
     from airflow_provider_kafka2pc.txn.protocol import naming

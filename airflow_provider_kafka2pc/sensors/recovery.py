@@ -9,21 +9,17 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, conf
 
 from airflow_provider_kafka2pc.dag_run import decision_run
+from airflow_provider_kafka2pc.exceptions import RecoveryError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import recovery_failure_line
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger, waiting_message
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 # What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
-
-
-class RecoveryError(Kafka2PCError):
-    """The recovery trigger failed; its message says why."""
 
 
 class Kafka2PCRecoverySensor(BaseSensorOperator):

@@ -14,8 +14,8 @@ import jsonschema
 import pendulum
 import pytest
 
-from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook, client_config
-from airflow_provider_kafka2pc.operators.export import PoolingNeedsOneActiveRunError
+from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError, PoolingNeedsOneActiveRunError
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook, client_config
 from airflow_provider_kafka2pc.operators.payload import ExportPayload
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
@@ -270,7 +270,8 @@ def test_trigger_reports_a_failure_as_an_event(monkeypatch: pytest.MonkeyPatch) 
 def test_sensor_fails_with_the_trigger_error_and_defaults_to_the_deferrable_setting() -> None:
     from airflow.sdk import conf
 
-    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor, RecoveryError
+    from airflow_provider_kafka2pc.exceptions import RecoveryError
+    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 
     sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
     assert sensor.deferrable is conf.getboolean("operators", "default_deferrable", fallback=False)

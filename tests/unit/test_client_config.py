@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, client_config
+from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+from airflow_provider_kafka2pc.hooks.kafka2pc import client_config
 from airflow_provider_kafka2pc.txn.kafka.config import (
     OidcTokenProvider,
     connection_only,

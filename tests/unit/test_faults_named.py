@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, Kafka2PCHook
+from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.txn.kafka.errors import (
     ClientConfigError,
     KafkaAuthenticationError,

@@ -19,11 +19,12 @@ import pendulum
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_kafka2pc.exceptions import PoolingNeedsOneActiveRunError
 from airflow_provider_kafka2pc.hooks import kafka2pc as hook_module
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators import export as export_module
 from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
-from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator, PoolingNeedsOneActiveRunError
+from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCConfigError, connect_timeout_s
+from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+from airflow_provider_kafka2pc.hooks.kafka2pc import connect_timeout_s
 from airflow_provider_kafka2pc.txn.kafka import reachability
 from airflow_provider_kafka2pc.txn.kafka.reachability import (
     REFUSED,

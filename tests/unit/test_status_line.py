@@ -98,7 +98,8 @@ def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_cl
 
 
 def test_the_deferred_sensor_names_the_cause_the_trigger_met() -> None:
-    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor, RecoveryError
+    from airflow_provider_kafka2pc.exceptions import RecoveryError
+    from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 
     sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
     wrapped = RecoveryError("recovery of orders failed: TransactionLostError: 1 transaction(s) …")
