@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 # The official apache-kafka provider's connection type: its extra is the librdkafka config itself.
 KAFKA_CONN_TYPE = "kafka"
 _FIELDS = tuple(CONN_FIELDS)
+# How long a passed connection check stands for the hook's next clients: a trigger keeps one hook for
+# hours, and a broker that went away meanwhile must be named as such again.
+CHECK_VALID_S = 60.0
 
 
 def client_config(
@@ -145,13 +148,18 @@ class Kafka2PCHook(BaseHook):
     conn_type = "kafka2pc"
     hook_name = "Kafka exactly-once export (kafka2pc)"
 
-    def __init__(self, kafka2pc_conn_id: str = default_conn_name, connection: Connection | None = None) -> None:
+    def __init__(
+        self, kafka2pc_conn_id: str = default_conn_name, connection: Connection | None = None, patient: bool = True
+    ) -> None:
+        """``patient`` (the tasks): connecting waits out a broker that refuses or does not resolve
+        until the connect timeout; a page or a person at the Test button is told at once."""
         super().__init__()
         quiet_third_party_logs()  # every kafka2pc task builds this hook first
         self.kafka2pc_conn_id = kafka2pc_conn_id
         # A trigger fetches the connection asynchronously and hands it in.
         self._conn: Connection | None = connection
-        self._connection_checked = False  # check_connection passed (once per hook)
+        self._patient = patient
+        self._checked_at: float | None = None  # when check_connection last passed
 
     # -- the classic form methods (Airflow 3 reads conn-fields from the provider info first) --------
     @classmethod
@@ -235,26 +243,23 @@ class Kafka2PCHook(BaseHook):
         "Broker transport failure". Raises ``KafkaAuthenticationError`` (``KafkaTlsError`` for a
         certificate problem) within a second, ``BrokerUnavailableError`` for a refused connection or
         a host name that does not resolve within a second or two, and when nothing answers within
-        ``connect_timeout_s``. Once per hook.
+        ``connect_timeout_s``. Once per hook. The tasks' hook is patient (a refused or unresolved
+        broker is asked again until the connect timeout: a broker restarting answers within it); the
+        Test button's is not (``test_connection``).
         """
         from airflow_provider_kafka2pc.txn.kafka.reachability import check_connection
 
-        if self._connection_checked:
+        if self._checked_at is not None and time.monotonic() - self._checked_at < CHECK_VALID_S:
             return
-        check_connection(self.get_config(), self.connect_timeout_s)
-        self._connection_checked = True
+        check_connection(self.get_config(), self.connect_timeout_s, patient=self._patient)
+        self._checked_at = time.monotonic()
 
     def wire_client(self) -> WireClient:
         """The commit side's client, connecting within the connection's connect timeout."""
         from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 
-        wire = WireClient(
-            self.get_config(),
-            bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
-            reachable=self._connection_checked,
-        )
-        self._connection_checked = True  # WireClient asked librdkafka first, unless this hook had
-        return wire
+        self.check_connection()
+        return WireClient(self.get_config(), bootstrap_timeout_ms=int(self.connect_timeout_s * 1000), reachable=True)
 
     def decision_log(self) -> DecisionLog:
         from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
@@ -312,6 +317,8 @@ class Kafka2PCHook(BaseHook):
             self.connect_timeout_s  # noqa: B018  (read for its check: a mistake in the form)
         except Kafka2PCConfigError as e:  # before any network: a mistake in the form is not "cannot reach Kafka"
             return False, f"configuration mistake, Kafka was not contacted: {e}"
+        self._patient = False  # a person waits at the button: a refused connection is said at once
+        self._checked_at = None
         try:
             wire = self.wire_client()
             try:

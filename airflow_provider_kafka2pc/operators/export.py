@@ -331,15 +331,15 @@ class Kafka2PCExportOperator(BaseOperator):
         hook = Kafka2PCHook(self.kafka2pc_conn_id)
         # One wire client and one decision log for every Kafka step of this prepare.
         seen: dict[str, Any] = {}  # whether the write job started, its last progress, whether it was aborted
-        with hook.prepare_session(prefix, decision_run(context), run_key) as session:
-            try:
+        try:
+            with hook.prepare_session(prefix, decision_run(context), run_key) as session:
                 return self._prepare(hook, session, context, seen)
-            except AirflowSkipException:
-                raise
-            except BaseException as e:
-                # Last, so that it is the line a user reads first: how far the prepare got, what is open.
-                self.log.error("kafka2pc: %s", prepare_failure_line(session.run, prefix, e, seen))
-                raise
+        except AirflowSkipException:
+            raise
+        except BaseException as e:
+            # Last, so that it is the line a user reads first: how far the prepare got, what is open.
+            self.log.error("kafka2pc: %s", prepare_failure_line(decision_run(context), prefix, e, seen))
+            raise
 
     def _prepare(
         self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
@@ -391,6 +391,9 @@ class Kafka2PCExportOperator(BaseOperator):
             self.naming_strategy.value,
             redact(settings.producer_config),
         )
+        # Idle through a long Spark job, a connection may be dropped by the network on the way: the
+        # steps after the job (an abort now, the stand-down) connect afresh.
+        session.clients.close()
         spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
 
         def progress(p: Progress) -> None:

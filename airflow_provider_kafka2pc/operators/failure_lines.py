@@ -31,8 +31,20 @@ _FIX_THE_CONNECTION = frozenset(
 )
 
 
+def acknowledge_commands(error: TransactionLostError) -> str:
+    """The ``kafka2pc acknowledge`` command of every run with lost transactions, quoted."""
+    return " and ".join(f"`{acknowledge_command(p, r)}`" for p, r in sorted({(t.prefix, t.run) for t in error.lost}))
+
+
 def prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
     """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
+    if isinstance(error, TransactionLostError):  # the run, or an earlier one, lost records: a clear cannot help
+        commands = acknowledge_commands(error)
+        return (
+            f"prepare of run {run} (exporter {prefix}) refused: a COMMIT decision in force has transactions that "
+            f"can never become visible; nothing was written. Next: re-export the lost partitions, then acknowledge "
+            f"the loss with {commands}."
+        )
     if not seen.get("writing"):  # the checks before Spark: the topic, the ACLs, the turn, recovery
         return (
             f"prepare of run {run} (exporter {prefix}) failed ({type(error).__name__}) before its write job "
@@ -68,9 +80,7 @@ def commit_failure_line(progress: CommitProgress, error: BaseException) -> str:
     run = f"run {progress.run}"
     if isinstance(error, TransactionLostError):
         seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
-        commands = " and ".join(
-            f"`{acknowledge_command(p, r)}`" for p, r in sorted({(t.prefix, t.run) for t in error.lost})
-        )
+        commands = acknowledge_commands(error)
         return (
             f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: re-export the lost "
             f"partitions, then acknowledge the loss with {commands}."

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 LIVE_STATES = ("queued", "running")
 LIVE_ACTION = "nothing: its DAG run is live (exporting or awaiting its commit)"
+# The lease's time is the Airflow worker's clock, a transaction's start the broker's.
+CLOCK_SLACK_MS = 5_000
 
 
 def live_dag_runs() -> set[tuple[str, str]]:
@@ -34,12 +36,19 @@ def live_dag_runs() -> set[tuple[str, str]]:
 
 
 def mark_live(
-    prefix: str, rows: Sequence[dict[str, Any]], queue: Sequence[Lease], live: Iterable[tuple[str, str]]
+    prefix: str,
+    rows: Sequence[dict[str, Any]],
+    queue: Sequence[Lease],
+    live: Iterable[tuple[str, str]],
+    owner: str | None = None,
 ) -> None:
-    """Mark each undecided transaction whose DAG run is live (``live_run``, and its action). A
-    POOLING id belongs to the run holding the exporter (the first live lease of its queue); an
-    INCREMENTING id names its run's key."""
-    live = set(live)
+    """Mark each undecided transaction whose DAG run is live (``live_run``, and its action).
+
+    Only runs of the DAG that claimed the prefix count (``owner``, "dag_id.task_id", when known):
+    another DAG's run may carry the same run id. A POOLING id belongs to the run holding the
+    exporter (the first live lease of its queue) only if it opened after that run queued: what an
+    earlier run left behind stays what it is. An INCREMENTING id names its run's key."""
+    live = {(dag_id, run_id) for dag_id, run_id in live if owner is None or owner.startswith(f"{dag_id}.")}
     holder = next((lease for lease in queue if (lease.dag_id, lease.run_id) in live), None)
     by_key = {naming.sanitize_run_key(run_id): (dag_id, run_id) for dag_id, run_id in live}
     for row in rows:
@@ -48,9 +57,14 @@ def mark_live(
         parsed = naming.parse_transactional_id(str(row["transactional_id"]))
         if parsed is None or parsed.prefix != prefix:
             continue
-        owner = by_key.get(parsed.run_key) if parsed.run_key is not None else _of(holder)
-        if owner is not None:
-            row["live_run"] = f"{owner[0]}/{owner[1]}"
+        if parsed.run_key is not None:
+            found = by_key.get(parsed.run_key)
+        else:
+            started = row.get("start_time_ms")
+            opened_after = holder is not None and started is not None and started >= holder.at_ms - CLOCK_SLACK_MS
+            found = _of(holder) if opened_after else None
+        if found is not None:
+            row["live_run"] = f"{found[0]}/{found[1]}"
             row["action"] = LIVE_ACTION
 
 

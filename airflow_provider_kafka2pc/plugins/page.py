@@ -134,7 +134,8 @@ def _hook(conn_id: str) -> Kafka2PCHook:
         raise PageError(404, f"no Airflow connection {conn_id!r}") from None
     if conn.conn_type not in KAFKA_CONN_TYPES:
         raise PageError(400, f"connection {conn_id!r} is of type {conn.conn_type!r}, not kafka2pc or kafka")
-    return Kafka2PCHook(conn_id, connection=conn)  # the model has the fields the hook reads
+    # The model has the fields the hook reads; a page load is told at once that Kafka refuses.
+    return Kafka2PCHook(conn_id, connection=conn, patient=False)
 
 
 def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
@@ -178,7 +179,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
             for prefix in prefixes:
                 report = reports.exporter_report(inspector, inspector.describe_prefix(prefix), state, prefix)
                 described = reports.describe_report(inspector, state, prefix)
-                mark_live(prefix, report["transactions"], state.queue(prefix), live)
+                mark_live(prefix, report["transactions"], state.queue(prefix), live, state.claims.get(prefix))
                 exporters.append(
                     {
                         "prefix": prefix,

@@ -12,7 +12,7 @@ from airflow_provider_kafka2pc.hooks import kafka2pc as hook_module
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook, dag_run_is_live
 from airflow_provider_kafka2pc.txn.kafka.decision_log import Position
 from airflow_provider_kafka2pc.txn.protocol.records import LEASE_KEY, Lease
-from tests.unit.fakes import MemoryDecisionLog
+from tests.unit.fakes import FakeBroker, FakeClients, MemoryDecisionLog
 
 DAG = "export_orders"
 
@@ -216,14 +216,11 @@ def test_hook_take_turn_queues_the_dag_run_and_asks_the_scheduler(monkeypatch: p
     log, scheduler = MemoryDecisionLog(), Scheduler("scheduled__1")
     closed: list[bool] = []
 
-    class Clients:  # the hook's clients of one call: the decision log, closed when the call ends
-        def decision_log(self) -> MemoryDecisionLog:
-            return log
-
+    class Clients(FakeClients):  # the hook's clients of one call: closed when the call ends
         def close(self) -> None:
             closed.append(True)
 
-    monkeypatch.setattr(Kafka2PCHook, "clients", lambda self: Clients())
+    monkeypatch.setattr(Kafka2PCHook, "clients", lambda self: Clients(FakeBroker(), log))
     monkeypatch.setattr(hook_module, "dag_run_is_live", scheduler)
     hook = Kafka2PCHook("kafka2pc_default")
     assert hook.take_turn("orders", DAG, "scheduled__1") is None

@@ -142,6 +142,19 @@ def test_every_bootstrap_broker_refused_is_answered_after_a_short_grace_not_the_
     assert built[0]["reconnect.backoff.max.ms"] <= 500  # retried often: a second address is tried in the grace
 
 
+def test_a_task_waits_out_a_refusing_broker_until_the_timeout_and_then_names_the_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Patient (the tasks): a broker restarting refuses for a while; the task asks again until the
+    connect timeout, then says the same words the Test button says at once."""
+    probe(monkeypatch, [REFUSED_TEXT])
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError) as failed:
+        reachability.check_reachable({"bootstrap.servers": "127.0.0.1:19999"}, timeout_s=2.5, patient=True)
+    assert time.monotonic() - started >= 2.5
+    assert str(failed.value) == f"cannot reach Kafka at 127.0.0.1:19999: {REFUSED}"
+
+
 def test_one_broker_refusing_and_one_silent_waits_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     probe(monkeypatch, [REFUSED_TEXT])
     started = time.monotonic()

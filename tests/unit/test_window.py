@@ -70,6 +70,12 @@ def test_a_rate_shown_by_a_write_budgets_the_same_export_the_time_it_took_and_su
     assert fast is not None and fast.records_per_s == pytest.approx(3_000_000 / (2 * 1.8))
     assert 1_800 < WriteEstimate.of(sizes, 2, fast).expected_ms < 8_000
     assert WriteRate.shown(sizes, 0.9, slots=2, source="x") is None  # start-up would pass for a slow rate
+    # Just above the fixed costs, inverting them would show many times what the job moved: never
+    # more than twice the plain throughput.
+    for seconds in (1.05, 1.1, 2.1, 4.1, 6.0, 8.0, 30.0):
+        shown_at = WriteRate.shown(sizes, seconds, slots=2, source="x")
+        assert shown_at is not None and shown_at.records_per_s is not None
+        assert shown_at.records_per_s <= 2 * 3_000_000 / (2 * seconds), seconds
     assert WriteRate.shown([PartitionSize(0, 0, 0)], 10.0, slots=2, source="x") is None  # nothing written
     assert WriteRate.from_json({"records_per_s": -1, "bytes_per_s": None, "source": "x"}) is None
     assert WriteRate.from_json("garbage") is None and WriteRate.from_json(None) is None

@@ -16,6 +16,8 @@ from airflow_provider_kafka2pc.txn.kafka.reachability import check_connection
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
+log = logging.getLogger(__name__)
+
 # Where librdkafka's own lines go (a logger of their own, so the CLI can quiet them).
 LIBRDKAFKA_LOGGER = "kafka2pc.librdkafka"
 
@@ -108,8 +110,14 @@ class KafkaClients:
     def __enter__(self) -> KafkaClients:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # never instead of the error (or skip) already on its way out
+            log.warning("could not close the Kafka clients cleanly", exc_info=True)
 
 
 __all__ = ["LIBRDKAFKA_LOGGER", "KafkaClients"]

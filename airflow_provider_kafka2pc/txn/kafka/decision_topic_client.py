@@ -226,6 +226,8 @@ class DecisionTopicClient:
             check_reachable(self._config, min(self.timeout_s, DEFAULT_CONNECT_TIMEOUT_S))
         except Kafka2PCError as e:
             return f" Now: {e}."
+        except Exception:  # a courtesy: it must never hide the error it adds to
+            log.debug("could not ask whether Kafka is reachable", exc_info=True)
         return ""
 
     def _describe_hint(self) -> str:

@@ -109,11 +109,16 @@ def unreachable_message(bootstrap: str, timeout_s: float, failures: Sequence[Fai
     return f"{head}: no broker answered within {timeout_s:g} s: {listed}"
 
 
-def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+def check_reachable(
+    config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, patient: bool = False
+) -> None:
     """Return once a broker has answered a metadata request; raise at once for a refused login
     (``KafkaAuthenticationError``, naming mechanism and principal) or certificate (``KafkaTlsError``),
     soon for a bootstrap list that refuses or does not resolve, else after ``timeout_s``
-    (``BrokerUnavailableError``, worded by ``unreachable_message``)."""
+    (``BrokerUnavailableError``, worded by ``unreachable_message``). ``patient`` (the tasks): a
+    refused or unresolved broker is asked again until ``timeout_s``, as a restarting broker or a
+    pod's DNS record coming back answer within it; a person at the Test button or the CLI is told at
+    once."""
     from confluent_kafka.admin import AdminClient
 
     errors: list[Any] = []
@@ -122,14 +127,16 @@ def check_reachable(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNEC
     # would hold the client too): the thread _destroy_later starts drops the last reference.
     holder = [AdminClient(probe)]
     try:
-        error = _ask(holder, errors, config, timeout_s)
+        error = _ask(holder, errors, config, timeout_s, patient)
     finally:
         _destroy_later(holder)
     if error is not None:
         raise error
 
 
-def _ask(holder: list[Any], errors: list[Any], config: Mapping[str, Any], timeout_s: float) -> Exception | None:
+def _ask(
+    holder: list[Any], errors: list[Any], config: Mapping[str, Any], timeout_s: float, patient: bool
+) -> Exception | None:
     """Ask for metadata in short steps, reading the error callback between them: None once a broker
     answered, else the error to raise (see ``check_reachable``)."""
     from confluent_kafka import KafkaError, KafkaException
@@ -159,7 +166,7 @@ def _ask(holder: list[Any], errors: list[Any], config: Mapping[str, Any], timeou
                 failures.append(failure)
         errors.clear()
         latest = {f.address: f for f in failures}
-        if wanted and all(a in latest and latest[a].definite for a in wanted):
+        if not patient and wanted and all(a in latest and latest[a].definite for a in wanted):
             all_failed_at = all_failed_at or time.monotonic()
             if time.monotonic() - all_failed_at >= _GRACE_S:
                 break
@@ -174,7 +181,9 @@ def _destroy_later(holder: list[Any]) -> None:
     threading.Thread(target=holder.clear, name="kafka2pc-reachability-probe", daemon=True).start()
 
 
-def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+def check_connection(
+    config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, patient: bool = False
+) -> None:
     """Before a command's or task's first Kafka client: is the config usable, and does a broker answer
     and let this principal in? Returns once a broker has answered, and raises:
 
@@ -184,10 +193,10 @@ def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_CONNE
       principal); ``KafkaTlsError``, a subclass: the TLS handshake failed (names the certificate
       problem and ``ssl.ca.location``). Within a second.
     - ``BrokerUnavailableError``: connection refused or a name not resolved, within a second or
-      two; nothing answered, after ``timeout_s``.
+      two (``patient``: after ``timeout_s``, if it still is); nothing answered, after ``timeout_s``.
     """
     kafka_python_settings(config)  # pure: refuses what the commit side's client cannot honour
-    check_reachable(config, timeout_s)
+    check_reachable(config, timeout_s, patient)
 
 
 def without_timing(text: str) -> str:

@@ -99,15 +99,18 @@ class WriteRate:
     def shown(cls, sizes: Sequence[PartitionSize], seconds: float, slots: int, source: str) -> WriteRate | None:
         """The rate per slot a write job showed: the lowest at which ``WriteEstimate`` gives the job's
         own sizes the time it took (``seconds``), so the same export is budgeted exactly the time it
-        took, skew included. A job faster than the estimate's fixed costs alone shows its plain
-        throughput (the same export is then budgeted more than it took). None for a job under
+        took, skew included. A job whose fixed costs would be half its time or more shows its plain
+        throughput (the same export is then budgeted more than it took, never a rate above twice
+        what it moved). None for a job under
         ``SHORTEST_SHOWING_S``: start-up costs would pass for a slow rate."""
         busy = [s for s in sizes if s.records > 0]
         if not busy or seconds < SHORTEST_SHOWING_S:
             return None
         slots = max(slots, 1)
         fixed = TASK_FIXED_MS / 1000
-        if seconds - fixed <= 0 or slots * seconds - len(busy) * fixed <= 0:
+        # Fixed costs of half the job or more: inverting them would divide by nearly nothing and
+        # show a rate many times what the job moved, admitting exports that cannot fit.
+        if seconds < 2 * fixed or slots * seconds - len(busy) * fixed < slots * seconds / 2:
             fixed = 0.0
 
         def lowest(amounts: list[int]) -> float | None:

@@ -105,8 +105,8 @@ class PrepareSession:
     def __enter__(self) -> PrepareSession:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.clients.__exit__(exc_type, *exc)
 
 
 def check_export_access(clients: KafkaClients, topic: str | None) -> None:
