@@ -222,6 +222,7 @@ def test_replay_skips_tombstones_and_unknown_keys() -> None:
         "LEADER_NOT_AVAILABLE",
         "FENCED_LEADER_EPOCH",
         "_TIMED_OUT",
+        "_TIMED_OUT_QUEUE",
         "_DESTROY_BROKER",
         "_TRANSPORT",
     ],

@@ -79,6 +79,9 @@ _TRANSIENT_ERRORS = (
     "_MSG_TIMED_OUT",
     # librdkafka's own: a leader that died mid-request (seen with a SIGKILLed broker).
     "_TIMED_OUT",
+    # A request still queued for a dead leader's connection when its step ran out (seen: a recovery
+    # started as the decision topic's leader was SIGKILLed, on a loaded machine).
+    "_TIMED_OUT_QUEUE",
     "_TRANSPORT",
     "_DESTROY_BROKER",
     "_ALL_BROKERS_DOWN",
