@@ -8,12 +8,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from airflow_provider_kafka2pc.hooks.kafka2pc import LIVE_DAG_RUN_STATES
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.records import Lease
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("queued", "running")
 LIVE_ACTION = "nothing: its DAG run is live (exporting or awaiting its commit)"
 # The lease's time is the Airflow worker's clock, a transaction's start the broker's.
 CLOCK_SLACK_MS = 5_000
@@ -28,7 +28,7 @@ def live_dag_runs() -> set[tuple[str, str]]:
         from sqlalchemy import select
 
         with create_session() as session:
-            rows = session.execute(select(DagRun.dag_id, DagRun.run_id).where(DagRun.state.in_(LIVE_STATES)))
+            rows = session.execute(select(DagRun.dag_id, DagRun.run_id).where(DagRun.state.in_(LIVE_DAG_RUN_STATES)))
             return {(str(dag_id), str(run_id)) for dag_id, run_id in rows}
     except Exception as e:  # a courtesy of the page, never its failure
         log.warning("kafka2pc page: the live DAG runs are unknown (%s: %s)", type(e).__name__, e)
