@@ -11,6 +11,7 @@ answers (exit status and losses) against that truth from Kafka alone.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -58,13 +59,24 @@ def open_transactions(bootstrap: str, prefix: str) -> list[str]:
     """The prefix's transactions Kafka lists as Ongoing or ending (ListTransactions on every broker,
     through kafka-python's public admin client: not kafka2pc's code)."""
     from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError as WireError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="soak-judge")
     try:
-        listed = admin.list_transactions(
-            state_filters=["Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"],
-            transactional_id_pattern=f"{re.escape(prefix)}-.*",
-        )
+        # A broker just restarted answers COORDINATOR_LOAD_IN_PROGRESS while it reloads the
+        # transaction log: Kafka says retry, so the judge asks again (for a minute at most).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                listed = admin.list_transactions(
+                    state_filters=["Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"],
+                    transactional_id_pattern=f"{re.escape(prefix)}-.*",
+                )
+                break
+            except WireError as e:
+                if not e.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         admin.close()
     return sorted(f"{t.transactional_id} {t.state}" for per_broker in listed.values() for t in per_broker)

@@ -36,7 +36,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "batch.num.messages": 100_000,
     "compression.type": "lz4",
     "queue.buffering.max.messages": 1_000_000,
-    "queue.buffering.max.kbytes": 1_048_576,
+    # 128 MiB, not librdkafka's 1 GiB: a broker slower than the writer fills the queue, and this
+    # bound is what a writing task holds beyond its Arrow batch (Java's producer: 32 MB).
+    "queue.buffering.max.kbytes": 131_072,
     "message.max.bytes": 1_000_000,
     "max.in.flight.requests.per.connection": 5,
 }
