@@ -8,6 +8,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.protocol.errors import InvalidPrefixError
 from airflow_provider_kafka2pc.txn.protocol.naming import (
+    OFFSETS_SLOT,
     NamingStrategy,
     ParsedId,
     belongs_to,
@@ -38,7 +39,17 @@ def test_incrementing_without_a_run_key_is_refused() -> None:
 
 def test_negative_slot_is_refused() -> None:
     with pytest.raises(ValueError, match="slot"):
-        transactional_id("orders", -1)
+        transactional_id("orders", -2)
+
+
+def test_the_offsets_participant_is_named_offsets_and_parses_back_to_its_slot() -> None:
+    pooled = transactional_id("orders", OFFSETS_SLOT)
+    fresh = transactional_id("orders", OFFSETS_SLOT, NamingStrategy.INCREMENTING, run_key="run_1")
+    assert (pooled, fresh) == ("orders-offsets", "orders-run_1-offsets")
+    assert parse_transactional_id(pooled) == ParsedId("orders", None, OFFSETS_SLOT)
+    assert parse_transactional_id(fresh) == ParsedId("orders", "run_1", OFFSETS_SLOT)
+    assert belongs_to(pooled, "orders") and not belongs_to(pooled, "orders2")
+    assert parse_transactional_id("orders-offset") is None and parse_transactional_id("orders-x-offsetss") is None
 
 
 @pytest.mark.parametrize("prefix", ["orders", "Orders2", "0rders", "orders.v2", "orders_eu", "a", "a" * 150])

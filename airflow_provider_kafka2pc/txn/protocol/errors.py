@@ -47,6 +47,11 @@ class MissingTopicError(Kafka2PCError):
     """The export's default topic does not exist (or cannot be seen); kafka2pc never creates data topics."""
 
 
+class SourceError(Kafka2PCError):
+    """A Kafka source that cannot be read as one run's range (a live group, a gap, a missing topic,
+    an unresolved earlier run); nothing was written."""
+
+
 class DeliveryError(Kafka2PCError):
     """A record was not acknowledged by the broker; the transaction must not be committed."""
 

@@ -20,6 +20,11 @@ DELIMITER = "-"
 _PART = r"[A-Za-z0-9][A-Za-z0-9._]*"
 _PREFIX_RE = re.compile(_PART, re.ASCII)
 _MAX_ID_LENGTH = 249
+# The run's consumer-offsets participant (a Kafka-sourced export, KIP-447): one more transaction
+# beside the partitions' ones, ``{prefix}-offsets`` or ``{prefix}-{run_key}-offsets``. Its slot
+# is -1 wherever slots are numbers (XCom columns, sorting), so it sorts before every partition.
+OFFSETS_SLOT = -1
+OFFSETS_NAME = "offsets"
 
 
 class NamingStrategy(StrEnum):
@@ -62,14 +67,15 @@ def transactional_id(
     prefix: str, slot: int, strategy: NamingStrategy = NamingStrategy.POOLING, run_key: str | None = None
 ) -> str:
     validate_prefix(prefix)
-    if slot < 0:
+    if slot < 0 and slot != OFFSETS_SLOT:
         raise ValueError(f"slot must be >= 0, got {slot}")
+    last = OFFSETS_NAME if slot == OFFSETS_SLOT else str(slot)
     if strategy is NamingStrategy.POOLING:
-        tid = f"{prefix}{DELIMITER}{slot}"
+        tid = f"{prefix}{DELIMITER}{last}"
     else:
         if run_key is None:
             raise ValueError("INCREMENTING naming needs a run key")
-        tid = f"{prefix}{DELIMITER}{sanitize_run_key(run_key)}{DELIMITER}{slot}"
+        tid = f"{prefix}{DELIMITER}{sanitize_run_key(run_key)}{DELIMITER}{last}"
     if len(tid) > _MAX_ID_LENGTH:
         raise InvalidPrefixError(f"transactional id {tid!r} is too long")
     return tid
@@ -79,11 +85,12 @@ def parse_transactional_id(tid: str) -> ParsedId | None:
     """The parts of an id written by kafka2pc, or None for anything else."""
     parts = tid.split(DELIMITER)
     slot = parts[-1]
-    if len(parts) not in (2, 3) or not (slot.isascii() and slot.isdigit()) or not _PREFIX_RE.fullmatch(parts[0]):
+    numbered = slot.isascii() and slot.isdigit()
+    if len(parts) not in (2, 3) or not (numbered or slot == OFFSETS_NAME) or not _PREFIX_RE.fullmatch(parts[0]):
         return None
     if len(parts) == 3 and not _PREFIX_RE.fullmatch(parts[1]):
         return None
-    return ParsedId(parts[0], parts[1] if len(parts) == 3 else None, int(parts[-1]))
+    return ParsedId(parts[0], parts[1] if len(parts) == 3 else None, int(slot) if numbered else OFFSETS_SLOT)
 
 
 def belongs_to(tid: str, prefix: str) -> bool:

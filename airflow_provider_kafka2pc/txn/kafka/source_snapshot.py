@@ -1,0 +1,223 @@
+"""A Kafka source's snapshot: the range one run reads, read from the broker before anything is written.
+
+``snapshot_source`` resolves the source topics (names or a pattern), refuses a consumer group with
+live members (kafka2pc commits the group's offsets as a member-less group, generation -1, which a
+live classic group would see overwritten and a KIP-848 group refuses), reads the group's committed
+offsets with a stable fetch (an offset commit still inside an open transaction answers
+UNSTABLE_OFFSET_COMMIT: an earlier run is unresolved), the log start and the last stable offset of
+every partition (``read_committed``: never the high watermark, which may sit behind another
+producer's open transaction), and builds the run's ``SourceRange``. Offsets below the log start
+(deleted by retention before the group read them) are refused unless the caller accepts the gap.
+``group_offsets`` is the fresh read the commit compares against the range before it decides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
+from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
+from airflow_provider_kafka2pc.txn.kafka.config import connection_only
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SourceError
+from airflow_provider_kafka2pc.txn.protocol.source_range import (
+    STARTING_POLICIES,
+    PartitionRange,
+    SourceRange,
+    cap_ranges,
+)
+
+# librdkafka's "no committed offset" (OFFSET_INVALID).
+_NO_OFFSET = -1001
+
+
+@dataclass(frozen=True)
+class KafkaSourceSpec:
+    """What a user says about a Kafka source: which topics, which group, and the run's limits."""
+
+    group_id: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None  # a regex over topic names (full match), instead of ``topics``
+    starting_offsets: str = "earliest"  # for a partition the group has no offset for
+    max_offsets_per_run: int | None = None
+    accept_gap: bool = False  # start at the log start when retention deleted what the group had not read
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            raise ValueError("a Kafka source needs a consumer group id")
+        if bool(self.topics) == bool(self.pattern):
+            raise ValueError("a Kafka source takes topics or a pattern, one of them")
+        if self.starting_offsets not in STARTING_POLICIES:
+            raise ValueError(f"starting_offsets={self.starting_offsets!r}: choose one of {list(STARTING_POLICIES)}")
+        if self.max_offsets_per_run is not None and self.max_offsets_per_run <= 0:
+            raise ValueError(f"max_offsets_per_run must be positive, got {self.max_offsets_per_run}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "topics": list(self.topics),
+            "pattern": self.pattern,
+            "starting_offsets": self.starting_offsets,
+            "max_offsets_per_run": self.max_offsets_per_run,
+            "accept_gap": self.accept_gap,
+        }
+
+
+def snapshot_source(config: Mapping[str, Any], spec: KafkaSourceSpec, timeout_s: float = 30.0) -> SourceRange:
+    """The range this run reads, per partition ``[start, end)``; raises ``SourceError`` naming the
+    cause and the fix for a live group, a missing topic, a gap, or an unresolved earlier run."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(with_log(connection_only(config)))
+    partitions = _partitions(admin, config, spec, timeout_s)
+    _refuse_live_members(admin, config, spec.group_id, timeout_s)
+    committed = _committed(admin, config, spec.group_id, partitions, timeout_s)
+    log_start = _offsets(admin, config, partitions, "earliest", timeout_s)
+    stable_end = _offsets(admin, config, partitions, "latest", timeout_s)
+    ranges, gaps = [], []
+    for tp in partitions:
+        first, end, had = log_start[tp], stable_end[tp], committed.get(tp)
+        if had is None:
+            start = first if spec.starting_offsets == "earliest" else end
+        elif had > end:
+            raise SourceError(
+                f"consumer group {spec.group_id!r} committed offset {had} on {tp[0]}-{tp[1]}, beyond its last "
+                f"stable offset {end}: the topic was deleted and recreated, or truncated. Reset the group's "
+                "offsets with kafka-consumer-groups --reset-offsets, or use a new group id"
+            )
+        elif had < first:
+            gaps.append((tp, had, first))
+            start = first
+        else:
+            start = had
+        ranges.append(PartitionRange(tp[0], tp[1], start, end, had))
+    if gaps and not spec.accept_gap:
+        gone = sum(first - had for _, had, first in gaps)
+        named = ", ".join(f"{t}-{p} (committed {had}, log start {first})" for (t, p), had, first in gaps[:5])
+        raise SourceError(
+            f"consumer group {spec.group_id!r} has not read {gone} offset(s) that retention already deleted: "
+            f"{named}. Those records are gone; to go on from the oldest records left, set accept_gap=True "
+            "on the Kafka source for one run"
+        )
+    return SourceRange(spec.group_id, cap_ranges(ranges, spec.max_offsets_per_run))
+
+
+def group_offsets(
+    config: Mapping[str, Any], group_id: str, partitions: Sequence[tuple[str, int]], timeout_s: float = 30.0
+) -> dict[tuple[str, int], int | None]:
+    """The group's committed offsets now (a stable read; None where it has none)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(with_log(connection_only(config)))
+    return _committed(admin, config, group_id, list(partitions), timeout_s)
+
+
+def _partitions(
+    admin: Any, config: Mapping[str, Any], spec: KafkaSourceSpec, timeout_s: float
+) -> list[tuple[str, int]]:
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception as e:
+        raise BrokerUnavailableError(f"cannot read the topics at {config.get('bootstrap.servers')}: {e}") from e
+    if spec.pattern is not None:
+        regex = re.compile(spec.pattern)
+        names = sorted(t for t in metadata.topics if regex.fullmatch(t) and not t.startswith("__"))
+        if not names:
+            raise SourceError(
+                f"no topic matches the Kafka source's pattern {spec.pattern!r} (a full match; topics whose "
+                "names start with '__' are Kafka's own). Create the topic or fix the pattern"
+            )
+    else:
+        names = list(spec.topics)
+    out: list[tuple[str, int]] = []
+    for name in names:
+        t = metadata.topics.get(name)
+        if t is None or (t.error is not None and t.error.name() == "UNKNOWN_TOPIC_OR_PART"):
+            raise SourceError(
+                f"the Kafka source's topic {name!r} does not exist (or this principal may not Describe it). "
+                "Create it, or fix the name; docs/acls.md lists the source's ACLs"
+            )
+        if t.error is not None:
+            named = authorization_error_of(t.error.name(), config, name, "Describe")
+            if named is not None:
+                raise named
+            raise SourceError(f"the Kafka source's topic {name!r} cannot be read: {t.error}")
+        out.extend((name, p) for p in sorted(t.partitions))
+    return out
+
+
+def _refuse_live_members(admin: Any, config: Mapping[str, Any], group_id: str, timeout_s: float) -> None:
+    try:
+        group = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id].result(timeout_s)
+    except Exception as e:
+        _raise_group_error(e, config, group_id, "Describe")
+    members = list(group.members or ())
+    if members:
+        who = ", ".join(sorted({f"{m.client_id} on {m.host}" for m in members})[:5])
+        raise SourceError(
+            f"consumer group {group_id!r} has {len(members)} live member(s) ({who}): kafka2pc commits the group's "
+            "offsets with the run as a group without members, which would overwrite or be refused by theirs. "
+            "Stop those consumers, or give the export a consumer group of its own"
+        )
+
+
+def _committed(
+    admin: Any, config: Mapping[str, Any], group_id: str, partitions: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int | None]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])]
+    try:
+        answer = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=timeout_s)
+        result = answer[group_id].result(timeout_s)
+    except Exception as e:
+        _raise_group_error(e, config, group_id, "Describe")
+    out: dict[tuple[str, int], int | None] = {}
+    for tp in result.topic_partitions or ():
+        if tp.error is not None:
+            if tp.error.name() == "UNSTABLE_OFFSET_COMMIT":
+                raise SourceError(
+                    f"consumer group {group_id!r} has an offset commit on {tp.topic}-{tp.partition} inside a "
+                    "transaction that is still open: an earlier run is not resolved yet. Let the exporter's "
+                    "recovery (or kafka2pc recover) resolve it, then run again"
+                )
+            _raise_group_error(tp.error, config, group_id, "Describe")
+        out[(tp.topic, tp.partition)] = None if tp.offset == _NO_OFFSET or tp.offset < 0 else int(tp.offset)
+    return out
+
+
+def _offsets(
+    admin: Any, config: Mapping[str, Any], partitions: list[tuple[str, int]], which: str, timeout_s: float
+) -> dict[tuple[str, int], int]:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+    spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    request = {TopicPartition(t, p): spec for t, p in partitions}
+    try:
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+        return {(tp.topic, tp.partition): int(f.result(timeout_s).offset) for tp, f in futures.items()}
+    except Exception as e:
+        named = authorization_error_of(_error_name(e), config, ",".join(sorted({t for t, _ in partitions})), "Describe")
+        if named is not None:
+            raise named from e
+        raise BrokerUnavailableError(
+            f"cannot read the {which} offsets of the Kafka source at {config.get('bootstrap.servers')}: {e}"
+        ) from e
+
+
+def _raise_group_error(e: Any, config: Mapping[str, Any], group_id: str, operation: str) -> NoReturn:
+    cause = e if isinstance(e, BaseException) else None
+    named = authorization_error_of(_error_name(e), config, group_id, operation)
+    if named is not None:
+        raise named from cause
+    raise SourceError(f"cannot read consumer group {group_id!r}: {e}") from cause
+
+
+def _error_name(e: Any) -> str:
+    """The Kafka error name of a confluent-kafka exception or KafkaError ('' when it has none)."""
+    err = e.args[0] if isinstance(e, BaseException) and e.args else e
+    name = getattr(err, "name", None)
+    return str(name()) if callable(name) else ""

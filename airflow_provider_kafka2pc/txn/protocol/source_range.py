@@ -1,0 +1,151 @@
+"""A Kafka source's range for one run: what the run reads and where its consumer group moves to.
+
+A Kafka-sourced export (KIP-447) reads, per source partition, the offsets ``[start, end)``: start
+is the group's committed offset (or the starting policy's, for a partition the group never
+committed), end the partition's last stable offset when the run took its snapshot. The run commits
+``end`` as the group's offsets inside one of its own transactions (the offsets participant), so the
+source position and the output become visible together. Pure data: the snapshot that fills it is
+``txn/kafka/source_snapshot.py``.
+
+Offsets, not records: a range may hold transaction markers and aborted records, which Spark's
+``read_committed`` source skips, so a range of 10 offsets reads at most 10 records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
+
+STARTING_POLICIES = ("earliest", "latest")
+# How many partitions a sentence names before it says "and N more".
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """One source partition's share of a run."""
+
+    topic: str
+    partition: int
+    start: int  # the first offset the run reads
+    end: int  # the first offset it does not read: the last stable offset at the snapshot
+    committed: int | None  # the group's offset before the run; None: it had none (start is the policy's)
+
+    @property
+    def offsets(self) -> int:
+        return max(0, self.end - self.start)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def to_list(self) -> list[Any]:
+        return [self.topic, self.partition, self.start, self.end, self.committed]
+
+    @classmethod
+    def from_list(cls, v: Any) -> PartitionRange:
+        topic, partition, start, end, committed = v
+        r = cls(str(topic), _int(partition), _int(start), _int(end), None if committed is None else _int(committed))
+        if r.partition < 0 or r.start < 0 or r.end < r.start:
+            raise ValueError(f"partition range {v!r}")
+        return r
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    """The run's range over every partition of its source topics, for one consumer group."""
+
+    group_id: str
+    partitions: tuple[PartitionRange, ...]
+
+    @property
+    def offsets(self) -> int:
+        return sum(p.offsets for p in self.partitions)
+
+    @property
+    def moves(self) -> bool:
+        """Whether the run reads anything: only then does it commit the group's offsets."""
+        return self.offsets > 0
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(sorted({p.topic for p in self.partitions}))
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the offset the group commits with the run."""
+        return {(p.topic, p.partition): p.end for p in self.partitions}
+
+    def before(self) -> dict[tuple[str, int], int | None]:
+        """(topic, partition) -> the group's offset before the run (None: none)."""
+        return {(p.topic, p.partition): p.committed for p in self.partitions}
+
+    def spark_options(self) -> dict[str, str]:
+        """``startingOffsets`` and ``endingOffsets`` for Spark's batch Kafka source: this range exactly."""
+        starts: dict[str, dict[str, int]] = {}
+        ends: dict[str, dict[str, int]] = {}
+        for p in self.partitions:
+            starts.setdefault(p.topic, {})[str(p.partition)] = p.start
+            ends.setdefault(p.topic, {})[str(p.partition)] = p.end
+        return {
+            "startingOffsets": json.dumps(starts, sort_keys=True),
+            "endingOffsets": json.dumps(ends, sort_keys=True),
+        }
+
+    def describe(self) -> str:
+        """``group 'g': orders-0 [10, 25), orders-1 [0, 3) (18 offsets)``, a few partitions named."""
+        moved = [p for p in self.partitions if p.offsets] or list(self.partitions)
+        shown = ", ".join(f"{p.name} [{p.start}, {p.end})" for p in moved[:_SHOWN])
+        more = f" and {len(moved) - _SHOWN} more partition(s)" if len(moved) > _SHOWN else ""
+        return f"group {self.group_id!r}: {shown}{more} ({self.offsets} offsets)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group_id": self.group_id, "partitions": [p.to_list() for p in self.partitions]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SourceRange:
+        try:
+            return cls(str(data["group_id"]), tuple(PartitionRange.from_list(v) for v in data["partitions"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MalformedCommittableError(f"malformed Kafka source range {dict(data)!r}: {e!r}") from e
+
+
+def moved_elsewhere(
+    source: SourceRange, now: Mapping[tuple[str, int], int | None]
+) -> list[tuple[PartitionRange, int | None]]:
+    """The partitions whose group offset is no longer what the run started from: another
+    consumer of the group committed meanwhile (``now`` is a fresh read of the group's offsets)."""
+    found = [(p, now.get((p.topic, p.partition))) for p in source.partitions]
+    return [(p, offset) for p, offset in found if offset != p.committed]
+
+
+def cap_ranges(ranges: Iterable[PartitionRange], max_offsets: int | None) -> tuple[PartitionRange, ...]:
+    """At most ``max_offsets`` offsets over all partitions, shared as evenly as their backlogs allow
+    (a partition with little to read leaves its share to the others); None reads everything."""
+    ranges = tuple(ranges)
+    if max_offsets is None or sum(r.offsets for r in ranges) <= max_offsets:
+        return ranges
+    if max_offsets <= 0:
+        raise ValueError(f"max_offsets must be positive, got {max_offsets}")
+    grant = {r.name: 0 for r in ranges}
+    left, open_ = max_offsets, [r for r in ranges if r.offsets]
+    while left > 0 and open_:
+        share = max(1, left // len(open_))
+        for r in list(open_):
+            take = min(share, r.offsets - grant[r.name], left)
+            grant[r.name] += take
+            left -= take
+            if grant[r.name] == r.offsets:
+                open_.remove(r)
+            if left == 0:
+                break
+    return tuple(PartitionRange(r.topic, r.partition, r.start, r.start + grant[r.name], r.committed) for r in ranges)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not an integer: {v!r}")
+    return v

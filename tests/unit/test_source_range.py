@@ -1,0 +1,68 @@
+"""A Kafka source's range (KIP-447): Spark's offsets options, the cap per run, the JSON, the guard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.source_range import (
+    PartitionRange,
+    SourceRange,
+    cap_ranges,
+    moved_elsewhere,
+)
+
+RANGE = SourceRange(
+    "g",
+    (
+        PartitionRange("orders", 0, 10, 25, 10),
+        PartitionRange("orders", 1, 0, 3, None),
+        PartitionRange("refunds", 0, 7, 7, 7),
+    ),
+)
+
+
+def test_spark_reads_exactly_the_range_and_the_group_commits_its_ends() -> None:
+    options = RANGE.spark_options()
+    assert json.loads(options["startingOffsets"]) == {"orders": {"0": 10, "1": 0}, "refunds": {"0": 7}}
+    assert json.loads(options["endingOffsets"]) == {"orders": {"0": 25, "1": 3}, "refunds": {"0": 7}}
+    assert RANGE.ends() == {("orders", 0): 25, ("orders", 1): 3, ("refunds", 0): 7}
+    assert (RANGE.offsets, RANGE.moves, RANGE.topics) == (18, True, ("orders", "refunds"))
+    assert RANGE.describe() == "group 'g': orders-0 [10, 25), orders-1 [0, 3) (18 offsets)"
+
+
+def test_an_empty_range_moves_nothing() -> None:
+    still = SourceRange("g", (PartitionRange("orders", 0, 5, 5, 5),))
+    assert not still.moves and still.describe() == "group 'g': orders-0 [5, 5) (0 offsets)"
+
+
+def test_the_range_survives_json_and_a_mangled_one_is_named() -> None:
+    assert SourceRange.from_dict(json.loads(json.dumps(RANGE.to_dict()))) == RANGE
+    for bad in (
+        {"group_id": "g"},
+        {"group_id": "g", "partitions": [["t", 0, 5, 4, None]]},
+        {"group_id": "g", "partitions": [["t", True, 0, 1, None]]},
+    ):
+        with pytest.raises(MalformedCommittableError, match="malformed Kafka source range"):
+            SourceRange.from_dict(bad)
+
+
+@pytest.mark.parametrize(
+    ("cap", "ends"),
+    [(None, (25, 3, 7)), (18, (25, 3, 7)), (6, (13, 3, 7)), (4, (12, 2, 7)), (1, (11, 0, 7))],
+)
+def test_the_cap_shares_the_offsets_and_leaves_a_small_backlog_s_share_to_the_others(
+    cap: int | None, ends: tuple[int, ...]
+) -> None:
+    capped = cap_ranges(RANGE.partitions, cap)
+    assert tuple(p.end for p in capped) == ends
+    assert sum(p.offsets for p in capped) == min(cap or 18, 18)
+    assert [p.start for p in capped] == [p.start for p in RANGE.partitions]
+
+
+def test_the_guard_names_partitions_another_consumer_moved() -> None:
+    now = {("orders", 0): 10, ("orders", 1): 2, ("refunds", 0): 7}
+    assert moved_elsewhere(RANGE, now) == [(RANGE.partitions[1], 2)]
+    assert moved_elsewhere(RANGE, {("orders", 0): 10, ("refunds", 0): 7}) == []
