@@ -14,7 +14,8 @@ producer's open transaction), and builds the run's ``SourceRange``. Offsets belo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -31,6 +32,17 @@ from airflow_provider_kafka2pc.txn.protocol.source_range import (
 
 # librdkafka's "no committed offset" (OFFSET_INVALID).
 _NO_OFFSET = -1001
+# What a broker answers while a coordinator or a leader moves or loads: asked again.
+_TRANSIENT = frozenset(
+    {
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_COORDINATOR",
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "REQUEST_TIMED_OUT",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -105,13 +117,19 @@ def snapshot_source(config: Mapping[str, Any], spec: KafkaSourceSpec, timeout_s:
 
 
 def group_offsets(
-    config: Mapping[str, Any], group_id: str, partitions: Sequence[tuple[str, int]], timeout_s: float = 30.0
+    config: Mapping[str, Any],
+    group_id: str,
+    partitions: Sequence[tuple[str, int]],
+    timeout_s: float = 30.0,
+    stable: bool = True,
 ) -> dict[tuple[str, int], int | None]:
-    """The group's committed offsets now (a stable read; None where it has none)."""
+    """The group's committed offsets now (None where it has none). A stable read refuses while an
+    offset commit is pending in an open transaction; ``stable=False`` reads past it, as the commit's
+    guard must while its own offsets participant is open."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(with_log(connection_only(config)))
-    return _committed(admin, config, group_id, list(partitions), timeout_s)
+    return _committed(admin, config, group_id, list(partitions), timeout_s, stable)
 
 
 def _partitions(
@@ -148,9 +166,26 @@ def _partitions(
     return out
 
 
+def _retrying(call: Callable[[], Any], timeout_s: float) -> Any:
+    """``call()``, again while Kafka answers a retriable error (a group coordinator still loading
+    its partition after a start or a leader change: COORDINATOR_LOAD_IN_PROGRESS), up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            # By name: librdkafka does not flag these retriable on admin results.
+            if _error_name(e) not in _TRANSIENT or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _refuse_live_members(admin: Any, config: Mapping[str, Any], group_id: str, timeout_s: float) -> None:
     try:
-        group = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id].result(timeout_s)
+        group = _retrying(
+            lambda: admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id].result(timeout_s),
+            timeout_s,
+        )
     except Exception as e:
         _raise_group_error(e, config, group_id, "Describe")
     members = list(group.members or ())
@@ -164,14 +199,23 @@ def _refuse_live_members(admin: Any, config: Mapping[str, Any], group_id: str, t
 
 
 def _committed(
-    admin: Any, config: Mapping[str, Any], group_id: str, partitions: list[tuple[str, int]], timeout_s: float
+    admin: Any,
+    config: Mapping[str, Any],
+    group_id: str,
+    partitions: list[tuple[str, int]],
+    timeout_s: float,
+    stable: bool = True,
 ) -> dict[tuple[str, int], int | None]:
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
     request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])]
     try:
-        answer = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=timeout_s)
-        result = answer[group_id].result(timeout_s)
+        result = _retrying(
+            lambda: admin.list_consumer_group_offsets(request, require_stable=stable, request_timeout=timeout_s)[
+                group_id
+            ].result(timeout_s),
+            timeout_s,
+        )
     except Exception as e:
         _raise_group_error(e, config, group_id, "Describe")
     out: dict[tuple[str, int], int | None] = {}

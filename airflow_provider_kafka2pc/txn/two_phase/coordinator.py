@@ -23,8 +23,6 @@ from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     DecisionConflictError,
-    LostTransaction,
-    RunAbortedError,
     SecondExportError,
     StaleCommittableError,
     TransactionLostError,
@@ -33,7 +31,6 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     Observation,
     TxnRef,
     Verdict,
-    reason,
 )
 from airflow_provider_kafka2pc.txn.protocol.records import (
     Covered,
@@ -48,6 +45,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
 from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
+from airflow_provider_kafka2pc.txn.two_phase.doomed import aborted_whole, doomed_of
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     CommitReport,
@@ -59,7 +57,6 @@ from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     lost_of_run,
     now_ms,
     obey,
-    partitions_of,
     ref_of,
 )
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
@@ -88,6 +85,7 @@ def commit_prepared(
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
     progress: CommitProgress | None = None,
+    guard: Callable[[], Mapping[str, str]] | None = None,
 ) -> CommitReport:
     """Phase two, COMMIT, by the protocol of DESIGN §3a. ``progress`` records how far it got, for
     the line a failed commit task ends with (``txn.two_phase.commit_progress``).
@@ -102,7 +100,8 @@ def commit_prepared(
        aborted: ABORT is appended, read back, obeyed, and ``RunAbortedError`` says why (nothing
        of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
-       ``DecisionConflictError`` names it, as in step 3.
+       ``DecisionConflictError`` names it, as in step 3. ``guard`` (a Kafka source's check that its
+       group's offsets did not move) may doom transactions too: ``{transactional id: why}``.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
        a retry) and read back. If an earlier decision rules any transaction of it, the COMMIT is
        void: the run is aborted the same way and ``DecisionConflictError`` names who won.
@@ -110,7 +109,7 @@ def commit_prepared(
        A transaction lost after the decision raises ``TransactionLostError``.
     """
     decided = decide_commit(
-        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms, progress
+        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms, progress, guard
     )
     if isinstance(decided, CommitReport):
         return decided
@@ -135,6 +134,7 @@ def decide_commit(
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
     progress: CommitProgress | None = None,
+    guard: Callable[[], Mapping[str, str]] | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
@@ -181,16 +181,17 @@ def decide_commit(
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
         # An append waits out a leader change for up to the log's budget (not just its request timeout).
         worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
-        doomed = _doomed(
+        doomed = doomed_of(
             refs,
             observed,
             lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms),
         )
-        if doomed:
-            log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed))
+        moved = dict(guard()) if guard is not None and not doomed else {}
+        if doomed or moved:
+            log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed or moved))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.
             _abort_run(decision_log, resolver, refs, observed, run, by_tid, name_earlier=True)
-            raise _aborted_whole(run, by_tid, doomed, observed)
+            raise aborted_whole(run, by_tid, doomed or moved, observed, moved=bool(moved))
         decision = new_decision(
             Kind.COMMIT,
             (covered(c, observed[c.transactional_id][1]) for c in committables),
@@ -305,63 +306,6 @@ def _finished(rec: RunRecord) -> str:
     )
 
 
-def _doomed(
-    refs: Sequence[TxnRef],
-    observed: Mapping[str, tuple[Observation, TxnState | None]],
-    headroom_ms: Callable[[int], int],
-    now: int | None = None,
-) -> dict[str, str]:
-    """The transactions that can no longer commit, and why: not open for this producer, or open
-    with less than the commit's headroom (``headroom_ms(transaction.timeout.ms)``) before its deadline."""
-    doomed: dict[str, str] = {}
-    now = now_ms() if now is None else now
-    for ref in refs:
-        obs, s = observed[ref.transactional_id]
-        if obs is not Observation.OPEN:
-            # FENCING: the broker is aborting it on timeout right now; it can only end aborted.
-            doomed[ref.transactional_id] = reason(obs)
-            continue
-        deadline = deadline_of(s)
-        if s is not None and deadline is not None and now + (need := headroom_ms(s.timeout_ms)) > deadline:
-            doomed[ref.transactional_id] = (
-                f"too close to its broker deadline: opened {_iso(s.start_time_ms)} with transaction.timeout.ms="
-                f"{s.timeout_ms}, {deadline - now} ms left, and the commit keeps {need} ms of headroom (decision "
-                "write + EndTxn)"
-            )
-    return doomed
-
-
-def _aborted_whole(
-    run: str,
-    by_tid: Mapping[str, Committable],
-    reasons: Mapping[str, str],
-    observed: Mapping[str, tuple[Observation, TxnState | None]],
-    timed_out: bool = False,
-) -> RunAbortedError:
-    """The error of a run aborted whole by its commit; the window is named only when time ran out
-    (or may have: a superseded epoch is the broker's timeout or a newer producer of the id)."""
-    maybe = not timed_out and all(observed[tid][0] is Observation.SUPERSEDED for tid in reasons)
-    timed_out = timed_out or any(observed[tid][0] in _TIMED_OUT for tid in reasons)
-    starts = [s.start_time_ms for _, s in observed.values() if s is not None and s.start_time_ms > 0]
-    window = f" (first record {_iso(min(starts))}, commit {_iso(now_ms())})" if starts else ""
-    fix = "Clear the whole DAG run to export it again."
-    if timed_out:
-        fix = (
-            ("If no other export of this exporter ran meanwhile (it would fence these ids), its" if maybe else "Its")
-            + f" transactions were open too long between their first record and this commit{window}: the broker's "
-            "transaction.timeout.ms must cover the export's write phase, the hand-over and every task between "
-            "prepare and commit (they run inside the window). " + fix
-        )
-    return RunAbortedError(
-        run, len(by_tid), sum(c.records for c in by_tid.values()), _lost(by_tid, reasons, observed), fix
-    )
-
-
-# Observations that mean the broker's timer ran out (OPEN: within the commit's headroom of it), or
-# may have (SUPERSEDED: the epoch moved on, by the timeout or by a newer producer of the id).
-_TIMED_OUT = (Observation.OPEN, Observation.FENCING, Observation.SUPERSEDED)
-
-
 def _abort_run(
     decision_log: DecisionLog,
     resolver: TransactionResolver,
@@ -395,7 +339,7 @@ def _abort_run(
     resolutions = obey(decision_log, state, rulers + ([void.decision_id] if void is not None else []), resolver)
     if void is not None and not conflict:  # void by the deadline rule: no other decision won, time ran out
         why = state.void.get(void.decision_id, "appended after a broker deadline")
-        raise _aborted_whole(run, by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed, timed_out=True)
+        raise aborted_whole(run, by_tid, dict.fromkeys(by_tid, f"COMMIT {why}"), observed, timed_out=True)
     if conflict is None:
         return CommitReport(tuple(resolutions))
     winners = {d.decision_id: d for d in conflict.values() if d is not None}
@@ -472,20 +416,6 @@ def _covered_any(c: Committable | TxnRef | Covered, s: TxnState | None) -> Cover
     if isinstance(c, Covered):
         return c
     return Covered(c.transactional_id, c.producer_id, c.producer_epoch, 0, (), deadline_of(s))
-
-
-def _lost(
-    by_tid: Mapping[str, Committable],
-    reasons: Mapping[str, str],
-    observed: Mapping[str, tuple[Observation, TxnState | None]],
-) -> list[LostTransaction]:
-    return [
-        LostTransaction(
-            tid, c.producer_id, c.producer_epoch, c.records, partitions_of(c, observed[tid][1]), reasons[tid]
-        )
-        for tid, c in by_tid.items()
-        if tid in reasons
-    ]
 
 
 __all__ = [
