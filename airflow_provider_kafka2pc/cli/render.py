@@ -155,6 +155,12 @@ def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
                 ],
             )
         )
+    for d in decisions:
+        if d.get("source_range"):
+            out.write(f"{d['kind']} {d['decision_id']} of run {d['run']} reads {d['source_range']}\n")
+    position = report.get("source_position")
+    if position:
+        out.write(f"Kafka source of {prefix}: last moved by run {position['run']}: {position['source_range']}\n")
     runs = report["runs"]
     if runs:
         out.write(f"{len(runs)} run record(s) of {prefix}:\n")
@@ -168,6 +174,8 @@ def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
             )
         )
         for r in runs:
+            if r.get("source_range"):
+                out.write(f"run {r['run']} read {r['source_range']}\n")
             if r["lost"] and r["status"] != "LOST":  # a LOST one is shown with the losses below
                 out.write(f"run {r['run']}: {len(r['lost'])} lost transaction(s) ({r['status']}):\n")
                 out.write(_lost_table(r["lost"]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+    from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
     from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
     from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport
 
@@ -165,7 +166,10 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         progress = CommitProgress.of(run, [p.prefix for p in present], committables, [p.summary for p in present])
         progress.first_try = int(getattr(context["ti"], "try_number", 0) or 0) <= 1
         try:
-            report = self.resolve(committables, [members_of(p, context) for p in present], hook, run, progress)
+            guard = self._offsets_guard(hook, present)
+            sources = {p.prefix: p.source for p in present if p.source is not None and p.offsets_participant()}
+            members = [members_of(p, context) for p in present]
+            report = self.resolve(committables, members, hook, run, progress, guard, sources)
         except Exception as e:
             # Last, so that it is the line a user reads first: the run's state and what to click.
             self.log.error("kafka2pc: %s", commit_failure_line(progress, e))
@@ -287,6 +291,14 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 transactions[topic],
             )
 
+    @staticmethod
+    def _offsets_guard(hook: Kafka2PCHook, payloads: Sequence[ExportPayload]) -> Callable[[], dict[str, str]] | None:
+        """For exports with a Kafka source: the check that their groups did not move before the decision."""
+        from airflow_provider_kafka2pc.txn.two_phase.source_guard import offsets_guard
+
+        sources = [(p.source, tid) for p in payloads if p.source is not None and (tid := p.offsets_participant())]
+        return offsets_guard(hook.get_config(), sources) if sources else None
+
     def resolve(
         self,
         committables: Sequence[Committable],
@@ -294,6 +306,8 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         hook: Kafka2PCHook,
         run: str,
         progress: CommitProgress | None = None,
+        guard: Callable[[], Mapping[str, str]] | None = None,
+        sources: Mapping[str, SourceRange] | None = None,
     ) -> CommitReport:
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
@@ -308,6 +322,8 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 prefixes=prefixes,
                 headroom_ms=self.commit_headroom_ms,
                 progress=progress,
+                guard=guard,
+                sources=sources,
             )
         finally:
             decision_log.close()

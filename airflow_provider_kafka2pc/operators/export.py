@@ -7,15 +7,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.exceptions import PoolingNeedsOneActiveRunError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
+from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
+from airflow_provider_kafka2pc.operators.spark_session import spark_session
 from airflow_provider_kafka2pc.txn.kafka.config import redact
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
@@ -27,13 +29,11 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+    from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
     from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
-
-# What the apache-spark provider's PySparkOperator uses when no Spark connection is given.
-DEFAULT_SPARK_MASTER = "local[*]"
-SPARK_CONNECT_CONN_TYPE = "spark_connect"
 
 
 def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: str) -> None:
@@ -43,51 +43,6 @@ def check_pooling_dag(naming_strategy: naming.NamingStrategy, dag: Any, prefix: 
             f"{getattr(dag, 'dag_id', '?')!r} reuses; set max_active_runs=1 on the DAG "
             f"(it is {getattr(dag, 'max_active_runs', None)}), or use naming_strategy='INCREMENTING'"
         )
-
-
-def spark_session(spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str) -> Any:
-    """A SparkSession the way the apache-spark provider's PySparkOperator builds one."""
-    import warnings
-
-    # PySpark warns on import that it does not fully support pandas 3; the export moves Arrow batches
-    # (mapInArrow), not pandas frames, so the warning says nothing about the run.
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    conf = SparkConf()
-    conf.set("spark.app.name", app_name)
-    url = DEFAULT_SPARK_MASTER
-    if spark_conn_id:
-        conn = BaseHook.get_connection(spark_conn_id)
-        if conn.conn_type == SPARK_CONNECT_CONN_TYPE:
-            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-
-            url = SparkConnectHook(spark_conn_id).get_connection_url()
-        elif conn.port:
-            url = f"{conn.host}:{conn.port}"
-        elif conn.host:
-            url = conn.host
-        for key, value in conn.extra_dejson.items():
-            conf.set(key, str(value))
-    if url.startswith("sc://"):
-        conf.set("spark.remote", url)
-    for key, value in spark_conf.items():
-        conf.set(key, str(value))
-    if not conf.get("spark.remote") and not conf.get("spark.master"):
-        conf.set("spark.master", url)
-    # Forced off unless the user turned it on, which check_session then refuses loudly.
-    if conf.get("spark.speculation") is None:
-        conf.set("spark.speculation", "false")
-    if not conf.get("spark.remote"):
-        # The console progress bar is one huge stderr line (ERROR in a task log); the export logs
-        # its own progress.
-        if conf.get("spark.ui.showConsoleProgress") is None:
-            conf.set("spark.ui.showConsoleProgress", "false")
-        from airflow_provider_kafka2pc.spark.jvm_logs import launch_gateway_with_logs
-
-        launch_gateway_with_logs(conf)
-    return SparkSession.builder.config(conf=conf).getOrCreate()
 
 
 class Kafka2PCExportOperator(BaseOperator):
@@ -100,7 +55,8 @@ class Kafka2PCExportOperator(BaseOperator):
     :param transactional_id_prefix: names this exporter's transactional ids; letters, digits,
         ``.`` and ``_``; one exporter per prefix (claimed in the decision log).
     :param topic: default topic for rows without a ``topic`` column.
-    :param source: ``(spark, context) -> DataFrame``; or give ``sql`` or ``table``.
+    :param source: ``(spark, context) -> DataFrame``, or a ``KafkaSource`` (its consumer group's offsets
+        commit with the run); or give ``sql`` or ``table``.
     :param spark_conn_id: a ``spark`` or ``spark_connect`` connection; ``local[*]`` when unset.
     :param spark_conf: Spark settings on top of the connection's (like ``config_kwargs``).
     :param naming_strategy: ``POOLING`` (default; needs ``max_active_runs=1``) or ``INCREMENTING``.
@@ -148,7 +104,7 @@ class Kafka2PCExportOperator(BaseOperator):
         *,
         transactional_id_prefix: str,
         topic: str | None = None,
-        source: SourceCallable | None = None,
+        source: SourceCallable | KafkaSource | None = None,
         sql: str | None = None,
         table: str | None = None,
         kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
@@ -173,6 +129,8 @@ class Kafka2PCExportOperator(BaseOperator):
             raise ValueError("give exactly one of source (a callable), sql or table")
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee
 
+        if isinstance(source, KafkaSource) and delivery_guarantee.upper() != DeliveryGuarantee.EXACTLY_ONCE.value:
+            raise ValueError("a KafkaSource commits its group's offsets in the run's transactions: use EXACTLY_ONCE")
         self.transactional_id_prefix = transactional_id_prefix
         self.topic = topic
         self.source = source
@@ -222,7 +180,10 @@ class Kafka2PCExportOperator(BaseOperator):
             self.log.info("lineage: the source tables are unknown (%s: %s)", type(e).__name__, e)
             return ()
 
-    def _dataframe(self, spark: Any, context: Context) -> Any:
+    def _dataframe(self, spark: Any, context: Context, config: Mapping[str, Any], read: SourceRange | None) -> Any:
+        if isinstance(self.source, KafkaSource):
+            assert read is not None
+            return self.source.dataframe(spark, config, read, context)
         if self.source is not None:
             return self.source(spark, context)
         if self.sql is not None:
@@ -305,6 +266,33 @@ class Kafka2PCExportOperator(BaseOperator):
                 result.describe(),
             )
         return done
+
+    def _snapshot(self, config: Mapping[str, Any], session: PrepareSession) -> SourceRange | None:
+        """A Kafka source's range for this run, read after recovery resolved the earlier runs; the
+        group must stand where the exporter's last committed run left it."""
+        if not isinstance(self.source, KafkaSource):
+            return None
+        from airflow_provider_kafka2pc.txn.kafka.source_snapshot import snapshot_source
+
+        read = snapshot_source(config, self.source.spec(), previous=session.last_source())
+        self.log.info("kafka2pc source: this run reads %s", read.describe())
+        return read
+
+    def _open_offsets(self, settings: ExportSettings, read: SourceRange, abort_now: Callable[[], bool]) -> Committable:
+        """The run's offsets participant, opened after the output was prepared (its window is the
+        shortest); when it cannot open, what the write job opened is aborted at once."""
+        from airflow_provider_kafka2pc.txn.kafka.offsets_writer import prepare_offsets
+
+        tid = settings.transactional_id(naming.OFFSETS_SLOT)
+        try:
+            c = prepare_offsets(
+                settings.producer_config, tid, read, self.transaction_timeout_ms, settings.transactional_id_prefix
+            )
+        except BaseException:
+            abort_now()
+            raise
+        self.log.info("kafka2pc source: %s holds group %r's offsets for the run", tid, read.group_id)
+        return c
 
     def _window_with_shown_rate(self, context: Context) -> Any:
         """The window settings with the write rate the exporter's last successful prepare showed (an
@@ -391,10 +379,13 @@ class Kafka2PCExportOperator(BaseOperator):
             self.naming_strategy.value,
             redact(settings.producer_config),
         )
+        read = self._snapshot(settings.producer_config, session)
         # Idle through a long Spark job, a connection may be dropped by the network on the way: the
         # steps after the job (an abort now, the stand-down) connect afresh.
         session.clients.close()
-        spark = spark_session(self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}")
+        spark = spark_session(
+            self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}", kafka_source=read is not None
+        )
 
         def progress(p: Progress) -> None:
             seen["progress"], seen["progress_at"] = p, time.monotonic()
@@ -406,13 +397,16 @@ class Kafka2PCExportOperator(BaseOperator):
 
         window = self._window_with_shown_rate(context)
         try:
-            df = self._dataframe(spark, context)
+            df = self._dataframe(spark, context, settings.producer_config, read)
             seen["writing"] = True
             result = export_dataframe(df, settings, on_progress=progress, window=window, abort_opened=abort_now)
             self._read = self._source_tables(spark)
         finally:
             spark.stop()
         self._stand_down_if_decided_meanwhile(session, context, result.committables)
+        if read is not None and read.moves:
+            offsets = self._open_offsets(settings, read, abort_now)
+            result = dataclasses.replace(result, committables=(offsets, *result.committables))
         if result.write_rate is not None:  # the next run's budget refuses by what this one showed
             shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
             context["ti"].xcom_push(key=WRITE_RATE_KEY, value=shown.to_json())
@@ -441,4 +435,5 @@ class Kafka2PCExportOperator(BaseOperator):
             delivery_guarantee=self.delivery_guarantee.value,
             committables=result.committables,
             summary=summary,
+            source=read,
         ).to_xcom()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,9 +33,11 @@ class ExportPayload:
     delivery_guarantee: str
     committables: tuple[Committable, ...] = ()
     summary: Mapping[str, Any] = field(default_factory=dict)
+    source: SourceRange | None = None  # a Kafka source's range; its offsets participant is a committable
 
     def to_xcom(self) -> dict[str, Any]:
         return {
+            **({"source": self.source.to_dict()} if self.source is not None else {}),
             "version": PAYLOAD_VERSION,
             "conn_id": self.conn_id,
             "prefix": self.prefix,
@@ -72,6 +75,11 @@ class ExportPayload:
             columns["records"] = [c.records for c in self.committables]
         return columns
 
+    def offsets_participant(self) -> str | None:
+        """The transactional id of the run's offsets participant, with a Kafka source that moved."""
+        tid = self._id(naming.OFFSETS_SLOT)
+        return tid if any(c.transactional_id == tid for c in self.committables) else None
+
     def _id(self, slot: int) -> str:
         return naming.transactional_id(self.prefix, slot, naming.NamingStrategy(self.naming_strategy), self.run_key)
 
@@ -91,6 +99,7 @@ class ExportPayload:
                 run_key=value.get("run_key"),
                 delivery_guarantee=str(value["delivery_guarantee"]),
                 summary=dict(value.get("summary") or {}),
+                source=SourceRange.from_dict(value["source"]) if value.get("source") is not None else None,
             )
             if version == 1:
                 committables = tuple(Committable.from_dict(c) for c in value["committables"])

@@ -220,6 +220,7 @@ def run_rows(described: Mapping[str, Any], losses: Sequence[Mapping[str, Any]]) 
             "at_ms": r["at_ms"],
             "time": r["time"],
             "note": r["note"] or "",
+            "source": r.get("source_range") or "",
         }
     for d in described["decisions"]:
         row = rows.get(d["run"])
@@ -239,6 +240,7 @@ def run_rows(described: Mapping[str, Any], losses: Sequence[Mapping[str, Any]]) 
             "at_ms": d["at_ms"],
             "time": d["time"],
             "note": f"{d['kind']} decision {d['decision_id']}" + (f", void: {d['void']}" if d["void"] else ""),
+            "source": d.get("source_range") or "",
         }
     for loss in losses:
         row = rows.setdefault(loss["run"], {"run": loss["run"], "at_ms": 0, "time": "-"})

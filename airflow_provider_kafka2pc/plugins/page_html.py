@@ -168,7 +168,7 @@ def _exporter(conn_id: str, x: Mapping[str, Any], can_acknowledge: bool) -> str:
                         e(str(r.get("transactions", "-"))),
                         e(f"{r['records']:,}" if isinstance(r.get("records"), int) else "-"),
                         e(r["time"]),
-                        e(r["note"]),
+                        e(r["note"]) + (f"<div class=muted>read {e(r['source'])}</div>" if r.get("source") else ""),
                     ]
                     for r in x["runs"]
                 ),

@@ -190,3 +190,39 @@ def test_a_pattern_finds_the_topics_and_a_missing_topic_is_named(kafka: KafkaEnv
         snapshot_source(kafka.config, KafkaSourceSpec("g-missing", topics=(f"{stem}_none",)))
     with pytest.raises(SourceError, match="no topic matches"):
         snapshot_source(kafka.config, KafkaSourceSpec("g-missing", pattern=f"{stem}_zzz.*"))
+
+
+def test_a_group_that_is_not_where_the_last_committed_run_left_it_is_named(
+    kafka: KafkaEnv, source: tuple[str, Any]
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
+
+    topic, _ = source
+    group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    spec = KafkaSourceSpec(group, topics=(topic,))
+    first = snapshot_source(kafka.config, spec)
+    tid = naming.transactional_id(prefix, naming.OFFSETS_SLOT)
+    commit_prepared([prepare_offsets(kafka.config, tid, first)], kafka.wire, _log(kafka), run="r1")
+    last = RunRecord(prefix, "dag/r1", RunStatus.COMMITTED, 1, 0, 0, "d1", source=first)
+    assert not snapshot_source(kafka.config, spec, previous=last).moves  # it follows on
+
+    other = Consumer({**kafka.config, "group.id": group, "enable.auto.commit": False})
+    other.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    other.close()
+    with pytest.raises(SourceError) as moved:
+        snapshot_source(kafka.config, spec, previous=last)
+    said = (
+        f"is not where the exporter's last committed run dag/r1 (decision d1) left it ({topic}-0 is at 5, left at 22)"
+    )
+    assert said in str(moved.value), moved.value
+
+    admin = AdminClient(kafka.config)  # kept: futures of a destroyed client never complete
+    for f in admin.delete_consumer_groups([group], request_timeout=30).values():
+        f.result(30)  # as retention does to a group's offsets after offsets.retention.minutes
+    with pytest.raises(SourceError, match=r"has no offsets, but the exporter's last committed .* its offsets expired"):
+        snapshot_source(kafka.config, spec, previous=last)
+    again = snapshot_source(kafka.config, KafkaSourceSpec(group, topics=(topic,), accept_gap=True), previous=last)
+    assert [(p.start, p.committed) for p in again.partitions] == [(0, None), (0, None)]

@@ -383,7 +383,7 @@ def test_an_export_whose_run_was_decided_while_spark_wrote_aborts_what_it_prepar
         return ExportResult(committables=cs, records=20, bytes=200, partitions=2)
 
     monkeypatch.setattr(export_module, "spark_session", lambda *a, **k: Session())
-    monkeypatch.setattr(Kafka2PCExportOperator, "_dataframe", lambda self, spark, ctx: None)
+    monkeypatch.setattr(Kafka2PCExportOperator, "_dataframe", lambda self, spark, ctx, config, read: None)
     monkeypatch.setattr(job, "export_dataframe", spark_job)
     dag, op = export_task()
     ti = FakeTI()

@@ -651,3 +651,43 @@ def test_entries_with_the_same_offset_order_do_not_matter_for_run_records() -> N
     state = replay([Entry(0, T0, a.key, a.to_json()), Entry(1, T0, b.key, b.to_json())])
     assert state.runs[("orders", "r")] == b
     assert state.lost_runs("orders") == []
+
+
+# -- a Kafka source's position (KIP-447) -----------------------------------------------------------
+
+
+def _sourced_commit(log: MemoryDecisionLog, run: str, end: int) -> DecisionRecord:
+    from airflow_provider_kafka2pc.txn.protocol.source_range import PartitionRange, SourceRange
+
+    source = SourceRange("g", (PartitionRange("raw", 0, end - 5, end, end - 5),))
+    covered = (cov("orders-0", records=5), cov("orders-offsets", records=0))
+    d = new_decision(Kind.COMMIT, covered, run, "test", ["orders"], 0, {"orders": source})
+    log.append([(d.key, d.to_json())])
+    return d
+
+
+def test_a_sourced_commit_carries_its_range_into_the_run_record_and_the_exporter_s_position() -> None:
+    log = new_log()
+    first = _sourced_commit(log, "dag/run-1", 10)
+    assert DecisionRecord.from_json(first.to_json()) == first
+    assert log.read().last_source("orders").run == "dag/run-1"  # decided, not yet final
+    log.append(finalize(resolve_all(log, first), first.decision_id, T0 + 1))
+    second = _sourced_commit(log, "dag/run-2", 20)
+    log.append(finalize(resolve_all(log, second), second.decision_id, T0 + 2))
+    log.compact()
+    state = log.read()
+    position = state.last_source("orders")
+    assert position is not None and position.run == "dag/run-2" and position.source is not None
+    assert position.source.ends() == {("raw", 0): 20}
+    assert state.last_source("payments") is None
+
+
+def test_a_lost_offsets_participant_leaves_the_position_where_it_was() -> None:
+    log = new_log()
+    first = _sourced_commit(log, "dag/run-1", 10)
+    log.append(finalize(resolve_all(log, first), first.decision_id, T0 + 1))
+    second = _sourced_commit(log, "dag/run-2", 20)
+    items = finalize(resolve_all(log, second, lost=["orders-offsets"]), second.decision_id, T0 + 2)
+    log.append(items)
+    position = log.read().last_source("orders")
+    assert position is not None and position.run == "dag/run-1"

@@ -66,3 +66,15 @@ def test_the_guard_names_partitions_another_consumer_moved() -> None:
     now = {("orders", 0): 10, ("orders", 1): 2, ("refunds", 0): 7}
     assert moved_elsewhere(RANGE, now) == [(RANGE.partitions[1], 2)]
     assert moved_elsewhere(RANGE, {("orders", 0): 10, ("refunds", 0): 7}) == []
+
+
+def test_a_run_follows_on_where_the_last_committed_run_left_the_group() -> None:
+    from airflow_provider_kafka2pc.txn.protocol.source_range import departures
+
+    last = SourceRange("g", (PartitionRange("orders", 0, 0, 25, None), PartitionRange("orders", 1, 0, 3, None)))
+    follows = SourceRange("g", (PartitionRange("orders", 0, 25, 40, 25), PartitionRange("orders", 1, 3, 3, 3)))
+    expired = SourceRange("g", (PartitionRange("orders", 0, 0, 40, None), PartitionRange("orders", 1, 0, 3, None)))
+    moved = SourceRange("g", (PartitionRange("orders", 0, 30, 40, 30), PartitionRange("orders", 1, 3, 3, 3)))
+    assert departures(last, follows) == []
+    assert departures(last, expired) == [(last.partitions[0], None), (last.partitions[1], None)]
+    assert departures(last, moved) == [(last.partitions[0], 30)]

@@ -23,11 +23,13 @@ from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SourceError
+from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
 from airflow_provider_kafka2pc.txn.protocol.source_range import (
     STARTING_POLICIES,
     PartitionRange,
     SourceRange,
     cap_ranges,
+    departures,
 )
 
 # librdkafka's "no committed offset" (OFFSET_INVALID).
@@ -54,7 +56,9 @@ class KafkaSourceSpec:
     pattern: str | None = None  # a regex over topic names (full match), instead of ``topics``
     starting_offsets: str = "earliest"  # for a partition the group has no offset for
     max_offsets_per_run: int | None = None
-    accept_gap: bool = False  # start at the log start when retention deleted what the group had not read
+    # Go on although the group's position does not follow: retention deleted records it had not read
+    # (start at the log start), or it is not where the last committed run left it (start where it is).
+    accept_gap: bool = False
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -77,9 +81,16 @@ class KafkaSourceSpec:
         }
 
 
-def snapshot_source(config: Mapping[str, Any], spec: KafkaSourceSpec, timeout_s: float = 30.0) -> SourceRange:
+def snapshot_source(
+    config: Mapping[str, Any],
+    spec: KafkaSourceSpec,
+    timeout_s: float = 30.0,
+    previous: RunRecord | None = None,
+) -> SourceRange:
     """The range this run reads, per partition ``[start, end)``; raises ``SourceError`` naming the
-    cause and the fix for a live group, a missing topic, a gap, or an unresolved earlier run."""
+    cause and the fix for a live group, a missing topic, a gap, an unresolved earlier run, or a
+    group that is not where the exporter's last committed run (``previous``) left it: its offsets
+    expired or another consumer moved them."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(with_log(connection_only(config)))
@@ -113,7 +124,34 @@ def snapshot_source(config: Mapping[str, Any], spec: KafkaSourceSpec, timeout_s:
             f"{named}. Those records are gone; to go on from the oldest records left, set accept_gap=True "
             "on the Kafka source for one run"
         )
-    return SourceRange(spec.group_id, cap_ranges(ranges, spec.max_offsets_per_run))
+    read = SourceRange(spec.group_id, cap_ranges(ranges, spec.max_offsets_per_run))
+    if previous is not None and previous.source is not None and previous.source.group_id == spec.group_id:
+        _check_follows(previous, read, spec)
+    return read
+
+
+def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec) -> None:
+    """The group must stand where the exporter's last committed run left it."""
+    assert previous.source is not None
+    off = departures(previous.source, read)
+    if not off or spec.accept_gap:
+        return
+    last = f"run {previous.run} (decision {previous.decision_id})"
+    if all(now is None for _, now in off):
+        named = ", ".join(f"{p.name} at {p.end}" for p, _ in off[:5])
+        raise SourceError(
+            f"consumer group {spec.group_id!r} has no offsets, but the exporter's last committed {last} left it at "
+            f"{named}: its offsets expired (offsets.retention.minutes after their last commit) or were deleted. "
+            f"Starting again from starting_offsets={spec.starting_offsets!r} would read those records again. Reset "
+            "the group to those offsets with kafka-consumer-groups --reset-offsets --to-offset, or set "
+            "accept_gap=True for one run to start from the starting policy"
+        )
+    named = ", ".join(f"{p.name} is at {'no offset' if now is None else now}, left at {p.end}" for p, now in off[:5])
+    raise SourceError(
+        f"consumer group {spec.group_id!r} is not where the exporter's last committed {last} left it ({named}): "
+        "another consumer committed offsets for the group, or they were reset. Give the export a group of its "
+        "own; to go on from where the group is now, set accept_gap=True for one run"
+    )
 
 
 def group_offsets(

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import (
     ABORT_RETENTION_SLACK_MS,
@@ -47,6 +48,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     DECISION_KEY,
     LEASE_KEY,
     OUTCOME_KEY,
+    POSITION_KEY,
     RUN_KEY,
     Covered,
     DecisionRecord,
@@ -73,6 +75,7 @@ class LogState:
     outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
+    positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
     end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
@@ -108,14 +111,26 @@ class LogState:
             return rec
         for did, d in self.decisions.items():
             if d.kind is Kind.COMMIT and d.run == run and prefix in d.prefixes and self.in_force(did):
-                return RunRecord(
-                    prefix, run, RunStatus.DECIDED, len(d.txns), sum(c.records for c in d.txns), d.at_ms, did
-                )
+                records = sum(c.records for c in d.txns)
+                source = d.sources.get(prefix)
+                return RunRecord(prefix, run, RunStatus.DECIDED, len(d.txns), records, d.at_ms, did, source=source)
         return rec
 
     def queue(self, prefix: str) -> list[Lease]:
         """The exporter's leases in log order: the first live one holds it."""
         return [lease for _, lease in sorted(v for v in self.leases.values() if v[1].prefix == prefix)]
+
+    def last_source(self, prefix: str) -> RunRecord | None:
+        """The exporter's latest run whose Kafka source's offsets committed (its position record),
+        or one decided COMMIT and not yet final: where the source's group stands once it is visible."""
+        found = [r for p, r in self.positions.items() if p == prefix]
+        found += [
+            rec
+            for did, d in self.decisions.items()
+            if d.kind is Kind.COMMIT and prefix in d.sources and self.in_force(did)
+            if (rec := self.run_status(prefix, d.run)) is not None and rec.source is not None
+        ]
+        return max(found, key=lambda r: r.at_ms, default=None)
 
     def lost_runs(self, prefix: str) -> list[RunRecord]:
         return [r for (p, _), r in self.runs.items() if p == prefix and r.status is RunStatus.LOST]
@@ -154,6 +169,10 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         if key.startswith(CLAIM_KEY.encode()):
             if e.value:
                 state.claims[key[len(CLAIM_KEY) :].decode()] = json.loads(e.value)["owner"]
+            continue
+        if key.startswith(POSITION_KEY.encode()):
+            if e.value:
+                state.positions[key[len(POSITION_KEY) :].decode()] = RunRecord.from_json(e.value)
             continue
         # Decisions, outcomes and 0.1.0 per-id records: latest value per key, at its newest offset
         # (as compaction leaves it); a tombstone drops the key, so memory holds what is live.
@@ -250,8 +269,17 @@ def finalize(state: LogState, decision_id: str, now_ms: int) -> list[tuple[bytes
             now_ms,
             decision_id,
             lost,
+            source=d.sources.get(prefix),
         )
         items.append((rec.key, rec.to_json()))
+        offsets_lost = any(_is_offsets(t.covered.transactional_id) for t in lost)
+        if rec.source is not None and not offsets_lost:  # the group moved with this run
+            items.append(((POSITION_KEY + prefix).encode(), rec.to_json()))
     if outcome.lost and not d.prefixes:  # a 0.1.0 decision has no run record to carry the loss
         return []
     return items + tombstones
+
+
+def _is_offsets(tid: str) -> bool:
+    parsed = naming.parse_transactional_id(tid)
+    return parsed is not None and parsed.slot == naming.OFFSETS_SLOT

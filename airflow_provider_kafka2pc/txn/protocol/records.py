@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
 from airflow_provider_kafka2pc.txn.protocol.naming import parse_transactional_id
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 
 # Key families of the decision topic. ':' never occurs in a transactional id kafka2pc writes, so a
 # key without one of these prefixes is a per-id record of 0.1.0 (read for the upgrade).
@@ -23,6 +24,9 @@ OUTCOME_KEY = "kafka2pc.outcome:"
 RUN_KEY = "kafka2pc.run:"
 CLAIM_KEY = "kafka2pc.prefix:"
 LEASE_KEY = "kafka2pc.lease:"
+# Where a Kafka-sourced exporter's group stands: the run record of its latest run whose offsets
+# participant committed, one key per prefix on the protocol's partition (compacted to the latest).
+POSITION_KEY = "kafka2pc.position:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.
@@ -84,24 +88,27 @@ class DecisionRecord:
     prefixes: tuple[str, ...]  # the exporters whose runs a COMMIT marks
     txns: tuple[Covered, ...]
     at_ms: int  # the writer's clock; the record's LogAppendTime is what the rules use
+    # A COMMIT's Kafka sources by exporter: the range each read, whose ends its offsets participant holds.
+    sources: Mapping[str, SourceRange] = field(default_factory=dict)
 
     @property
     def key(self) -> bytes:
         return (DECISION_KEY + self.decision_id).encode()
 
     def to_json(self) -> bytes:
-        return _dumps(
-            {
-                "v": FORMAT_VERSION,
-                "id": self.decision_id,
-                "kind": self.kind.value,
-                "run": self.run,
-                "actor": self.actor,
-                "prefixes": list(self.prefixes),
-                "at_ms": self.at_ms,
-                "txns": [c.to_list() for c in self.txns],
-            }
-        )
+        d: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "id": self.decision_id,
+            "kind": self.kind.value,
+            "run": self.run,
+            "actor": self.actor,
+            "prefixes": list(self.prefixes),
+            "at_ms": self.at_ms,
+            "txns": [c.to_list() for c in self.txns],
+        }
+        if self.sources:
+            d["sources"] = {p: r.to_dict() for p, r in sorted(self.sources.items())}
+        return _dumps(d)
 
     @classmethod
     def from_json(cls, raw: bytes) -> DecisionRecord:
@@ -114,11 +121,18 @@ class DecisionRecord:
             tuple(d["prefixes"]),
             tuple(Covered.from_list(c) for c in d["txns"]),
             int(d["at_ms"]),
+            {str(p): SourceRange.from_dict(r) for p, r in (d.get("sources") or {}).items()},
         )
 
 
 def new_decision(
-    kind: Kind, txns: Iterable[Covered], run: str, actor: str, prefixes: Iterable[str] = (), now_ms: int = 0
+    kind: Kind,
+    txns: Iterable[Covered],
+    run: str,
+    actor: str,
+    prefixes: Iterable[str] = (),
+    now_ms: int = 0,
+    sources: Mapping[str, SourceRange] | None = None,
 ) -> DecisionRecord:
     covered = tuple(txns)
     seen: set[str] = set()
@@ -126,7 +140,9 @@ def new_decision(
         if c.transactional_id in seen:
             raise ValueError(f"a decision covers transactional id {c.transactional_id!r} twice")
         seen.add(c.transactional_id)
-    return DecisionRecord(uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms)
+    return DecisionRecord(
+        uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms, dict(sources or {})
+    )
 
 
 @dataclass(frozen=True)
@@ -220,6 +236,7 @@ class RunRecord:
     decision_id: str = ""
     lost: tuple[LostTxn, ...] = ()
     note: str = ""
+    source: SourceRange | None = None  # the Kafka source range the run read, whose ends it committed
 
     @property
     def key(self) -> bytes:
@@ -240,6 +257,8 @@ class RunRecord:
             d["lost"] = [t.to_list() for t in self.lost]
         if self.note:
             d["note"] = self.note
+        if self.source is not None:
+            d["source"] = self.source.to_dict()
         return _dumps(d)
 
     @classmethod
@@ -257,6 +276,7 @@ class RunRecord:
             str(d.get("decision", "")),
             tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
             str(d.get("note", "")),
+            SourceRange.from_dict(d["source"]) if d.get("source") else None,
         )
 
 

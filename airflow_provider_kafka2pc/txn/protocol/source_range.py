@@ -122,6 +122,17 @@ def moved_elsewhere(
     return [(p, offset) for p, offset in found if offset != p.committed]
 
 
+def departures(previous: SourceRange, now: SourceRange) -> list[tuple[PartitionRange, int | None]]:
+    """The partitions of the exporter's last committed run (``previous``, same group) whose group
+    offset is not where that run left it: (its range, the offset now). Empty when they follow on."""
+    committed = {(p.topic, p.partition): p.committed for p in now.partitions}
+    return [
+        (p, committed.get((p.topic, p.partition)))
+        for p in previous.partitions
+        if (p.topic, p.partition) in committed and committed[(p.topic, p.partition)] != p.end
+    ]
+
+
 def cap_ranges(ranges: Iterable[PartitionRange], max_offsets: int | None) -> tuple[PartitionRange, ...]:
     """At most ``max_offsets`` offsets over all partitions, shared as evenly as their backlogs allow
     (a partition with little to read leaves its share to the others); None reads everything."""

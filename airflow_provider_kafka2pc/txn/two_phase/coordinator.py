@@ -42,6 +42,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     prefix_of,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
@@ -86,6 +87,7 @@ def commit_prepared(
     headroom_ms: int | None = None,
     progress: CommitProgress | None = None,
     guard: Callable[[], Mapping[str, str]] | None = None,
+    sources: Mapping[str, SourceRange] | None = None,
 ) -> CommitReport:
     """Phase two, COMMIT, by the protocol of DESIGN §3a. ``progress`` records how far it got, for
     the line a failed commit task ends with (``txn.two_phase.commit_progress``).
@@ -101,7 +103,8 @@ def commit_prepared(
        of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
        ``DecisionConflictError`` names it, as in step 3. ``guard`` (a Kafka source's check that its
-       group's offsets did not move) may doom transactions too: ``{transactional id: why}``.
+       group's offsets did not move) may doom transactions too: ``{transactional id: why}``. The
+       COMMIT records ``sources`` (each exporter's Kafka source range), and so does the run record.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
        a retry) and read back. If an earlier decision rules any transaction of it, the COMMIT is
        void: the run is aborted the same way and ``DecisionConflictError`` names who won.
@@ -109,7 +112,17 @@ def commit_prepared(
        A transaction lost after the decision raises ``TransactionLostError``.
     """
     decided = decide_commit(
-        committables, wire, decision_log, run, max_workers, prefixes, end_txn_timeout_s, headroom_ms, progress, guard
+        committables,
+        wire,
+        decision_log,
+        run,
+        max_workers,
+        prefixes,
+        end_txn_timeout_s,
+        headroom_ms,
+        progress,
+        guard,
+        sources,
     )
     if isinstance(decided, CommitReport):
         return decided
@@ -135,6 +148,7 @@ def decide_commit(
     headroom_ms: int | None = None,
     progress: CommitProgress | None = None,
     guard: Callable[[], Mapping[str, str]] | None = None,
+    sources: Mapping[str, SourceRange] | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
     refs = [ref_of(c) for c in committables]
@@ -199,6 +213,7 @@ def decide_commit(
             "commit",
             run_prefixes,
             now_ms(),
+            sources,
         )
         log.info("appending the COMMIT decision for run %s (%d transaction(s))", run, len(refs))
         if progress is not None:

@@ -47,6 +47,11 @@ class PrepareSession:
         with self._acl_named():
             return self.clients.decision_log().read_for(self.prefix, self.run).run_status(self.prefix, self.run)
 
+    def last_source(self) -> RunRecord | None:
+        """The exporter's latest run whose Kafka source offsets committed (None: none yet)."""
+        with self._acl_named():
+            return self.clients.decision_log().read_for(self.prefix).last_source(self.prefix)
+
     def take_turn(self, lease: Lease, is_live: Callable[[Lease], bool]) -> Lease | None:
         """Queue this run for the POOLING exporter; the live run ahead of it, or None: our turn."""
         with self._acl_named():

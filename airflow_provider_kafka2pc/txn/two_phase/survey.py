@@ -47,8 +47,11 @@ def describe_report(inspector: TransactionInspector, state: LogState, prefix: st
         if any(mine(c.transactional_id) for c in d.txns)
     ]
     runs = sorted((r for (p, _), r in state.runs.items() if p == prefix), key=lambda r: (r.at_ms, r.run))
+    position = state.last_source(prefix)
     return {
         "claim_owner": state.claims.get(prefix),
+        # Where the exporter's Kafka source group stands: its latest run whose offsets committed.
+        "source_position": run_json(position) if position is not None else None,
         "open_transactions": len(inspector.list_prefix(prefix)),
         "decisions": decisions,
         "runs": [run_json(r) for r in runs],
@@ -162,7 +165,9 @@ def decision_json(
             "lost": seen["lost_transactions"],
             "pending": seen["pending_transactions"],
         }
+    source = d.sources.get(prefix)
     return decision_ref_json(d) | {
+        "source_range": source.describe() if source is not None else None,
         "in_force": state.in_force(did),
         # An ABORT stays in the log until its transactions' deadlines pass (the deadline rule needs
         # it) even when an earlier COMMIT rules all of them: then it rules nothing.
@@ -223,6 +228,9 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "decision_id": r.decision_id,
         "note": r.note,
         "lost": [lost_txn_json(t) for t in r.lost],
+        # A Kafka source's range: what the run read and where it moved the group (None: no source).
+        "source": r.source.to_dict() if r.source is not None else None,
+        "source_range": r.source.describe() if r.source is not None else None,
     }
 
 
