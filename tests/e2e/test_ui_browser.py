@@ -4,6 +4,13 @@ Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the te
 - The connection form: a kafka2pc connection made in the form, Test pressed on its row, succeeds
   against the test broker; a wrong password on the SASL_SSL broker shows the hook's own SASL message;
   the saved extra holds no null.
+- The Test button names the cause of each first-hour mistake made in the form, before the connect
+  timeout: a closed port (connection refused), a host name that does not resolve, a CA that did not
+  sign the SASL_SSL broker's certificate (the TLS handshake), a wrong password (SASL); the CLI, given
+  the refused connection, prints the very text the browser showed.
+- The CLI uses a connection made in the form: ``kafka2pc list --conn-id`` run as a user would on the
+  Airflow's machine (its AIRFLOW_HOME and settings, no AIRFLOW_CONN_* variable) lists a transaction
+  left open on that connection's broker.
 - A failed commit and its clear: Kafka (a broker of this module's own) stops after the prepare; the
   commit task's log, read on its page, ends with the kafka2pc line that says no decision was written,
   how many transactions wait until when, and to clear the task once Kafka is back; Kafka comes back,
@@ -24,6 +31,8 @@ import contextlib
 import json
 import re
 import shutil
+import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -36,9 +45,13 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httpx
 import pytest
 
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, REFUSED
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from tests.conftest import SECURE_EXPORTER, _start
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD, _start
 from tests.e2e.test_dag_runs import exactly_once, visible_keys
 from tests.helpers.airflow_standalone import StandaloneAirflow
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, kill_node
@@ -274,8 +287,32 @@ def press_test(driver: Any, conn_id: str, answer: str) -> str:
     return seen["text"]
 
 
+def press_test_timed(driver: Any, base_url: str, conn_id: str, answer: str) -> tuple[str, float]:
+    """``press_test`` on a freshly loaded connections page (no earlier answer left on it), and the
+    seconds from the page to the answer."""
+    driver.get(f"{base_url}/connections")
+    started = time.monotonic()
+    text = press_test(driver, conn_id, answer)
+    return text, time.monotonic() - started
+
+
 def stored(ui: UI, conn_id: str) -> dict[str, Any]:
     return dict(ui.af.request("GET", f"/api/v2/connections/{conn_id}").json())
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kafka2pc_cli(ui: UI, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kafka2pc`` as a user runs it on the Airflow's machine: that Airflow's AIRFLOW_HOME and
+    settings (its metadata database's), no AIRFLOW_CONN_* variable."""
+    env = {k: v for k, v in ui.af.env.items() if not k.startswith("AIRFLOW_CONN_")}
+    command = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", *args]
+    return subprocess.run(command, env=env, cwd=ui.af.home, capture_output=True, text=True, timeout=120)
 
 
 def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl(
@@ -308,12 +345,90 @@ def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl
     )
     extra = json.loads(stored(ui, "ui_secure")["extra"])
     assert extra["config"] == {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]}, extra
-    answer = press_test(driver, "ui_secure", f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}")
+    cause = f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}"
+    answer, took = press_test_timed(driver, base, "ui_secure", cause)
     shot(driver, "connection-test-wrong-password")
     assert "Test Connection Failed" in answer, answer
-    assert f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}" in answer, answer
+    assert cause in answer, answer
+    assert took < DEFAULT_CONNECT_TIMEOUT_S, (took, answer)  # refused at once, not after the connect timeout
     assert "not-the-password" not in answer
     assert "not-the-password" not in driver.page_source  # nor anywhere in the page, hidden text included
+
+    # The CLI, on the Airflow's machine, finds ui_plain where the form put it (the metadata database)
+    # and lists from its broker: the transaction left open there under a prefix of this test's.
+    prefix = f"uicli{uuid.uuid4().hex[:6]}"
+    left_open = prepare(kafka, kafka.topic(partitions=1), prefix, 0, 3, "uicli")
+    wire = kafka.new_wire()
+    try:
+        listed = kafka2pc_cli(ui, "list", "--conn-id", "ui_plain", "--prefix", prefix, "--json")
+        assert listed.returncode == 1, listed.stderr  # 1: transactions open
+        report = json.loads(listed.stdout)
+        assert [t["transactional_id"] for t in report["transactions"]] == [naming.transactional_id(prefix, 0)], report
+        assert report["prefix"] == prefix and report["losses"] == [], report
+    finally:
+        TransactionResolver(wire).resolve([ref_of(left_open)], Intent.ABORT)
+        wire.close()
+
+
+def test_the_test_button_names_the_cause_of_a_refused_port_an_unknown_host_and_a_wrong_ca(
+    ui: UI, kafka: KafkaEnv, kafka_secure: KafkaEnv, browser: Callable[[str], Any]
+) -> None:
+    """Each mistake made in the form, Test pressed on its row: the cause the hook's diagnosis words
+    (airflow_provider_kafka2pc/txn/kafka/reachability.py), before the connect timeout."""
+    import certifi
+
+    driver = browser("admin")
+    base = ui.af.base_url
+    port = closed_port()
+    unknown = f"kafka2pc-{uuid.uuid4().hex[:6]}.invalid"  # .invalid never resolves (RFC 2606)
+    kafka_port = kafka.bootstrap.rsplit(":", 1)[1]
+    secure_host, secure_port = kafka_secure.bootstrap.rsplit(":", 1)
+    wrong_ca = certifi.where()  # a real CA bundle, not the one that signed the broker's certificate
+    plaintext = {"security_protocol": "PLAINTEXT"}
+    secure = {"host": secure_host, "port": secure_port, "login": SECURE_EXPORTER, "password": SECURE_EXPORTER_PASSWORD}
+    sasl_ssl = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}
+    who = f"SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}"
+    unreachable = "cannot reach Kafka at "
+    mistakes: list[tuple[str, dict[str, str], dict[str, Any], str]] = [
+        (
+            "ui_refused",
+            {"host": "127.0.0.1", "port": str(port)},
+            plaintext,
+            f"{unreachable}127.0.0.1:{port}: {REFUSED}",
+        ),
+        (
+            "ui_unknown_host",
+            {"host": unknown, "port": kafka_port},
+            plaintext,
+            f"{unreachable}{unknown}:{kafka_port}: the host name {unknown} could not be resolved (",
+        ),
+        (
+            "ui_wrong_ca",
+            secure,
+            {**sasl_ssl, "config": {"ssl.ca.location": wrong_ca}},
+            f"SSL handshake failed with Kafka at {kafka_secure.bootstrap} ({who}",
+        ),
+    ]
+    for conn_id, fields, extra, _ in mistakes:
+        add_connection(driver, base, conn_id, fields, extra)
+    shown: dict[str, str] = {}
+    for conn_id, _, _, cause in mistakes:
+        answer, took = press_test_timed(driver, base, conn_id, cause)
+        shot(driver, f"connection-test-{conn_id.removeprefix('ui_').replace('_', '-')}")
+        assert "Test Connection Failed" in answer, (conn_id, answer)
+        assert cause in answer, (conn_id, answer)
+        # Told at once (refused, not resolved, a certificate refused), not after the connect timeout.
+        assert took < DEFAULT_CONNECT_TIMEOUT_S, (conn_id, took, answer)
+        shown[conn_id] = next(line for line in answer.splitlines() if cause in line)
+        print(f"{conn_id}: {took:.1f} s: {shown[conn_id]}")
+    assert "certificate verify failed" in shown["ui_wrong_ca"], shown["ui_wrong_ca"]
+    assert f"ssl.ca.location is {wrong_ca}" in shown["ui_wrong_ca"], shown["ui_wrong_ca"]
+    assert SECURE_EXPORTER_PASSWORD not in driver.page_source
+
+    # The CLI says it in the browser's very words, with its prefix.
+    refused = kafka2pc_cli(ui, "list", "--conn-id", "ui_refused", "--prefix", "p")
+    assert refused.returncode == 3, refused.stderr  # 3: Kafka failing
+    assert refused.stderr == f"kafka2pc: error: {shown['ui_refused']}\n", (refused.stderr, shown["ui_refused"])
 
 
 # -- a failed commit and its clear ------------------------------------------------------------------
@@ -453,11 +568,8 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
 
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
-    from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
     from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
-    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
-    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
     tag = uuid.uuid4().hex[:6]
     topic = kafka.topic(partitions=2)
