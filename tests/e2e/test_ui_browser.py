@@ -11,6 +11,9 @@ Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the te
 - The CLI uses a connection made in the form: ``kafka2pc list --conn-id`` run as a user would on the
   Airflow's machine (its AIRFLOW_HOME and settings, no AIRFLOW_CONN_* variable) lists a transaction
   left open on that connection's broker.
+- The example DAG (dags/kafka2pc_example.py, unchanged) triggered with the Trigger button on a broker
+  that has never held its topic: its first task makes the topic, the run succeeds, a read_committed
+  consumer sees every record exactly once and nothing of its exporter is left open.
 - A failed commit and its clear: Kafka (a broker of this module's own) stops after the prepare; the
   commit task's log, read on its page, ends with the kafka2pc line that says no decision was written,
   how many transactions wait until when, and to clear the task once Kafka is back; Kafka comes back,
@@ -36,6 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +70,12 @@ WAIT_S = 30.0
 DAGS = Path(__file__).parent / "dags"
 DAG_ID = "e2e_kafka2pc"  # its tasks on the connection "stoppable", a broker this module stops
 STOPPABLE = "kafka2pc_stoppable"
+# The example DAG, as a user finds it: on kafka2pc_default, which here names the module's own broker
+# (no other module's run has made the example's topic there); the exporters page uses the shared one.
+EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
+EXAMPLE_DAG_ID, EXAMPLE_TOPIC, EXAMPLE_PREFIX = "kafka2pc_example", "kafka2pc_example_orders", "kafka2pc_example.orders"
+EXAMPLE_ROWS = 100_000  # its "rows" param's default: what the Trigger button's form offers
+SHARED = "kafka2pc_shared"  # the session's broker (the kafka fixture)
 
 
 @dataclass
@@ -91,11 +101,19 @@ def stoppable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
 @pytest.fixture(scope="module")
 def ui(kafka: KafkaEnv, stoppable: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
     assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed (scripts/setup installs them)"
-    home = tmp_path_factory.mktemp("airflow_ui") / "home"
+    base = tmp_path_factory.mktemp("airflow_ui")
+    home = base / "home"
+    # This Airflow's DAGs folder: the module's test DAG and the example DAG, linked, not copied.
+    dags = base / "dags"
+    dags.mkdir()
+    for dag_file in (DAGS / f"{DAG_ID}.py", EXAMPLE_DAG):
+        (dags / dag_file.name).symlink_to(dag_file)
     prefix, topic = f"ui_{uuid.uuid4().hex[:8]}", stoppable.topic(partitions=4)
     env = {
-        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap}),
+        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": stoppable.bootstrap}),
+        f"AIRFLOW_CONN_{SHARED.upper()}": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap}),
         f"AIRFLOW_CONN_{STOPPABLE.upper()}": json.dumps({"conn_type": "kafka2pc", "host": stoppable.bootstrap}),
+        "KAFKA2PC_EXAMPLE_BOOTSTRAP": stoppable.bootstrap,  # the example declares its topic's asset
         "E2E_CONN_ID": STOPPABLE,
         "E2E_PREFIX": prefix,
         "E2E_TOPIC": topic,
@@ -107,7 +125,7 @@ def ui(kafka: KafkaEnv, stoppable: KafkaEnv, tmp_path_factory: pytest.TempPathFa
         "CORE__TEST_CONNECTION": "Enabled",
         "CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN,viewer:VIEWER",
     }
-    af = StandaloneAirflow(home, DAGS, env, config=config, dag_ids=[DAG_ID])
+    af = StandaloneAirflow(home, dags, env, config=config, dag_ids=[DAG_ID, EXAMPLE_DAG_ID])
     with af:
         af.unpause(DAG_ID)
         # The SimpleAuthManager wrote the viewer's generated password next to the admin's.
@@ -431,6 +449,50 @@ def test_the_test_button_names_the_cause_of_a_refused_port_an_unknown_host_and_a
     assert refused.stderr == f"kafka2pc: error: {shown['ui_refused']}\n", (refused.stderr, shown["ui_refused"])
 
 
+# -- the example DAG, triggered in the UI -----------------------------------------------------------
+
+
+def test_the_example_dag_triggered_in_the_ui_makes_its_topic_and_exports_exactly_once(
+    ui: UI, browser: Callable[[str], Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    af, broker = ui.af, ui.stoppable  # kafka2pc_default: the module's own broker
+    assert EXAMPLE_TOPIC not in broker.wire.topics()  # a fresh broker, as far as the example goes
+    assert af.dag_runs(EXAMPLE_DAG_ID) == []
+    driver = browser("admin")
+    driver.get(f"{af.base_url}/dags/{EXAMPLE_DAG_ID}")
+
+    def trigger_buttons(within: Any) -> list[Any]:
+        return [
+            b for b in within.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Trigger" and b.is_enabled()
+        ]
+
+    wait_for("the Trigger button", lambda: trigger_buttons(driver))[0].click()
+    dialog = wait_for("the trigger dialog", lambda: [d for d in driver.find_elements(By.CSS_SELECTOR, "[role=dialog]")
+                                                     if "Trigger Dag" in d.text])[0]  # fmt: skip
+    confirm = wait_for("the dialog's Trigger button", lambda: trigger_buttons(dialog))[0]
+    shot(driver, "example-dag-trigger-dialog")
+    confirm.click()
+    runs = wait_for("the triggered run", lambda: af.dag_runs(EXAMPLE_DAG_ID))
+    assert len(runs) == 1 and runs[0]["triggered_by"] == "ui", runs  # the click's run, none of the API's
+    run_id = str(runs[0]["dag_run_id"])
+    state = af.wait_run(EXAMPLE_DAG_ID, run_id, timeout=420)
+    assert state == "success", af.task_states(EXAMPLE_DAG_ID, run_id)
+    created = af.task_log(EXAMPLE_DAG_ID, run_id, "create_topic", 1)
+    assert f"kafka2pc: topic {EXAMPLE_TOPIC} created: 8 partition(s)" in created, created[-2000:]
+    driver.get(f"{af.base_url}/dags/{EXAMPLE_DAG_ID}/runs/{quote(run_id, safe='')}")
+    wait_for("the run's page", lambda: "success" in body_text(driver).lower())
+    shot(driver, "example-dag-run-succeeded")
+
+    records = broker.read_committed(EXAMPLE_TOPIC, timeout_s=120)
+    keys = Counter((r.key or b"").decode() for r in records)
+    assert len(keys) == EXAMPLE_ROWS and set(keys.values()) == {1}, (len(keys), len(records))
+    assert set(keys) == {str(i) for i in range(EXAMPLE_ROWS)}
+    assert {json.loads(r.value or b"{}")["run"] for r in records} == {run_id.replace("'", "")}
+    assert broker.open_transactions(EXAMPLE_PREFIX) == []
+
+
 # -- a failed commit and its clear ------------------------------------------------------------------
 
 
@@ -558,7 +620,7 @@ def prepare(kafka: KafkaEnv, topic: str, prefix: str, slot: int, records: int, r
 
 
 def page(ui: UI, prefix: str) -> str:
-    return f"{ui.af.base_url}/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={prefix}"
+    return f"{ui.af.base_url}/kafka2pc/exporters?conn_id={SHARED}&prefix={prefix}"
 
 
 def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
@@ -579,7 +641,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     # Every endpoint asks the auth manager: nobody logged in gets nothing.
     for method, path in (("GET", "/kafka2pc/exporters"), ("GET", "/kafka2pc/api/exporters"),
                          ("POST", "/kafka2pc/exporters/acknowledge")):  # fmt: skip
-        data = {"conn_id": "kafka2pc_default"} if method == "POST" else None
+        data = {"conn_id": SHARED} if method == "POST" else None
         r = httpx.request(method, f"{base}{path}", params={"prefix": lossy}, data=data)
         if (method, path) == ("GET", "/kafka2pc/exporters"):  # a browser: to Airflow's login, and back after it
             assert r.status_code == 303, (path, r.status_code, r.text)
@@ -600,7 +662,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     try:
         admin = browser("admin")
         # Inside the Airflow UI, as the "Kafka exporters" extra link opens it.
-        admin.get(f"{base}/plugin/kafka2pc-exporters/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={opened}")
+        admin.get(f"{base}/plugin/kafka2pc-exporters/kafka2pc/exporters?conn_id={SHARED}&prefix={opened}")
         frame = wait_for("the page's frame", lambda: admin.find_element(By.CSS_SELECTOR, "iframe"))
         admin.switch_to.frame(frame)
         table = wait_for("the open transactions", lambda: admin.find_element(By.ID, f"exporter-{opened}-open"))
@@ -632,7 +694,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
         assert "needs permission to edit connection" in loss.text, loss.text
         assert not viewer.find_elements(By.NAME, "confirm_run")
         shot(viewer, "exporters-loss-viewer")
-        form = {"conn_id": "kafka2pc_default", "prefix": lossy, "run": run, "confirm_run": run}
+        form = {"conn_id": SHARED, "prefix": lossy, "run": run, "confirm_run": run}
         r = httpx.post(f"{base}/kafka2pc/exporters/acknowledge", data=form,
                        headers={"Authorization": f"Bearer {ui.token('viewer')}"})  # fmt: skip
         assert r.status_code == 403, r.text
