@@ -4,6 +4,17 @@ Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the te
 - The connection form: a kafka2pc connection made in the form, Test pressed on its row, succeeds
   against the test broker; a wrong password on the SASL_SSL broker shows the hook's own SASL message;
   the saved extra holds no null.
+- The Test button names the cause of each first-hour mistake made in the form, before the connect
+  timeout: a closed port (connection refused), a host name that does not resolve, a CA that did not
+  sign the SASL_SSL broker's certificate (the TLS handshake), a wrong password (SASL); the CLI, given
+  the refused connection, prints the very text the browser showed.
+- The CLI uses a connection made in the form: ``kafka2pc list --conn-id`` run as a user would on the
+  Airflow's machine (its AIRFLOW_HOME and settings, no AIRFLOW_CONN_* variable) lists a transaction
+  left open on that connection's broker.
+- The example DAG (dags/kafka2pc_example.py, unchanged) triggered with the Trigger button on a broker
+  that has never held its topic: its first task makes the topic, the run succeeds, a read_committed
+  consumer sees every record exactly once and nothing of its exporter is left open; no WARNING or
+  ERROR in its task logs nor in what the api-server logged for its tasks (the asset manager's).
 - A failed commit and its clear: Kafka (a broker of this module's own) stops after the prepare; the
   commit task's log, read on its page, ends with the kafka2pc line that says no decision was written,
   how many transactions wait until when, and to clear the task once Kafka is back; Kafka comes back,
@@ -24,9 +35,12 @@ import contextlib
 import json
 import re
 import shutil
+import socket
+import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +50,13 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httpx
 import pytest
 
+from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, REFUSED
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from tests.conftest import SECURE_EXPORTER, _start
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from tests.conftest import SECURE_EXPORTER, SECURE_EXPORTER_PASSWORD, _start
 from tests.e2e.test_dag_runs import exactly_once, visible_keys
 from tests.helpers.airflow_standalone import StandaloneAirflow
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, kill_node
@@ -53,6 +71,12 @@ WAIT_S = 30.0
 DAGS = Path(__file__).parent / "dags"
 DAG_ID = "e2e_kafka2pc"  # its tasks on the connection "stoppable", a broker this module stops
 STOPPABLE = "kafka2pc_stoppable"
+# The example DAG, as a user finds it: on kafka2pc_default, which here names the module's own broker
+# (no other module's run has made the example's topic there); the exporters page uses the shared one.
+EXAMPLE_DAG = REPO / "dags" / "kafka2pc_example.py"
+EXAMPLE_DAG_ID, EXAMPLE_TOPIC, EXAMPLE_PREFIX = "kafka2pc_example", "kafka2pc_example_orders", "kafka2pc_example.orders"
+EXAMPLE_ROWS = 100_000  # its "rows" param's default: what the Trigger button's form offers
+SHARED = "kafka2pc_shared"  # the session's broker (the kafka fixture)
 
 
 @dataclass
@@ -78,11 +102,19 @@ def stoppable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
 @pytest.fixture(scope="module")
 def ui(kafka: KafkaEnv, stoppable: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
     assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed (scripts/setup installs them)"
-    home = tmp_path_factory.mktemp("airflow_ui") / "home"
+    base = tmp_path_factory.mktemp("airflow_ui")
+    home = base / "home"
+    # This Airflow's DAGs folder: the module's test DAG and the example DAG, linked, not copied.
+    dags = base / "dags"
+    dags.mkdir()
+    for dag_file in (DAGS / f"{DAG_ID}.py", EXAMPLE_DAG):
+        (dags / dag_file.name).symlink_to(dag_file)
     prefix, topic = f"ui_{uuid.uuid4().hex[:8]}", stoppable.topic(partitions=4)
     env = {
-        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap}),
+        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": stoppable.bootstrap}),
+        f"AIRFLOW_CONN_{SHARED.upper()}": json.dumps({"conn_type": "kafka2pc", "host": kafka.bootstrap}),
         f"AIRFLOW_CONN_{STOPPABLE.upper()}": json.dumps({"conn_type": "kafka2pc", "host": stoppable.bootstrap}),
+        "KAFKA2PC_EXAMPLE_BOOTSTRAP": stoppable.bootstrap,  # the example declares its topic's asset
         "E2E_CONN_ID": STOPPABLE,
         "E2E_PREFIX": prefix,
         "E2E_TOPIC": topic,
@@ -94,7 +126,7 @@ def ui(kafka: KafkaEnv, stoppable: KafkaEnv, tmp_path_factory: pytest.TempPathFa
         "CORE__TEST_CONNECTION": "Enabled",
         "CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN,viewer:VIEWER",
     }
-    af = StandaloneAirflow(home, DAGS, env, config=config, dag_ids=[DAG_ID])
+    af = StandaloneAirflow(home, dags, env, config=config, dag_ids=[DAG_ID, EXAMPLE_DAG_ID])
     with af:
         af.unpause(DAG_ID)
         # The SimpleAuthManager wrote the viewer's generated password next to the admin's.
@@ -274,8 +306,32 @@ def press_test(driver: Any, conn_id: str, answer: str) -> str:
     return seen["text"]
 
 
+def press_test_timed(driver: Any, base_url: str, conn_id: str, answer: str) -> tuple[str, float]:
+    """``press_test`` on a freshly loaded connections page (no earlier answer left on it), and the
+    seconds from the page to the answer."""
+    driver.get(f"{base_url}/connections")
+    started = time.monotonic()
+    text = press_test(driver, conn_id, answer)
+    return text, time.monotonic() - started
+
+
 def stored(ui: UI, conn_id: str) -> dict[str, Any]:
     return dict(ui.af.request("GET", f"/api/v2/connections/{conn_id}").json())
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kafka2pc_cli(ui: UI, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kafka2pc`` as a user runs it on the Airflow's machine: that Airflow's AIRFLOW_HOME and
+    settings (its metadata database's), no AIRFLOW_CONN_* variable."""
+    env = {k: v for k, v in ui.af.env.items() if not k.startswith("AIRFLOW_CONN_")}
+    command = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", *args]
+    return subprocess.run(command, env=env, cwd=ui.af.home, capture_output=True, text=True, timeout=120)
 
 
 def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl(
@@ -308,12 +364,150 @@ def test_connection_made_in_the_form_tests_green_and_a_wrong_password_names_sasl
     )
     extra = json.loads(stored(ui, "ui_secure")["extra"])
     assert extra["config"] == {"ssl.ca.location": kafka_secure.security["ssl.ca.location"]}, extra
-    answer = press_test(driver, "ui_secure", f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}")
+    cause = f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}"
+    answer, took = press_test_timed(driver, base, "ui_secure", cause)
     shot(driver, "connection-test-wrong-password")
     assert "Test Connection Failed" in answer, answer
-    assert f"authentication failed: SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}" in answer, answer
+    assert cause in answer, answer
+    assert took < DEFAULT_CONNECT_TIMEOUT_S, (took, answer)  # refused at once, not after the connect timeout
     assert "not-the-password" not in answer
     assert "not-the-password" not in driver.page_source  # nor anywhere in the page, hidden text included
+
+    # The CLI, on the Airflow's machine, finds ui_plain where the form put it (the metadata database)
+    # and lists from its broker: the transaction left open there under a prefix of this test's.
+    prefix = f"uicli{uuid.uuid4().hex[:6]}"
+    left_open = prepare(kafka, kafka.topic(partitions=1), prefix, 0, 3, "uicli")
+    wire = kafka.new_wire()
+    try:
+        listed = kafka2pc_cli(ui, "list", "--conn-id", "ui_plain", "--prefix", prefix, "--json")
+        assert listed.returncode == 1, listed.stderr  # 1: transactions open
+        report = json.loads(listed.stdout)
+        assert [t["transactional_id"] for t in report["transactions"]] == [naming.transactional_id(prefix, 0)], report
+        assert report["prefix"] == prefix and report["losses"] == [], report
+    finally:
+        TransactionResolver(wire).resolve([ref_of(left_open)], Intent.ABORT)
+        wire.close()
+
+
+def test_the_test_button_names_the_cause_of_a_refused_port_an_unknown_host_and_a_wrong_ca(
+    ui: UI, kafka: KafkaEnv, kafka_secure: KafkaEnv, browser: Callable[[str], Any]
+) -> None:
+    """Each mistake made in the form, Test pressed on its row: the cause the hook's diagnosis words
+    (airflow_provider_kafka2pc/txn/kafka/reachability.py), before the connect timeout."""
+    import certifi
+
+    driver = browser("admin")
+    base = ui.af.base_url
+    port = closed_port()
+    unknown = f"kafka2pc-{uuid.uuid4().hex[:6]}.invalid"  # .invalid never resolves (RFC 2606)
+    kafka_port = kafka.bootstrap.rsplit(":", 1)[1]
+    secure_host, secure_port = kafka_secure.bootstrap.rsplit(":", 1)
+    wrong_ca = certifi.where()  # a real CA bundle, not the one that signed the broker's certificate
+    plaintext = {"security_protocol": "PLAINTEXT"}
+    secure = {"host": secure_host, "port": secure_port, "login": SECURE_EXPORTER, "password": SECURE_EXPORTER_PASSWORD}
+    sasl_ssl = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}
+    who = f"SASL SCRAM-SHA-512 as User:{SECURE_EXPORTER}"
+    unreachable = "cannot reach Kafka at "
+    mistakes: list[tuple[str, dict[str, str], dict[str, Any], str]] = [
+        (
+            "ui_refused",
+            {"host": "127.0.0.1", "port": str(port)},
+            plaintext,
+            f"{unreachable}127.0.0.1:{port}: {REFUSED}",
+        ),
+        (
+            "ui_unknown_host",
+            {"host": unknown, "port": kafka_port},
+            plaintext,
+            f"{unreachable}{unknown}:{kafka_port}: the host name {unknown} could not be resolved (",
+        ),
+        (
+            "ui_wrong_ca",
+            secure,
+            {**sasl_ssl, "config": {"ssl.ca.location": wrong_ca}},
+            f"SSL handshake failed with Kafka at {kafka_secure.bootstrap} ({who}",
+        ),
+    ]
+    for conn_id, fields, extra, _ in mistakes:
+        add_connection(driver, base, conn_id, fields, extra)
+    shown: dict[str, str] = {}
+    for conn_id, _, _, cause in mistakes:
+        answer, took = press_test_timed(driver, base, conn_id, cause)
+        shot(driver, f"connection-test-{conn_id.removeprefix('ui_').replace('_', '-')}")
+        assert "Test Connection Failed" in answer, (conn_id, answer)
+        assert cause in answer, (conn_id, answer)
+        # Told at once (refused, not resolved, a certificate refused), not after the connect timeout.
+        assert took < DEFAULT_CONNECT_TIMEOUT_S, (conn_id, took, answer)
+        shown[conn_id] = next(line for line in answer.splitlines() if cause in line)
+        print(f"{conn_id}: {took:.1f} s: {shown[conn_id]}")
+    assert "certificate verify failed" in shown["ui_wrong_ca"], shown["ui_wrong_ca"]
+    assert f"ssl.ca.location is {wrong_ca}" in shown["ui_wrong_ca"], shown["ui_wrong_ca"]
+    assert SECURE_EXPORTER_PASSWORD not in driver.page_source
+
+    # The CLI says it in the browser's very words, with its prefix.
+    refused = kafka2pc_cli(ui, "list", "--conn-id", "ui_refused", "--prefix", "p")
+    assert refused.returncode == 3, refused.stderr  # 3: Kafka failing
+    assert refused.stderr == f"kafka2pc: error: {shown['ui_refused']}\n", (refused.stderr, shown["ui_refused"])
+
+
+# -- the example DAG, triggered in the UI -----------------------------------------------------------
+
+
+def test_the_example_dag_triggered_in_the_ui_makes_its_topic_and_exports_exactly_once(
+    ui: UI, browser: Callable[[str], Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    af, broker = ui.af, ui.stoppable  # kafka2pc_default: the module's own broker
+    assert EXAMPLE_TOPIC not in broker.wire.topics()  # a fresh broker, as far as the example goes
+    assert af.dag_runs(EXAMPLE_DAG_ID) == []
+    driver = browser("admin")
+    driver.get(f"{af.base_url}/dags/{EXAMPLE_DAG_ID}")
+
+    def trigger_buttons(within: Any) -> list[Any]:
+        return [
+            b for b in within.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Trigger" and b.is_enabled()
+        ]
+
+    wait_for("the Trigger button", lambda: trigger_buttons(driver))[0].click()
+    dialog = wait_for("the trigger dialog", lambda: [d for d in driver.find_elements(By.CSS_SELECTOR, "[role=dialog]")
+                                                     if "Trigger Dag" in d.text])[0]  # fmt: skip
+    confirm = wait_for("the dialog's Trigger button", lambda: trigger_buttons(dialog))[0]
+    shot(driver, "example-dag-trigger-dialog")
+    confirm.click()
+    runs = wait_for("the triggered run", lambda: af.dag_runs(EXAMPLE_DAG_ID))
+    assert len(runs) == 1 and runs[0]["triggered_by"] == "ui", runs  # the click's run, none of the API's
+    run_id = str(runs[0]["dag_run_id"])
+    state = af.wait_run(EXAMPLE_DAG_ID, run_id, timeout=420)
+    assert state == "success", af.task_states(EXAMPLE_DAG_ID, run_id)
+    created = af.task_log(EXAMPLE_DAG_ID, run_id, "create_topic", 1)
+    assert f"kafka2pc: topic {EXAMPLE_TOPIC} created: 8 partition(s)" in created, created[-2000:]
+    # A successful run: no WARNING, no ERROR in its task logs (as the UI shows them), nor in what the
+    # api-server logged for its tasks (where Airflow's asset manager warns about an undeclared asset:
+    # the commit's is declared, KAFKA2PC_EXAMPLE_BOOTSTRAP set as docker-compose.yml and scripts/demo set it).
+    tis = af.task_instances(EXAMPLE_DAG_ID, run_id)
+    ran = [str(t["task_id"]) for t in tis if t["state"] == "success"]
+    assert len(ran) == 4, ran  # create_topic, recover, prepare, commit (the abort skipped)
+    for task_id in ran:
+        log = af.task_log(EXAMPLE_DAG_ID, run_id, task_id, 1)
+        loud = re.findall(r"^\S* (?:warning|error|critical) .*$", log, re.MULTILINE | re.IGNORECASE)
+        assert loud == [], (task_id, loud)
+    ti_ids = tuple(f"ti_id={t['id']}" for t in tis)
+    server = (af.log_dir / "api-server.log").read_text(errors="replace").splitlines()
+    about_run = [line for line in server if any(ti_id in line for ti_id in ti_ids)]
+    assert about_run, "the api-server logged nothing for the run's tasks: ti_id= is no longer in its lines"
+    loud = [line for line in about_run if re.search(r"\[(?:warning|error|critical)\s*\]", line)]
+    assert loud == [], loud
+    driver.get(f"{af.base_url}/dags/{EXAMPLE_DAG_ID}/runs/{quote(run_id, safe='')}")
+    wait_for("the run's page", lambda: "success" in body_text(driver).lower())
+    shot(driver, "example-dag-run-succeeded")
+
+    records = broker.read_committed(EXAMPLE_TOPIC, timeout_s=120)
+    keys = Counter((r.key or b"").decode() for r in records)
+    assert len(keys) == EXAMPLE_ROWS and set(keys.values()) == {1}, (len(keys), len(records))
+    assert set(keys) == {str(i) for i in range(EXAMPLE_ROWS)}
+    assert {json.loads(r.value or b"{}")["run"] for r in records} == {run_id.replace("'", "")}
+    assert broker.open_transactions(EXAMPLE_PREFIX) == []
 
 
 # -- a failed commit and its clear ------------------------------------------------------------------
@@ -443,7 +637,7 @@ def prepare(kafka: KafkaEnv, topic: str, prefix: str, slot: int, records: int, r
 
 
 def page(ui: UI, prefix: str) -> str:
-    return f"{ui.af.base_url}/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={prefix}"
+    return f"{ui.af.base_url}/kafka2pc/exporters?conn_id={SHARED}&prefix={prefix}"
 
 
 def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
@@ -453,11 +647,8 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
 
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
-    from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
     from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
-    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
-    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
     tag = uuid.uuid4().hex[:6]
     topic = kafka.topic(partitions=2)
@@ -467,7 +658,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     # Every endpoint asks the auth manager: nobody logged in gets nothing.
     for method, path in (("GET", "/kafka2pc/exporters"), ("GET", "/kafka2pc/api/exporters"),
                          ("POST", "/kafka2pc/exporters/acknowledge")):  # fmt: skip
-        data = {"conn_id": "kafka2pc_default"} if method == "POST" else None
+        data = {"conn_id": SHARED} if method == "POST" else None
         r = httpx.request(method, f"{base}{path}", params={"prefix": lossy}, data=data)
         if (method, path) == ("GET", "/kafka2pc/exporters"):  # a browser: to Airflow's login, and back after it
             assert r.status_code == 303, (path, r.status_code, r.text)
@@ -488,7 +679,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     try:
         admin = browser("admin")
         # Inside the Airflow UI, as the "Kafka exporters" extra link opens it.
-        admin.get(f"{base}/plugin/kafka2pc-exporters/kafka2pc/exporters?conn_id=kafka2pc_default&prefix={opened}")
+        admin.get(f"{base}/plugin/kafka2pc-exporters/kafka2pc/exporters?conn_id={SHARED}&prefix={opened}")
         frame = wait_for("the page's frame", lambda: admin.find_element(By.CSS_SELECTOR, "iframe"))
         admin.switch_to.frame(frame)
         table = wait_for("the open transactions", lambda: admin.find_element(By.ID, f"exporter-{opened}-open"))
@@ -520,7 +711,7 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
         assert "needs permission to edit connection" in loss.text, loss.text
         assert not viewer.find_elements(By.NAME, "confirm_run")
         shot(viewer, "exporters-loss-viewer")
-        form = {"conn_id": "kafka2pc_default", "prefix": lossy, "run": run, "confirm_run": run}
+        form = {"conn_id": SHARED, "prefix": lossy, "run": run, "confirm_run": run}
         r = httpx.post(f"{base}/kafka2pc/exporters/acknowledge", data=form,
                        headers={"Authorization": f"Bearer {ui.token('viewer')}"})  # fmt: skip
         assert r.status_code == 403, r.text
