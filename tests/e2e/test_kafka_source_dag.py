@@ -245,3 +245,32 @@ def test_a_group_with_a_live_member_is_refused_before_anything_is_written(
     assert f"consumer group '{group}' has 1 live member(s) (someone-else on" in text
     assert visible_keys(kafka, topic) == Counter()
     assert kafka.open_transactions(prefix) == []
+
+
+def test_the_example_dag_enriches_the_example_s_orders_exactly_once(
+    kafka: KafkaEnv, dag_tester: DagTester, spark_conf: str
+) -> None:
+    """dags/kafka2pc_kafka_source.py after dags/kafka2pc_example.py: the big orders of the orders
+    topic, each once, and the example's group at the orders topic's end."""
+    from tests.helpers.airflow_dagtest import EXAMPLE_DAG
+
+    env = {
+        **kafka2pc_connection(kafka),
+        "KAFKA2PC_EXAMPLE_BOOTSTRAP": kafka.bootstrap,
+        "KAFKA2PC_EXAMPLE_SPARK_JARS": json.loads(spark_conf)["spark.jars"],
+    }
+    orders = dag_tester.run(EXAMPLE_DAG, "kafka2pc_example", {"rows": 3000, "partitions": 2}, env)
+    assert orders.state == "success", orders.log
+    source_dag = REPO / "dags" / "kafka2pc_kafka_source.py"
+    big = dag_tester.run(source_dag, "kafka2pc_kafka_source", {}, env)
+    assert big.state == "success", big.log
+    # The orders topic as Kafka shows it (other tests of this worker may have written to it too).
+    wanted: Counter[str] = Counter()
+    for r in kafka.read_committed("kafka2pc_example_orders"):
+        if json.loads(r.value or b"{}")["amount_cents"] >= 10000:
+            wanted[(r.key or b"").decode()] += 1
+    got = visible_keys(kafka, "kafka2pc_example_big_orders")
+    assert got == wanted and sum(got.values()) > 0, (len(got), len(wanted))
+    ends = group_offsets(kafka, "kafka2pc-example-big-orders")
+    assert ends and all(o is not None and o > 0 for o in ends.values())
+    assert kafka.open_transactions("kafka2pc_example.big_orders") == []

@@ -558,3 +558,56 @@ def test_decision_log_reads_leave_no_denied_line_with_the_reader_group_acl(expor
     ex.assert_exactly_once(["run1"])
     print(f"DENIED lines in the authorizer log: {len(without)} without the reader group's ACL, {len(denied)} with it")
     assert denied == [], denied
+
+
+@pytest.mark.parametrize("missing", ["source Read", "group Read"])
+def test_a_kafka_source_s_missing_acl_is_named_before_anything_is_written(exporter: Exporter, missing: str) -> None:
+    """A Kafka source (KIP-447) as docs/acls.md lists it: Read on the source topic and on the group.
+    Without one, the snapshot or the offsets participant names it and the group does not move;
+    granting it, the run's offsets commit. (The range is read here without Spark: Spark's Kafka
+    source reads it with the same principal; see the file's docstring.)"""
+    from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
+    from airflow_provider_kafka2pc.txn.kafka.offsets_writer import prepare_offsets
+    from airflow_provider_kafka2pc.txn.kafka.source_snapshot import KafkaSourceSpec, group_offsets, snapshot_source
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+
+    ex = exporter
+    source, group = ex.env.topic(partitions=1), f"grp{uuid.uuid4().hex[:8]}"
+    from confluent_kafka import Producer
+
+    p = Producer({**ex.env.config, "transactional.id": f"seed-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(7):
+        p.produce(source, key=f"k{i}".encode(), value=b"v")
+    p.commit_transaction(30)
+    documented = set(ex.documented_acls()) | {
+        Acl("Topic", source, "LITERAL", "Read"),
+        Acl("Group", group, "LITERAL", "Read"),
+    }
+    where, operation = missing.split()
+    name = {"source": source, "group": group}[where]
+    (acl,) = [a for a in documented if a.name == name and a.operation == operation]
+    set_acls(ex.env, PRINCIPAL, documented - {acl})
+    hook = ex.hook()
+    config = hook.producer_config({"transaction.timeout.ms": TIMEOUT_MS})
+    tid = naming.transactional_id(ex.prefix, naming.OFFSETS_SLOT)
+    with pytest.raises(KafkaAuthorizationError) as refused:
+        read = snapshot_source(config, KafkaSourceSpec(group, topics=(source,)))
+        prepare_offsets(config, tid, read, TIMEOUT_MS, ex.prefix)
+    message = str(refused.value)
+    assert name in message and f"--operation {operation}" in message and PRINCIPAL in message, message
+    assert group_offsets(ex.env.config, group, [(source, 0)]) == {(source, 0): None}
+    assert ex.env.open_transactions(ex.prefix) == []
+
+    set_acls(ex.env, PRINCIPAL, documented)
+    read = snapshot_source(config, KafkaSourceSpec(group, topics=(source,)))
+    offsets = prepare_offsets(config, tid, read, TIMEOUT_MS, ex.prefix)
+    wire, log = hook.wire_client(), hook.decision_log()
+    try:
+        commit_prepared([offsets], wire, log, run="src-run")
+    finally:
+        log.close()
+        wire.close()
+    assert group_offsets(ex.env.config, group, [(source, 0)]) == {(source, 0): 8}  # 7 records and a marker
+    assert ex.env.open_transactions(ex.prefix) == []

@@ -190,15 +190,19 @@ def _partitions(
     out: list[tuple[str, int]] = []
     for name in names:
         t = metadata.topics.get(name)
+        if t is None:  # asked by name, the broker says why it is not listed (missing, or not ours to see)
+            t = admin.list_topics(name, timeout=timeout_s).topics.get(name)
+        if t is not None and t.error is not None:
+            # Spark's source reads it: Read, which implies the Describe the snapshot needs.
+            named = authorization_error_of(t.error.name(), config, name, "Read")
+            if named is not None:
+                raise named
         if t is None or (t.error is not None and t.error.name() == "UNKNOWN_TOPIC_OR_PART"):
             raise SourceError(
                 f"the Kafka source's topic {name!r} does not exist (or this principal may not Describe it). "
                 "Create it, or fix the name; docs/acls.md lists the source's ACLs"
             )
         if t.error is not None:
-            named = authorization_error_of(t.error.name(), config, name, "Describe")
-            if named is not None:
-                raise named
             raise SourceError(f"the Kafka source's topic {name!r} cannot be read: {t.error}")
         out.extend((name, p) for p in sorted(t.partitions))
     return out
@@ -225,7 +229,7 @@ def _refuse_live_members(admin: Any, config: Mapping[str, Any], group_id: str, t
             timeout_s,
         )
     except Exception as e:
-        _raise_group_error(e, config, group_id, "Describe")
+        _raise_group_error(e, config, group_id, "Read")  # Read implies the Describe asked here
     members = list(group.members or ())
     if members:
         who = ", ".join(sorted({f"{m.client_id} on {m.host}" for m in members})[:5])
@@ -255,7 +259,7 @@ def _committed(
             timeout_s,
         )
     except Exception as e:
-        _raise_group_error(e, config, group_id, "Describe")
+        _raise_group_error(e, config, group_id, "Read")
     out: dict[tuple[str, int], int | None] = {}
     for tp in result.topic_partitions or ():
         if tp.error is not None:
@@ -265,7 +269,7 @@ def _committed(
                     "transaction that is still open: an earlier run is not resolved yet. Let the exporter's "
                     "recovery (or kafka2pc recover) resolve it, then run again"
                 )
-            _raise_group_error(tp.error, config, group_id, "Describe")
+            _raise_group_error(tp.error, config, group_id, "Read")
         out[(tp.topic, tp.partition)] = None if tp.offset == _NO_OFFSET or tp.offset < 0 else int(tp.offset)
     return out
 
@@ -282,7 +286,7 @@ def _offsets(
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
         return {(tp.topic, tp.partition): int(f.result(timeout_s).offset) for tp, f in futures.items()}
     except Exception as e:
-        named = authorization_error_of(_error_name(e), config, ",".join(sorted({t for t, _ in partitions})), "Describe")
+        named = authorization_error_of(_error_name(e), config, ",".join(sorted({t for t, _ in partitions})), "Read")
         if named is not None:
             raise named from e
         raise BrokerUnavailableError(
