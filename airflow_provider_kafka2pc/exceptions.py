@@ -20,6 +20,10 @@ class PoolingNeedsOneActiveRunError(Kafka2PCError):
     """POOLING ids are shared by every run of the exporter: two runs at once would fence each other."""
 
 
+class KafkaSourceNeedsOneActiveRunError(Kafka2PCError):
+    """Two runs of a Kafka-sourced export at once would read the same range of its group."""
+
+
 class ConnectionMismatchError(Kafka2PCError):
     """Committables prepared on one Kafka connection cannot be ended through another."""
 
@@ -28,4 +32,10 @@ class RecoveryError(Kafka2PCError):
     """The recovery trigger failed; its message says why."""
 
 
-__all__ = ["ConnectionMismatchError", "Kafka2PCConfigError", "PoolingNeedsOneActiveRunError", "RecoveryError"]
+__all__ = [
+    "ConnectionMismatchError",
+    "Kafka2PCConfigError",
+    "KafkaSourceNeedsOneActiveRunError",
+    "PoolingNeedsOneActiveRunError",
+    "RecoveryError",
+]

@@ -11,10 +11,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
-from airflow_provider_kafka2pc.exceptions import PoolingNeedsOneActiveRunError
+from airflow_provider_kafka2pc.exceptions import KafkaSourceNeedsOneActiveRunError, PoolingNeedsOneActiveRunError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
-from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
+from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource, open_offsets_writer, take_snapshot
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
 from airflow_provider_kafka2pc.operators.spark_session import spark_session
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
     from airflow_provider_kafka2pc.spark.progress import Progress
     from airflow_provider_kafka2pc.spark.sources import SourceTable
+    from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
-    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
     from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
@@ -267,32 +267,10 @@ class Kafka2PCExportOperator(BaseOperator):
             )
         return done
 
-    def _snapshot(self, config: Mapping[str, Any], session: PrepareSession) -> SourceRange | None:
-        """A Kafka source's range for this run, read after recovery resolved the earlier runs; the
-        group must stand where the exporter's last committed run left it."""
-        if not isinstance(self.source, KafkaSource):
-            return None
-        from airflow_provider_kafka2pc.txn.kafka.source_snapshot import snapshot_source
+    def _open_offsets(self, writer: OffsetsWriter, read: SourceRange, abort_now: Callable[[], bool]) -> Committable:
+        from airflow_provider_kafka2pc.operators.kafka_source import send_offsets
 
-        read = snapshot_source(config, self.source.spec(), previous=session.last_source())
-        self.log.info("kafka2pc source: this run reads %s", read.describe())
-        return read
-
-    def _open_offsets(self, settings: ExportSettings, read: SourceRange, abort_now: Callable[[], bool]) -> Committable:
-        """The run's offsets participant, opened after the output was prepared (its window is the
-        shortest); when it cannot open, what the write job opened is aborted at once."""
-        from airflow_provider_kafka2pc.txn.kafka.offsets_writer import prepare_offsets
-
-        tid = settings.transactional_id(naming.OFFSETS_SLOT)
-        try:
-            c = prepare_offsets(
-                settings.producer_config, tid, read, self.transaction_timeout_ms, settings.transactional_id_prefix
-            )
-        except BaseException:
-            abort_now()
-            raise
-        self.log.info("kafka2pc source: %s holds group %r's offsets for the run", tid, read.group_id)
-        return c
+        return send_offsets(writer, read, abort_now)
 
     def _window_with_shown_rate(self, context: Context) -> Any:
         """The window settings with the write rate the exporter's last successful prepare showed (an
@@ -311,6 +289,12 @@ class Kafka2PCExportOperator(BaseOperator):
         prefix = self.transactional_id_prefix
         naming.validate_prefix(prefix)
         check_pooling_dag(self.naming_strategy, context["dag"], prefix)
+        if isinstance(self.source, KafkaSource) and getattr(context["dag"], "max_active_runs", None) != 1:
+            raise KafkaSourceNeedsOneActiveRunError(
+                f"exporter {prefix!r} reads a Kafka source: two runs at once would both read from consumer group "
+                f"{self.source.group_id!r}'s offsets and export the same records twice; set max_active_runs=1 on "
+                f"DAG {context['dag'].dag_id!r}"
+            )
         run_key = (
             naming.sanitize_run_key(context["run_id"])
             if self.naming_strategy is naming.NamingStrategy.INCREMENTING
@@ -379,7 +363,10 @@ class Kafka2PCExportOperator(BaseOperator):
             self.naming_strategy.value,
             redact(settings.producer_config),
         )
-        read = self._snapshot(settings.producer_config, session)
+        read, offsets_writer = None, None
+        if isinstance(self.source, KafkaSource):
+            read = take_snapshot(self.source, settings.producer_config, session, self.topic)
+            offsets_writer = open_offsets_writer(settings, read, self.transaction_timeout_ms)
         # Idle through a long Spark job, a connection may be dropped by the network on the way: the
         # steps after the job (an abort now, the stand-down) connect afresh.
         session.clients.close()
@@ -401,12 +388,16 @@ class Kafka2PCExportOperator(BaseOperator):
             seen["writing"] = True
             result = export_dataframe(df, settings, on_progress=progress, window=window, abort_opened=abort_now)
             self._read = self._source_tables(spark)
+        except BaseException:
+            if offsets_writer is not None:
+                offsets_writer.abandon()
+            raise
         finally:
             spark.stop()
-        self._stand_down_if_decided_meanwhile(session, context, result.committables)
-        if read is not None and read.moves:
-            offsets = self._open_offsets(settings, read, abort_now)
+        if offsets_writer is not None and read is not None:
+            offsets = self._open_offsets(offsets_writer, read, abort_now)
             result = dataclasses.replace(result, committables=(offsets, *result.committables))
+        self._stand_down_if_decided_meanwhile(session, context, result.committables)
         if result.write_rate is not None:  # the next run's budget refuses by what this one showed
             shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
             context["ti"].xcom_push(key=WRITE_RATE_KEY, value=shown.to_json())

@@ -11,6 +11,7 @@ offsets and the output in one cluster).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
     from airflow_provider_kafka2pc.txn.kafka.source_snapshot import KafkaSourceSpec
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+    from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
+log = logging.getLogger(__name__)
 Transform = Callable[[Any, "Context"], Any]  # (the source DataFrame, context) -> the DataFrame to export
+# Options of Spark's Kafka source (case-insensitive there) that would make it read something else
+# than the range whose end the run commits.
+_RANGE_OPTIONS = frozenset(
+    {
+        "assign",
+        "subscribe",
+        "subscribepattern",
+        "startingoffsets",
+        "endingoffsets",
+        "startingtimestamp",
+        "endingtimestamp",
+        "startingoffsetsbytimestamp",
+        "endingoffsetsbytimestamp",
+        "failondataloss",
+        "kafka.isolation.level",
+        "kafka.bootstrap.servers",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,13 @@ class KafkaSource:
 
     def __post_init__(self) -> None:
         self.spec()  # refuse a bad source when the DAG is parsed, not when it runs
+        fixed = sorted(k for k in self.options if k.lower() in _RANGE_OPTIONS)
+        if fixed:
+            raise ValueError(
+                f"KafkaSource(options=) may not set {fixed}: the run reads exactly the range whose end it commits "
+                "as the group's offsets (assign, startingOffsets, endingOffsets, read_committed, failing on lost "
+                "data) on the export's own connection"
+            )
 
     def spec(self) -> KafkaSourceSpec:
         from airflow_provider_kafka2pc.txn.kafka.source_snapshot import KafkaSourceSpec
@@ -72,3 +103,54 @@ class KafkaSource:
         if self.transform is not None:
             return self.transform(df, context)
         return df.select("key", "value", "headers")
+
+
+def take_snapshot(
+    source: KafkaSource, config: Mapping[str, Any], session: PrepareSession, output: str | None
+) -> SourceRange:
+    """This run's range, read after the exporter's recovery resolved the earlier runs: the group is
+    claimed for the exporter, and must stand where its last committed run left it."""
+    from airflow_provider_kafka2pc.txn.kafka.source_snapshot import snapshot_source
+
+    spec = source.spec()
+    session.claim_group(spec.group_id)
+    read = snapshot_source(config, spec, previous=session.last_source())
+    if output in read.topics:
+        raise ValueError(
+            f"the Kafka source of exporter {session.prefix!r} reads {output!r}, the topic it writes: each run would "
+            "read the previous run's output again. Read another topic"
+        )
+    log.info("kafka2pc source: this run reads %s", read.describe())
+    return read
+
+
+def open_offsets_writer(
+    settings: ExportSettings, read: SourceRange, transaction_timeout_ms: int | None
+) -> OffsetsWriter | None:
+    """The run's offsets participant, its id initialised (an older holder fenced) before the write
+    job, so that a second export of the run fences it early, like its writers do theirs; its
+    transaction's timer starts when the offsets are sent, after the output is prepared. None when
+    the run does not move the group."""
+    if not read.moves:
+        return None
+    from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
+    from airflow_provider_kafka2pc.txn.protocol import naming
+
+    tid = settings.transactional_id(naming.OFFSETS_SLOT)
+    return OffsetsWriter(
+        settings.producer_config, tid, transaction_timeout_ms, id_prefix=settings.transactional_id_prefix
+    ).open()
+
+
+def send_offsets(writer: OffsetsWriter, read: SourceRange, abort_now: Callable[[], bool]) -> Committable:
+    """The group's offsets sent into the offsets participant, left open; when that fails, what the
+    write job opened is aborted at once."""
+    try:
+        writer.send_offsets(read)
+        c = writer.prepare_offsets()
+    except BaseException:
+        writer.abandon()
+        abort_now()
+        raise
+    log.info("kafka2pc source: %s holds group %r's offsets for the run", c.transactional_id, read.group_id)
+    return c

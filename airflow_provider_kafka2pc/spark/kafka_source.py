@@ -27,7 +27,7 @@ _LOGIN_MODULES = {
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
 # librdkafka settings of a connection that the Java client needs no counterpart for.
-_IRRELEVANT = ("client.id", "socket.", "reconnect.", "broker.address.family", "enable.ssl.certificate.verification")
+_IRRELEVANT = ("client.id", "socket.", "reconnect.", "broker.address.family")
 
 
 def kafka_source_package() -> str:
@@ -59,6 +59,9 @@ def java_client_options(config: Mapping[str, Any]) -> dict[str, str]:
             out["kafka.bootstrap.servers"] = str(value)
         elif key in ("security.protocol", "sasl.username", "sasl.password") or key.startswith(_IRRELEVANT):
             continue
+        elif key == "enable.ssl.certificate.verification":
+            if str(value).lower() not in ("true", "1"):
+                raise UnmappableConfigError(key, "a Kafka source reads with certificate verification on")
         elif key == "sasl.mechanism":
             mechanism = str(value).upper()
             if mechanism not in _LOGIN_MODULES:
@@ -82,7 +85,9 @@ def java_client_options(config: Mapping[str, Any]) -> dict[str, str]:
         if user is None or password is None:
             raise UnmappableConfigError("sasl.username", f"{protocol} needs a login and a password for the source")
         # Spark redacts option values that say "password" (spark.redaction.regex) in its plans and UI.
-        login = f"username={json.dumps(str(user))} password={json.dumps(str(password))}"
+        # JAAS reads a quoted string with backslash escapes only: keep non-ASCII characters as they are.
+        quoted = [json.dumps(str(v), ensure_ascii=False) for v in (user, password)]
+        login = f"username={quoted[0]} password={quoted[1]}"
         out["kafka.sasl.jaas.config"] = f"{_LOGIN_MODULES[mechanism]} required {login};"
     return out
 
@@ -101,6 +106,6 @@ def read_range(
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
     )
-    for key, value in (options or {}).items():
+    for key, value in (options or {}).items():  # KafkaSource refuses those that would change the range
         reader = reader.option(key, value)
     return reader.load()

@@ -105,13 +105,15 @@ def once(keys: Counter[str], expected: list[str]) -> None:
     assert set(keys.values()) <= {1}, [k for k, n in keys.items() if n > 1][:5]
 
 
-def test_only_committed_source_records_below_the_last_stable_offset_move_with_the_commit(
+def test_runs_read_committed_records_below_the_last_stable_offset_once_and_move_with_their_commit(
     kafka: KafkaEnv, source: Source, spark_conf: str, dag_tester: DagTester, tmp_path: Path
 ) -> None:
+    """Run 1 over another producer's committed, aborted and still-open transactions, looked at
+    between its prepare and its commit; runs 2 and 3 after new records; run 4 with nothing new."""
     source.write(range(0, 40))
     source.write(range(40, 50), "abort")
     source.write(range(50, 60))
-    source.write(range(60, 70), "open")  # another producer's transaction, still open during the run
+    source.write(range(60, 70), "open")  # another producer's transaction, still open during run 1
     env, prefix, topic, group = scenario(kafka, source, spark_conf)
     gate = tmp_path / "gate"
     proc, log = dag_tester.start(SOURCE_DAG, "e2e_kafka_source", {"fault": "commit_waits", "gate": str(gate)}, env)
@@ -125,31 +127,14 @@ def test_only_committed_source_records_below_the_last_stable_offset_move_with_th
     assert proc.wait(timeout=300) == 0
     text = log.read_text(errors="replace")
     assert f"kafka2pc source: this run reads group '{group}': {source.topic}-0 [0, " in text
-    once(visible_keys(kafka, topic), source.committed)
+    once(visible_keys(kafka, topic), source.committed)  # only committed records, each once
     assert {r.value for r in kafka.read_committed(topic)} >= {b"V0", b"V59"}  # transformed
-    # The open transaction's records are not read: the offsets stop before them (markers included).
-    ends = group_offsets(kafka, group)
-    assert set(ends) == {0, 1} and all(o is not None for o in ends.values())
-    assert kafka.open_transactions(prefix) == []
-
-
-def wait_for(condition: Any, proc: Any, log: Path, timeout_s: float = 240) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) first; log: {log}"
-        assert time.monotonic() < deadline, f"not reached in {timeout_s} s; log: {log}"
-        time.sleep(0.5)
-
-
-def test_incremental_runs_read_each_record_once_and_a_run_without_news_moves_nothing(
-    kafka: KafkaEnv, source: Source, spark_conf: str, dag_tester: DagTester
-) -> None:
-    env, prefix, topic, group = scenario(kafka, source, spark_conf)
-    offsets: list[dict[int, int | None]] = []
-    for n in range(3):
-        source.write(range(n * 30, n * 30 + 30))
+    offsets = [group_offsets(kafka, group)]
+    # 20 + 5 aborted + 5 records and 3 markers per partition are stable; the open transaction is not.
+    assert offsets[0] == {0: 33, 1: 33}
+    source.close()  # the open transaction aborts: its records are never read
+    for n in (1, 2):
+        source.write(range(100 * n, 100 * n + 30))
         run = dag_tester.run(SOURCE_DAG, "e2e_kafka_source", {}, env)
         assert run.state == "success", run.log
         once(visible_keys(kafka, topic), source.committed)  # the union so far: no gap, no duplicate
@@ -161,6 +146,16 @@ def test_incremental_runs_read_each_record_once_and_a_run_without_news_moves_not
     assert group_offsets(kafka, group) == offsets[2]
     once(visible_keys(kafka, topic), source.committed)
     assert kafka.open_transactions(prefix) == []
+
+
+def wait_for(condition: Any, proc: Any, log: Path, timeout_s: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) first; log: {log}"
+        assert time.monotonic() < deadline, f"not reached in {timeout_s} s; log: {log}"
+        time.sleep(0.5)
 
 
 def test_a_group_moved_by_another_consumer_before_the_commit_aborts_the_run_whole(
@@ -247,30 +242,39 @@ def test_a_group_with_a_live_member_is_refused_before_anything_is_written(
     assert kafka.open_transactions(prefix) == []
 
 
-def test_the_example_dag_enriches_the_example_s_orders_exactly_once(
-    kafka: KafkaEnv, dag_tester: DagTester, spark_conf: str
-) -> None:
-    """dags/kafka2pc_kafka_source.py after dags/kafka2pc_example.py: the big orders of the orders
-    topic, each once, and the example's group at the orders topic's end."""
-    from tests.helpers.airflow_dagtest import EXAMPLE_DAG
+@pytest.fixture(scope="module")
+def example_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """A broker of this module's own: the example's fixed topic names stay off the shared broker,
+    where another module's test makes the example's topic on a fresh broker."""
+    from tests.conftest import _start
 
+    yield from _start(tmp_path_factory, "kafka1example", 1)
+
+
+def test_the_example_dag_enriches_the_example_s_orders_exactly_once(
+    example_kafka: KafkaEnv, dag_tester: DagTester, spark_conf: str
+) -> None:
+    """dags/kafka2pc_kafka_source.py over orders as dags/kafka2pc_example.py writes them: the orders
+    of 10,000 cents or more, each once, and the example's group at the orders topic's end."""
+    from confluent_kafka import Producer
+
+    kafka = example_kafka
+    orders = kafka.topic(partitions=2, name="kafka2pc_example_orders")
+    p = Producer({**kafka.config, "transactional.id": "seed-orders"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3000):
+        order = {"order_id": i, "amount_cents": i * 7 % 100000, "run": "seed"}
+        p.produce(orders, key=str(i).encode(), value=json.dumps(order).encode())
+    p.commit_transaction(30)
     env = {
         **kafka2pc_connection(kafka),
-        "KAFKA2PC_EXAMPLE_BOOTSTRAP": kafka.bootstrap,
         "KAFKA2PC_EXAMPLE_SPARK_JARS": json.loads(spark_conf)["spark.jars"],
     }
-    orders = dag_tester.run(EXAMPLE_DAG, "kafka2pc_example", {"rows": 3000, "partitions": 2}, env)
-    assert orders.state == "success", orders.log
-    source_dag = REPO / "dags" / "kafka2pc_kafka_source.py"
-    big = dag_tester.run(source_dag, "kafka2pc_kafka_source", {}, env)
+    big = dag_tester.run(REPO / "dags" / "kafka2pc_kafka_source.py", "kafka2pc_kafka_source", {}, env)
     assert big.state == "success", big.log
-    # The orders topic as Kafka shows it (other tests of this worker may have written to it too).
-    wanted: Counter[str] = Counter()
-    for r in kafka.read_committed("kafka2pc_example_orders"):
-        if json.loads(r.value or b"{}")["amount_cents"] >= 10000:
-            wanted[(r.key or b"").decode()] += 1
-    got = visible_keys(kafka, "kafka2pc_example_big_orders")
-    assert got == wanted and sum(got.values()) > 0, (len(got), len(wanted))
+    wanted = Counter(str(i) for i in range(3000) if i * 7 % 100000 >= 10000)
+    assert visible_keys(kafka, "kafka2pc_example_big_orders") == wanted
     ends = group_offsets(kafka, "kafka2pc-example-big-orders")
-    assert ends and all(o is not None and o > 0 for o in ends.values())
+    assert set(ends) == {0, 1} and sum(o or 0 for o in ends.values()) == 3000 + 2  # + a commit marker each
     assert kafka.open_transactions("kafka2pc_example.big_orders") == []

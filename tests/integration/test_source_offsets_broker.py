@@ -226,3 +226,32 @@ def test_a_group_that_is_not_where_the_last_committed_run_left_it_is_named(
         snapshot_source(kafka.config, spec, previous=last)
     again = snapshot_source(kafka.config, KafkaSourceSpec(group, topics=(topic,), accept_gap=True), previous=last)
     assert [(p.start, p.committed) for p in again.partitions] == [(0, None), (0, None)]
+
+
+def test_latest_pins_a_new_group_where_it_starts_and_the_next_run_reads_what_came_after(
+    kafka: KafkaEnv, source: tuple[str, Any]
+) -> None:
+    topic, other = source
+    group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    spec = KafkaSourceSpec(group, topics=(topic,), starting_offsets="latest")
+    first = snapshot_source(kafka.config, spec)
+    assert first.offsets == 0 and first.moves  # nothing to read, but the group gets its start
+    tid = naming.transactional_id(prefix, naming.OFFSETS_SLOT)
+    commit_prepared([prepare_offsets(kafka.config, tid, first)], kafka.wire, _log(kafka), run="r1")
+    assert group_offsets(kafka.config, group, [(topic, 0), (topic, 1)]) == {(topic, 0): 22, (topic, 1): 8}
+    other.abort_transaction(30)  # the open one: its 3 records and the marker are skipped offsets
+    _write(other, topic, 0, range(200, 204), "commit")
+    second = snapshot_source(kafka.config, spec)
+    assert [(p.start, p.end) for p in second.partitions] == [(22, 27), (8, 12)]
+    # A partition added after the group's first committed run is read whole, "latest" or not.
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
+
+    admin = AdminClient(kafka.config)
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    _write(_producer(kafka, f"new-{uuid.uuid4().hex[:6]}"), topic, 2, range(300, 302), "commit")  # knows p2
+    last = RunRecord(prefix, "dag/r1", RunStatus.COMMITTED, 1, 0, 0, "d1", source=first)
+    third = snapshot_source(kafka.config, spec, previous=last)
+    assert [(p.partition, p.start, p.end) for p in third.partitions][2] == (2, 0, 3)
+    other.begin_transaction()  # the fixture's teardown aborts an open one

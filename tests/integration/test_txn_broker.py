@@ -349,3 +349,34 @@ def test_kafkas_own_tools_see_what_kafka2pc_does(kafka: KafkaEnv) -> None:
     assert console() == []
     commit_prepared([c], kafka.wire, _log(kafka), run="tools")
     assert sorted(console()) == sorted(f"value-{i}" for i in range(5))
+
+
+def test_a_200_transaction_commit_logs_a_handful_of_info_lines_and_no_warning(
+    kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The commit of a 200-partition export on the broker: every record visible once, nothing open,
+    and the commit's log at INFO is a summary (per-transaction lines only at DEBUG), no WARNING."""
+    import logging
+
+    from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
+
+    topic, prefix = kafka.topic(partitions=4), _prefix()
+    committables = []
+    for slot in range(200):
+        w = TransactionalWriter(kafka.config, f"{prefix}-{slot}", 300_000).open()
+        w.produce(topic, b"v", f"k{slot}".encode())
+        c = w.prepare()
+        assert c is not None
+        committables.append(c)
+    log = _log(kafka)
+    with caplog.at_level(logging.INFO, logger="airflow_provider_kafka2pc"):
+        report = commit_prepared(committables, kafka.wire, log, run="dag/run-200")
+    assert report.committed
+    mine = [r for r in caplog.records if r.name.startswith("airflow_provider_kafka2pc")]
+    info = [r.getMessage() for r in mine if r.levelno == logging.INFO]
+    assert len(info) <= 5, info
+    assert not [r for r in mine if r.levelno >= logging.WARNING], [r.getMessage() for r in mine]
+    assert any("200 transaction(s): 200 committed" in line for line in info), info
+    keys = _keys(kafka.read_committed(topic))
+    assert len(keys) == len(set(keys)) == 200
+    assert kafka.open_transactions(prefix) == []

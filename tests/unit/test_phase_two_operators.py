@@ -687,3 +687,30 @@ def test_a_200_partition_commit_task_log_has_a_handful_of_info_lines(
         "200 transaction(s): 200 committed and 0 aborted by this call, 0 already ended, 0 lost" in m for m in core
     )
     assert not [m for m in core + operator if re.search(r"[{\[]'|'[}\]]", m)], core + operator
+
+
+def test_a_kafka_sourced_export_needs_one_active_run_and_refuses_before_anything_else(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], no_spark: list[str]
+) -> None:
+    from airflow_provider_kafka2pc.exceptions import KafkaSourceNeedsOneActiveRunError
+    from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
+
+    with make_dag(max_active_runs=2) as dag:
+        op = Kafka2PCExportOperator(
+            task_id="prepare",
+            transactional_id_prefix="orders",
+            topic="events",
+            source=KafkaSource("raw", group_id="g"),
+            naming_strategy="INCREMENTING",
+        )
+    with pytest.raises(KafkaSourceNeedsOneActiveRunError, match="set max_active_runs=1 on DAG"):
+        op.execute(context(dag, FakeTI()))
+    assert no_spark == [] and kafka[1].read().group_owners == {}
+    with pytest.raises(ValueError, match="use EXACTLY_ONCE"):
+        Kafka2PCExportOperator(
+            task_id="p2",
+            transactional_id_prefix="o",
+            topic="e",
+            source=KafkaSource("raw", group_id="g"),
+            delivery_guarantee="AT_LEAST_ONCE",
+        )

@@ -682,7 +682,7 @@ def test_a_sourced_commit_carries_its_range_into_the_run_record_and_the_exporter
     assert state.last_source("payments") is None
 
 
-def test_a_lost_offsets_participant_leaves_the_position_where_it_was() -> None:
+def test_a_run_with_a_loss_is_the_position_marked_lost_so_that_the_next_run_names_it() -> None:
     log = new_log()
     first = _sourced_commit(log, "dag/run-1", 10)
     log.append(finalize(resolve_all(log, first), first.decision_id, T0 + 1))
@@ -690,4 +690,6 @@ def test_a_lost_offsets_participant_leaves_the_position_where_it_was() -> None:
     items = finalize(resolve_all(log, second, lost=["orders-offsets"]), second.decision_id, T0 + 2)
     log.append(items)
     position = log.read().last_source("orders")
-    assert position is not None and position.run == "dag/run-1"
+    assert position is not None and (position.run, position.status) == ("dag/run-2", RunStatus.LOST)
+    log.append([(b"kafka2pc.position:orders", None)])  # a tombstone drops it, as compaction would
+    assert log.read().last_source("orders") is None

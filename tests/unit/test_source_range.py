@@ -78,3 +78,33 @@ def test_a_run_follows_on_where_the_last_committed_run_left_the_group() -> None:
     assert departures(last, follows) == []
     assert departures(last, expired) == [(last.partitions[0], None), (last.partitions[1], None)]
     assert departures(last, moved) == [(last.partitions[0], 30)]
+
+
+def test_a_partition_the_group_never_committed_is_pinned_even_with_nothing_to_read() -> None:
+    # starting_offsets="latest" on a new group: nothing to read, but the run commits where it began.
+    first = SourceRange("g", (PartitionRange("orders", 0, 40, 40, None),))
+    assert first.moves and first.offsets == 0
+
+
+def test_kafka_source_options_that_would_read_another_range_are_refused_at_parse_time() -> None:
+    from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
+
+    KafkaSource("orders", group_id="g", options={"kafka.fetch.max.bytes": "1048576"})
+    for key in ("startingOffsets", "FAILONDATALOSS", "kafka.isolation.level", "subscribePattern"):
+        with pytest.raises(ValueError, match="may not set"):
+            KafkaSource("orders", group_id="g", options={key: "x"})
+    with pytest.raises(ValueError, match="topics or a pattern"):
+        KafkaSource(group_id="g")
+
+
+def test_one_exporter_per_source_group_the_first_claim_in_the_log_wins() -> None:
+    from airflow_provider_kafka2pc.txn.protocol.errors import SourceError
+    from tests.unit.fakes import MemoryDecisionLog
+
+    log = MemoryDecisionLog()
+    log.claim_group("g", "orders")
+    log.claim_group("g", "orders")  # again: its own
+    with pytest.raises(SourceError, match="consumer group 'g' is the Kafka source group of exporter 'orders'"):
+        log.claim_group("g", "refunds")
+    log.claim_group("h", "refunds")
+    assert log.read().group_owners == {"g": "orders", "h": "refunds"}

@@ -30,10 +30,11 @@ from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import (
 )
 from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, replay
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, PrefixCollisionError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, PrefixCollisionError, SourceError
 from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix
 from airflow_provider_kafka2pc.txn.protocol.records import (
     CLAIM_KEY,
+    GROUP_KEY,
     RUN_KEY,
     DecisionRecord,
     Entry,
@@ -223,6 +224,22 @@ class DecisionLog(DecisionTopic):
         if current is None:
             value = json.dumps({"prefix": prefix, "owner": owner, "at_ms": int(time.time() * 1000)}).encode()
             self.append([((CLAIM_KEY + prefix).encode(), value)])
+
+    def claim_group(self, group: str, prefix: str) -> None:
+        """Register exporter ``prefix`` as the only one moving Kafka source group ``group``: two
+        exporters committing one group would both read the same records. The first claim in the log
+        wins, read back after appending, so two exporters claiming at once cannot both have it."""
+        self.prefixes.add(prefix)
+        owner = self.read(keep_run=_no_runs).group_owners.get(group)
+        if owner is None:
+            value = json.dumps({"group": group, "prefix": prefix, "at_ms": int(time.time() * 1000)}).encode()
+            self.append([((GROUP_KEY + group).encode(), value)])
+            owner = self.read(keep_run=_no_runs).group_owners.get(group)
+        if owner != prefix:
+            raise SourceError(
+                f"consumer group {group!r} is the Kafka source group of exporter {owner!r}; exporter {prefix!r} must "
+                "use a group of its own, or both would read and export the same records"
+            )
 
     def take_turn(self, lease: Lease, is_live: Callable[[Lease], bool]) -> Lease | None:
         """Queue ``lease`` (once) and return the live lease ahead of it, or None: our turn.

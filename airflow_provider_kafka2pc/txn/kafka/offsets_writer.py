@@ -27,6 +27,10 @@ from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 class OffsetsWriter(TransactionalWriter):
     """A ``TransactionalWriter`` whose transaction holds the group's offsets and no record."""
 
+    def open(self) -> OffsetsWriter:
+        super().open()
+        return self
+
     def send_offsets(self, source: SourceRange) -> None:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 

@@ -14,6 +14,7 @@ producer's open transaction), and builds the run's ``SourceRange``. Offsets belo
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SourceError
-from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.protocol.source_range import (
     STARTING_POLICIES,
     PartitionRange,
@@ -99,16 +100,20 @@ def snapshot_source(
     committed = _committed(admin, config, spec.group_id, partitions, timeout_s)
     log_start = _offsets(admin, config, partitions, "earliest", timeout_s)
     stable_end = _offsets(admin, config, partitions, "latest", timeout_s)
+    # After a committed run of this group, a partition without an offset is new (added to the topic,
+    # or a topic the pattern matches now): read it whole, whatever the policy for a first run says.
+    follows = previous is not None and previous.source is not None and previous.source.group_id == spec.group_id
     ranges, gaps = [], []
     for tp in partitions:
         first, end, had = log_start[tp], stable_end[tp], committed.get(tp)
         if had is None:
-            start = first if spec.starting_offsets == "earliest" else end
+            start = first if spec.starting_offsets == "earliest" or follows else end
         elif had > end:
             raise SourceError(
                 f"consumer group {spec.group_id!r} committed offset {had} on {tp[0]}-{tp[1]}, beyond its last "
-                f"stable offset {end}: the topic was deleted and recreated, or truncated. Reset the group's "
-                "offsets with kafka-consumer-groups --reset-offsets, or use a new group id"
+                f"stable offset {end}: the topic was deleted and recreated or truncated, or a read_uncommitted "
+                "consumer of the group committed past an open transaction. Reset the group's offsets with "
+                "kafka-consumer-groups --reset-offsets, or use a new group id"
             )
         elif had < first:
             gaps.append((tp, had, first))
@@ -125,18 +130,30 @@ def snapshot_source(
             "on the Kafka source for one run"
         )
     read = SourceRange(spec.group_id, cap_ranges(ranges, spec.max_offsets_per_run))
-    if previous is not None and previous.source is not None and previous.source.group_id == spec.group_id:
-        _check_follows(previous, read, spec)
+    if follows:
+        assert previous is not None
+        _check_follows(previous, read, spec, str(config.get("bootstrap.servers", "")))
     return read
 
 
-def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec) -> None:
+def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec, bootstrap: str) -> None:
     """The group must stand where the exporter's last committed run left it."""
     assert previous.source is not None
     off = departures(previous.source, read)
     if not off or spec.accept_gap:
         return
     last = f"run {previous.run} (decision {previous.decision_id})"
+    if previous.status is RunStatus.LOST:
+        named = ", ".join(
+            f"{p.name} is at {'no offset' if now is None else now}, the run ended at {p.end}" for p, now in off[:5]
+        )
+        raise SourceError(
+            f"the exporter's last run {previous.run} (decision {previous.decision_id}) lost transactions "
+            f"(kafka2pc describe shows them) and consumer group {spec.group_id!r} is not at that run's end "
+            f"({named}). If that run's output is visible, its offsets were lost: move the group to the run's end "
+            f"({_reset_commands(bootstrap, spec.group_id, [p for p, _ in off])}) and run again; to read that range "
+            "again instead, set accept_gap=True for one run"
+        )
     if all(now is None for _, now in off):
         named = ", ".join(f"{p.name} at {p.end}" for p, _ in off[:5])
         raise SourceError(
@@ -146,7 +163,7 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
             "the group to those offsets with kafka-consumer-groups --reset-offsets --to-offset, or set "
             "accept_gap=True for one run to start from the starting policy"
         )
-    named = ", ".join(f"{p.name} is at {'no offset' if now is None else now}, left at {p.end}" for p, now in off[:5])
+    named = ", ".join(f"{p.name} is at {_at(now)}, left at {p.end}" for p, now in off[:5])
     raise SourceError(
         f"consumer group {spec.group_id!r} is not where the exporter's last committed {last} left it ({named}): "
         "another consumer committed offsets for the group, or they were reset. Give the export a group of its "
@@ -208,6 +225,22 @@ def _partitions(
     return out
 
 
+def _reset_commands(bootstrap: str, group: str, partitions: Sequence[PartitionRange]) -> str:
+    """``kafka-consumer-groups`` commands that move ``group`` to each partition's end, ready to paste."""
+    commands = [
+        f"kafka-consumer-groups --bootstrap-server {shlex.quote(bootstrap)} --command-config admin.properties "
+        f"--group {shlex.quote(group)} --reset-offsets --topic {shlex.quote(f'{p.topic}:{p.partition}')} "
+        f"--to-offset {p.end} --execute"
+        for p in partitions[:5]
+    ]
+    more = f"; and {len(partitions) - 5} more partition(s) alike" if len(partitions) > 5 else ""
+    return "; ".join(commands) + more
+
+
+def _at(offset: int | None) -> str:
+    return "no offset" if offset is None else str(offset)
+
+
 def _retrying(call: Callable[[], Any], timeout_s: float) -> Any:
     """``call()``, again while Kafka answers a retriable error (a group coordinator still loading
     its partition after a start or a leader change: COORDINATOR_LOAD_IN_PROGRESS), up to ``timeout_s``."""
@@ -266,8 +299,10 @@ def _committed(
             if tp.error.name() == "UNSTABLE_OFFSET_COMMIT":
                 raise SourceError(
                     f"consumer group {group_id!r} has an offset commit on {tp.topic}-{tp.partition} inside a "
-                    "transaction that is still open: an earlier run is not resolved yet. Let the exporter's "
-                    "recovery (or kafka2pc recover) resolve it, then run again"
+                    "transaction that is still open: an earlier run's offsets participant ({prefix}-offsets or "
+                    "{prefix}-{run}-offsets) not resolved yet, or another transactional application committing "
+                    "this group. kafka2pc list --prefix P shows the exporter's open transactions and kafka2pc "
+                    "resolve ends them; another application's ends at its transaction timeout at the latest"
                 )
             _raise_group_error(tp.error, config, group_id, "Read")
         out[(tp.topic, tp.partition)] = None if tp.offset == _NO_OFFSET or tp.offset < 0 else int(tp.offset)

@@ -40,12 +40,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import (
     ABORT_RETENTION_SLACK_MS,
     CLAIM_KEY,
     DECISION_KEY,
+    GROUP_KEY,
     LEASE_KEY,
     OUTCOME_KEY,
     POSITION_KEY,
@@ -76,6 +76,7 @@ class LogState:
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
+    group_owners: dict[str, str] = field(default_factory=dict)  # a source's consumer group -> its exporter
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
     end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
@@ -121,16 +122,16 @@ class LogState:
         return [lease for _, lease in sorted(v for v in self.leases.values() if v[1].prefix == prefix)]
 
     def last_source(self, prefix: str) -> RunRecord | None:
-        """The exporter's latest run whose Kafka source's offsets committed (its position record),
-        or one decided COMMIT and not yet final: where the source's group stands once it is visible."""
-        found = [r for p, r in self.positions.items() if p == prefix]
-        found += [
+        """Where the exporter's Kafka source group stands once its runs are visible: the latest COMMIT
+        in force that carries its source (in log order; not final yet), else its position record
+        (the latest final run; LOST when a loss took its offsets)."""
+        decided = [
             rec
-            for did, d in self.decisions.items()
+            for did, d in self.decisions.items()  # in log order
             if d.kind is Kind.COMMIT and prefix in d.sources and self.in_force(did)
             if (rec := self.run_status(prefix, d.run)) is not None and rec.source is not None
         ]
-        return max(found, key=lambda r: r.at_ms, default=None)
+        return decided[-1] if decided else self.positions.get(prefix)
 
     def lost_runs(self, prefix: str) -> list[RunRecord]:
         return [r for (p, _), r in self.runs.items() if p == prefix and r.status is RunStatus.LOST]
@@ -171,8 +172,18 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
                 state.claims[key[len(CLAIM_KEY) :].decode()] = json.loads(e.value)["owner"]
             continue
         if key.startswith(POSITION_KEY.encode()):
+            prefix = key[len(POSITION_KEY) :].decode()
             if e.value:
-                state.positions[key[len(POSITION_KEY) :].decode()] = RunRecord.from_json(e.value)
+                state.positions[prefix] = RunRecord.from_json(e.value)
+            else:
+                state.positions.pop(prefix, None)
+            continue
+        if key.startswith(GROUP_KEY.encode()):
+            group = key[len(GROUP_KEY) :].decode()
+            if e.value:  # the first claim in the log wins; a later one of another exporter is void
+                state.group_owners.setdefault(group, str(json.loads(e.value)["prefix"]))
+            else:
+                state.group_owners.pop(group, None)
             continue
         # Decisions, outcomes and 0.1.0 per-id records: latest value per key, at its newest offset
         # (as compaction leaves it); a tombstone drops the key, so memory holds what is live.
@@ -272,14 +283,8 @@ def finalize(state: LogState, decision_id: str, now_ms: int) -> list[tuple[bytes
             source=d.sources.get(prefix),
         )
         items.append((rec.key, rec.to_json()))
-        offsets_lost = any(_is_offsets(t.covered.transactional_id) for t in lost)
-        if rec.source is not None and not offsets_lost:  # the group moved with this run
+        if rec.source is not None:  # where the group stands now (if a loss took its offsets: LOST, named)
             items.append(((POSITION_KEY + prefix).encode(), rec.to_json()))
     if outcome.lost and not d.prefixes:  # a 0.1.0 decision has no run record to carry the loss
         return []
     return items + tombstones
-
-
-def _is_offsets(tid: str) -> bool:
-    parsed = naming.parse_transactional_id(tid)
-    return parsed is not None and parsed.slot == naming.OFFSETS_SLOT

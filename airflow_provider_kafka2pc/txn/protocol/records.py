@@ -27,6 +27,8 @@ LEASE_KEY = "kafka2pc.lease:"
 # Where a Kafka-sourced exporter's group stands: the run record of its latest run whose offsets
 # participant committed, one key per prefix on the protocol's partition (compacted to the latest).
 POSITION_KEY = "kafka2pc.position:"
+# A Kafka source's consumer group claimed by the one exporter whose runs move it (first claim wins).
+GROUP_KEY = "kafka2pc.group:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.

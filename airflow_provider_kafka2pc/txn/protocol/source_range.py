@@ -14,7 +14,7 @@ Offsets, not records: a range may hold transaction markers and aborted records, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +68,10 @@ class SourceRange:
 
     @property
     def moves(self) -> bool:
-        """Whether the run reads anything: only then does it commit the group's offsets."""
-        return self.offsets > 0
+        """Whether the run moves the group: a partition whose end is not the group's offset (it reads
+        records, or pins a partition the group had no offset for, or skips a gap). Only then does the
+        run commit the group's offsets; a run with nothing new leaves them as they are."""
+        return any(p.end != p.committed for p in self.partitions)
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -118,18 +120,24 @@ def moved_elsewhere(
 ) -> list[tuple[PartitionRange, int | None]]:
     """The partitions whose group offset is no longer what the run started from: another
     consumer of the group committed meanwhile (``now`` is a fresh read of the group's offsets)."""
-    found = [(p, now.get((p.topic, p.partition))) for p in source.partitions]
-    return [(p, offset) for p, offset in found if offset != p.committed]
+    return _off(source, now, lambda p: p.committed)
 
 
 def departures(previous: SourceRange, now: SourceRange) -> list[tuple[PartitionRange, int | None]]:
     """The partitions of the exporter's last committed run (``previous``, same group) whose group
     offset is not where that run left it: (its range, the offset now). Empty when they follow on."""
-    committed = {(p.topic, p.partition): p.committed for p in now.partitions}
+    return _off(previous, {(p.topic, p.partition): p.committed for p in now.partitions}, lambda p: p.end)
+
+
+def _off(
+    source: SourceRange, now: Mapping[tuple[str, int], int | None], expected: Callable[[PartitionRange], int | None]
+) -> list[tuple[PartitionRange, int | None]]:
+    """(partition, offset now) for each of ``source``'s partitions ``now`` knows whose offset is not
+    ``expected(partition)``."""
     return [
-        (p, committed.get((p.topic, p.partition)))
-        for p in previous.partitions
-        if (p.topic, p.partition) in committed and committed[(p.topic, p.partition)] != p.end
+        (p, now[(p.topic, p.partition)])
+        for p in source.partitions
+        if (p.topic, p.partition) in now and now[(p.topic, p.partition)] != expected(p)
     ]
 
 

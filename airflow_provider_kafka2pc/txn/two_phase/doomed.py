@@ -60,6 +60,12 @@ def aborted_whole(
     starts = [s.start_time_ms for _, s in observed.values() if s is not None and s.start_time_ms > 0]
     window = f" (first record {_iso(min(starts))}, commit {_iso(now_ms())})" if starts else ""
     fix = "Clear the whole DAG run to export it again."
+    if moved:
+        fix = (
+            "The group no longer stands where this exporter's runs left it, so the next run refuses it until you "
+            "choose: give the export a consumer group of its own, or set accept_gap=True on its KafkaSource for one "
+            "run to go on from where the group is now. Then clear the whole DAG run."
+        )
     if timed_out:
         fix = (
             ("If no other export of this exporter ran meanwhile (it would fence these ids), its" if maybe else "Its")

@@ -47,6 +47,11 @@ class PrepareSession:
         with self._acl_named():
             return self.clients.decision_log().read_for(self.prefix, self.run).run_status(self.prefix, self.run)
 
+    def claim_group(self, group: str) -> None:
+        """Register this exporter as the only one moving Kafka source group ``group``."""
+        with self._acl_named():
+            self.clients.decision_log().claim_group(group, self.prefix)
+
     def last_source(self) -> RunRecord | None:
         """The exporter's latest run whose Kafka source offsets committed (None: none yet)."""
         with self._acl_named():

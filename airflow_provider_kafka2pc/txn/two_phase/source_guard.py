@@ -35,7 +35,7 @@ def offsets_guard(
                 )
                 found[tid] = (
                     f"consumer group {source.group_id!r} moved while the run waited for its commit ({said}): another "
-                    "consumer of the group committed offsets. Give the export a consumer group of its own"
+                    "consumer of the group committed offsets, or they were reset or deleted"
                 )
         return found
 
