@@ -45,7 +45,15 @@ class Source:
         from confluent_kafka import Producer
 
         self.kafka, self.topic = kafka, kafka.topic(partitions=2)
-        self.producer = Producer({**kafka.config, "transactional.id": f"src-{uuid.uuid4().hex[:6]}", "linger.ms": 0})
+        self.producer = Producer(
+            {
+                **kafka.config,
+                "transactional.id": f"src-{uuid.uuid4().hex[:6]}",
+                "linger.ms": 0,
+                # An open transaction stays open across a whole DAG run on a loaded machine (not 60 s).
+                "transaction.timeout.ms": 900_000,
+            }
+        )
         self.producer.init_transactions(30)
         self.committed: list[str] = []
 
