@@ -31,6 +31,7 @@ from airflow_provider_kafka2pc.txn.protocol.source_range import (
     SourceRange,
     cap_ranges,
     departures,
+    offset_text,
 )
 
 # librdkafka's "no committed offset" (OFFSET_INVALID).
@@ -144,9 +145,7 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
         return
     last = f"run {previous.run} (decision {previous.decision_id})"
     if previous.status is RunStatus.LOST:
-        named = ", ".join(
-            f"{p.name} is at {'no offset' if now is None else now}, the run ended at {p.end}" for p, now in off[:5]
-        )
+        named = ", ".join(f"{p.name} is at {offset_text(now)}, the run ended at {p.end}" for p, now in off[:5])
         raise SourceError(
             f"the exporter's last run {previous.run} (decision {previous.decision_id}) lost transactions "
             f"(kafka2pc describe shows them) and consumer group {spec.group_id!r} is not at that run's end "
@@ -163,7 +162,7 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
             "the group to those offsets with kafka-consumer-groups --reset-offsets --to-offset, or set "
             "accept_gap=True for one run to start from the starting policy"
         )
-    named = ", ".join(f"{p.name} is at {_at(now)}, left at {p.end}" for p, now in off[:5])
+    named = ", ".join(f"{p.name} is at {offset_text(now)}, left at {p.end}" for p, now in off[:5])
     raise SourceError(
         f"consumer group {spec.group_id!r} is not where the exporter's last committed {last} left it ({named}): "
         "another consumer committed offsets for the group, or they were reset. Give the export a group of its "
@@ -235,10 +234,6 @@ def _reset_commands(bootstrap: str, group: str, partitions: Sequence[PartitionRa
     ]
     more = f"; and {len(partitions) - 5} more partition(s) alike" if len(partitions) > 5 else ""
     return "; ".join(commands) + more
-
-
-def _at(offset: int | None) -> str:
-    return "no offset" if offset is None else str(offset)
 
 
 def _retrying(call: Callable[[], Any], timeout_s: float) -> Any:

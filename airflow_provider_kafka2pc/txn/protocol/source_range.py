@@ -115,6 +115,11 @@ class SourceRange:
             raise MalformedCommittableError(f"malformed Kafka source range {dict(data)!r}: {e!r}") from e
 
 
+def offset_text(offset: int | None) -> str:
+    """A group's offset as sentences name it: a number, or "no offset"."""
+    return "no offset" if offset is None else str(offset)
+
+
 def moved_elsewhere(
     source: SourceRange, now: Mapping[tuple[str, int], int | None]
 ) -> list[tuple[PartitionRange, int | None]]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.source_snapshot import group_offsets
-from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange, moved_elsewhere
+from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange, moved_elsewhere, offset_text
 
 
 def offsets_guard(
@@ -31,7 +31,8 @@ def offsets_guard(
             moved = moved_elsewhere(source, group_offsets(config, source.group_id, partitions, stable=False))
             if moved:
                 said = ", ".join(
-                    f"{p.name} is at {_offset(now)}, the run read from {_offset(p.committed)}" for p, now in moved[:5]
+                    f"{p.name} is at {offset_text(now)}, the run read from {offset_text(p.committed)}"
+                    for p, now in moved[:5]
                 )
                 found[tid] = (
                     f"consumer group {source.group_id!r} moved while the run waited for its commit ({said}): another "
@@ -40,7 +41,3 @@ def offsets_guard(
         return found
 
     return check
-
-
-def _offset(offset: int | None) -> str:
-    return "no offset" if offset is None else str(offset)
