@@ -50,8 +50,10 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
         rate = window.rate()
         if rate is not None and stored.sizes is not None:
             estimate = WriteEstimate.of(stored.sizes, task_slots(df.sparkSession), rate)
-        else:
+        elif rate is None:
             unknown = "no write rate stated, and none shown by an earlier run of this exporter"
+        else:
+            unknown = f"{stored.where}, not sized before writing: only a rate you state pays a pass over the files"
     else:
         log.warning(
             "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
@@ -78,9 +80,11 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
 
 
 def compute_first(df: Any, window: WindowSettings) -> Any:
-    """The source computed before any transaction opens: staged in Arrow files where the cluster
-    allows it (one pass), else stored with a checkpoint; the task log says which, and why."""
+    """The source computed before any transaction opens: nothing to do for a frame stored already or
+    a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
+    pass), else stored with a checkpoint; the task log says which, and why."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
+    from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
     from airflow_provider_kafka2pc.spark.staging import StagedFrame, stage, staging_unavailable
     from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
 
@@ -94,6 +98,19 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
             already.partitions,
         )
         return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
+    if window.store == "auto" and (scan := plain_file_scan(df)) is not None:
+        # Writing it reads the files, as writing staged files would: staging would read them twice.
+        # Sizing it costs a pass too, so only a rate the user states buys one (not a shown rate).
+        started = time.monotonic()
+        sizes = partition_sizes(df) if window.rate_stated else None
+        log.info(
+            "kafka2pc writes %s as they are stored (%d partition(s)): the write job reads and decodes them, "
+            "nothing else is computed in the window (store='arrow' stages them first)",
+            scan.how,
+            scan.partitions,
+        )
+        where = f"{scan.how}, read by the write job"
+        return Materialized(df, sizes, time.monotonic() - started, where, scan.partitions)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
     if why_not is None:

@@ -67,9 +67,14 @@ class WindowSettings:
         if any(r is not None and r <= 0 for r in (self.write_records_per_s, self.write_bytes_per_s)):
             raise ValueError("write_records_per_s and write_bytes_per_s must be positive")
 
+    @property
+    def rate_stated(self) -> bool:
+        """Whether the user states a rate (not only one an earlier run showed)."""
+        return self.write_records_per_s is not None or self.write_bytes_per_s is not None
+
     def rate(self) -> WriteRate | None:
         """The rate the budget refuses by: the one the user states, else one an earlier run showed."""
-        if self.write_records_per_s is None and self.write_bytes_per_s is None:
+        if not self.rate_stated:
             return self.shown_rate
         stated = ", ".join(
             f"{name}={value}"

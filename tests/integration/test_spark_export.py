@@ -259,36 +259,93 @@ def test_the_cache_manager_surface_tells_a_whole_stored_frame_from_one_that_is_n
     assert stored_already(frame()) is None
 
 
-def test_a_cached_frame_is_written_as_stored_and_a_computed_one_is_staged_first(
-    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+def test_the_physical_plan_surface_tells_a_plain_scan_of_columnar_files_from_a_computed_frame(
+    spark: Any, tmp_path: Any
 ) -> None:
-    """Both exactly once; the log says which way each went and the staging leaves no file."""
+    """The private Spark calls behind spark/file_scan.py, on the pinned Spark: an upgrade that moves
+    them fails here (plain_file_scan would then answer None: a staging pass, never a computation
+    inside the window)."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
+
+    rows = spark.range(400, numPartitions=4).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+    rows.write.parquet(str(tmp_path / "p"))
+    rows.write.orc(str(tmp_path / "o"))
+    rows.write.json(str(tmp_path / "j"))
+    parquet = spark.read.parquet(str(tmp_path / "p"))
+    scan = plain_file_scan(parquet)
+    assert scan is not None and scan.how.startswith("a plain scan of parquet files"), scan
+    assert scan.partitions == parquet.rdd.getNumPartitions()
+    kept = parquet.where("value <> '7'").selectExpr("concat('k-', key) AS key", "CAST(value AS BINARY) AS value")
+    assert plain_file_scan(kept) is not None  # kept, renamed, cast, filtered: still a scan
+    orc = plain_file_scan(spark.read.orc(str(tmp_path / "o")))
+    assert orc is not None and "orc" in orc.how
+    upper = F.udf(lambda v: v.upper())
+    computed = {
+        "a range": rows,
+        "a text format": spark.read.json(str(tmp_path / "j")),
+        "an aggregation": parquet.groupBy("key").agg(F.max("value").alias("value")),
+        "a join": parquet.join(parquet.select("key"), "key"),
+        "a shuffle": parquet.repartition(3),
+        "a Python UDF": parquet.select("key", upper("value").alias("value")),
+        "a sort": parquet.orderBy("value"),
+        "a subquery": parquet.where(F.col("value") == parquet.select(F.max("value")).scalar()),
+    }
+    for what, frame in computed.items():
+        assert plain_file_scan(frame) is None, what
+
+
+def test_a_cached_frame_and_a_parquet_scan_are_written_as_stored_and_a_computed_one_is_staged_first(
+    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """All exactly once; the log says which way each went and the staging leaves no file. A scan
+    is sized before writing only for a rate the user states, and store='arrow' stages it."""
     import logging
     from pathlib import Path
+
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
 
     caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     staging_root = Path(spark.conf.get("spark.local.dir", None) or __import__("tempfile").gettempdir())
     before = set(staging_root.glob(f"kafka2pc-stage-{os.getpid()}-*"))
-    for tag, cache in (("cached", True), ("computed", False)):
+    said = {
+        "cached": "writes a cached frame, every partition loaded",
+        "parquet": "writes a plain scan of parquet files (1 scan(s)) as they are stored",
+        "parquet-rated": "materialized the frame in",  # sized: a pass before any transaction
+        "parquet-arrow": "bytes of Arrow files in",
+        "computed": "bytes of Arrow files in",
+    }
+    for tag, text in said.items():
         topic = kafka.topic(4)
         df = spark.range(20_000, numPartitions=4).selectExpr(
             f"concat('{tag}-', CAST(id AS STRING)) AS key", "CAST(id AS STRING) AS value"
         )
-        if cache:
+        window = WindowSettings()
+        if tag == "cached":
             df = df.cache()
             df.count()
+        elif tag.startswith("parquet"):
+            df.write.parquet(str(tmp_path / tag))
+            df = spark.read.parquet(str(tmp_path / tag))
+            if tag == "parquet-rated":
+                window = WindowSettings(write_records_per_s=1_000_000)
+            elif tag == "parquet-arrow":
+                window = WindowSettings(store="arrow")
         s = _settings(kafka, topic)
         caplog.clear()
         try:
-            result = export_dataframe(df, s)
+            result = export_dataframe(df, s, window=window)
         finally:
-            if cache:
+            if tag == "cached":
                 df.unpersist()
-        text = caplog.text
-        if cache:
-            assert "writes a cached frame, every partition loaded" in text and result.staged_bytes == 0
-        else:
-            assert "bytes of Arrow files in" in text and result.staged_bytes > 0
+        assert text in caplog.text, (tag, caplog.text)
+        assert (result.staged_bytes > 0) == text.startswith("bytes of Arrow"), tag
+        if tag == "parquet-rated":
+            assert "20000 records" in caplog.text
+            assert "plain scan of parquet files, read by the write job" in caplog.text
+        if tag == "parquet":
+            assert "not sized before writing" not in caplog.text  # no rate at all: nothing to size for
         commit_prepared(result.committables, kafka.wire, _log(kafka), run=tag)
         assert kafka.count_committed(topic, f"{tag}-".encode()) == (20_000, 20_000)
         assert kafka.open_transactions(s.transactional_id_prefix) == []
