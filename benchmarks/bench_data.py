@@ -77,6 +77,14 @@ def parquet_frame(spark: Any, n: int, payload: str, directory: str, partitions: 
     return df
 
 
+def computed_frame(spark: Any, n: int, payload: str, partitions: int = 4) -> Any:
+    """The same rows computed from ``spark.range`` by every run, not cached: a source the default
+    export must compute before any transaction opens (it stages it)."""
+    return spark.range(n, numPartitions=partitions).selectExpr(
+        "cast(id as string) as key", f"{PAYLOADS[payload][0]} as value"
+    )
+
+
 def arrow_partitions(n: int, payload: str, partitions: int = 4, batch_rows: int = 10_000) -> list[list[Any]]:
     """The Arrow batches each of ``partitions`` Spark tasks would hand to ``mapInArrow``.
 

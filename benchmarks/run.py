@@ -57,9 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--source",
-        choices=("cached", "parquet"),
+        choices=("cached", "parquet", "computed"),
         default="cached",
-        help="the Spark modes read a cached frame (default) or Parquet files written once, not cached",
+        help="the Spark modes read a cached frame (default), Parquet files written once, not cached, or rows "
+        "computed from spark.range by every run",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
     p.add_argument(
@@ -161,6 +162,8 @@ def _throughput(
         df = None
         if spark is not None and source == "parquet":
             df = bench_data.parquet_frame(spark, n, payload, str(scratch / f"rows-{n}"))
+        elif spark is not None and source == "computed":
+            df = bench_data.computed_frame(spark, n, payload)
         elif spark is not None:
             df = bench_data.spark_frame(spark, n, payload)
         return Runner(kafka, n, df, keys, values, bench_data.payload_bytes(n), decisions)

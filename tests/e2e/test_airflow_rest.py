@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_dag_runs import exactly_once, visible_keys
+from tests.e2e.test_kafka_source_dag import Source, group_offsets, kafka_source_jars, once
 from tests.helpers.airflow_dagtest import kafka2pc_connection
 from tests.helpers.airflow_standalone import StandaloneAirflow
 from tests.helpers.kafka import KafkaEnv
@@ -32,6 +33,7 @@ DAG_ID = "e2e_kafka2pc"
 SCHEDULED_DAG_ID = "e2e_kafka2pc_scheduled"  # same tasks, daily (for backfills), prefix {prefix}_sched
 TWO_EXPORTS_DAG_ID = "e2e_two_exports"  # export a fails fast, export b is slow; prefixes {prefix}_two_a|b
 CONSUMER_DAG_ID = "e2e_asset_consumer"  # scheduled on the topic's asset
+SOURCE_DAG_ID = "e2e_kafka_source"  # Kafka in, Spark, Kafka out; prefix {prefix}_src, group {prefix}_group
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
 RUN_TIMEOUT = 300.0  # generous: the shared machine may be loaded, Spark alone takes 10-20 s to start
@@ -42,6 +44,8 @@ class Instance:
     af: StandaloneAirflow
     prefix: str
     topic: str
+    source: Source
+    source_output: str
     timings: dict[str, float] = field(default_factory=dict)
     # Whether a poll caught the recovery sensor "deferred": reported, not asserted, since on a quiet
     # machine it may sit there for less than one poll. Its logs are the proof that asserts.
@@ -98,7 +102,13 @@ class Instance:
 def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
     prefix = f"rest_{uuid.uuid4().hex[:8]}"
     topic = kafka.topic(partitions=3)
+    source, source_output = Source(kafka), kafka.topic(partitions=3)
     env = {
+        "E2E_SOURCE_PREFIX": f"{prefix}_src",
+        "E2E_SOURCE_OUTPUT": source_output,
+        "E2E_SOURCE_TOPIC": source.topic,
+        "E2E_GROUP": f"{prefix}_group",
+        "E2E_SPARK_CONF": kafka_source_jars(),
         **kafka2pc_connection(kafka),
         "E2E_PREFIX": prefix,
         "E2E_TOPIC": topic,
@@ -112,7 +122,7 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     home = tmp_path_factory.mktemp("airflow_rest") / "home"
     # A harness that cannot start raises here, which errors (never skips) every test of the module.
-    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID, CONSUMER_DAG_ID]
+    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID, CONSUMER_DAG_ID, SOURCE_DAG_ID]
     af = StandaloneAirflow(home, DAGS, env, dag_ids=dag_ids)
     with af:
         # The metadata DB is the harness's own PostgreSQL: the parsed DAGs are rows there.
@@ -120,8 +130,9 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         assert [r[0] for r in rows] == sorted(dag_ids), rows
         for dag_id in dag_ids:
             af.unpause(dag_id)
-        instance = Instance(af, prefix, topic)
+        instance = Instance(af, prefix, topic, source, source_output)
         yield instance
+    source.close()
     timings = {k: round(v, 1) for k, v in af.timings.items()}
     print(f"\nairflow harness timings: {timings}; phases: {instance.timings}; deferred seen: {instance.saw_deferred}")
 
@@ -360,3 +371,32 @@ def test_a_dag_scheduled_on_the_topic_asset_runs_after_the_commit_and_only_then(
         rf"decision: COMMIT \w+ for run {DAG_ID}/\S+: {PARTITIONS} transaction\(s\), {ROWS} records", logs["commit"]
     )
     assert f"prepare: {PARTITIONS} of {PARTITIONS} partitions done" in logs["prepare"], logs["prepare"]
+
+
+def test_a_kafka_sourced_export_moves_its_group_with_each_run_and_a_clear_of_a_finished_run_moves_nothing(
+    airflow: Instance, kafka: KafkaEnv
+) -> None:
+    """Issue 30 on the real scheduler (max_active_runs=1, the deferrable sensor, LocalExecutor):
+    each run's output and its group's offsets move together; a clear of the finished run writes
+    nothing and leaves the group where it is."""
+    af, source, prefix, group = airflow.af, airflow.source, f"{airflow.prefix}_src", f"{airflow.prefix}_group"
+    source.write(range(0, 20))  # 10 records and a commit marker per partition: ends at 11
+    first = af.trigger(SOURCE_DAG_ID)
+    assert airflow.wait(first, dag_id=SOURCE_DAG_ID) == "success", af.task_states(SOURCE_DAG_ID, first)
+    once(visible_keys(kafka, airflow.source_output), source.committed)
+    assert group_offsets(kafka, group) == {0: 11, 1: 11}
+
+    af.clear_run(SOURCE_DAG_ID, first)
+    assert airflow.wait(first, dag_id=SOURCE_DAG_ID) == "success", af.task_states(SOURCE_DAG_ID, first)
+    assert af.task_states(SOURCE_DAG_ID, first)["prepare"] == "skipped"
+    assert "already reached its COMMIT decision" in airflow.log(first, "prepare", 2, dag_id=SOURCE_DAG_ID)
+    once(visible_keys(kafka, airflow.source_output), source.committed)
+    assert group_offsets(kafka, group) == {0: 11, 1: 11}
+
+    source.write(range(20, 30))  # 5 more and a marker per partition: ends at 17
+    second = af.trigger(SOURCE_DAG_ID)
+    assert airflow.wait(second, dag_id=SOURCE_DAG_ID) == "success", af.task_states(SOURCE_DAG_ID, second)
+    assert "[11, 17)" in airflow.log(second, "prepare", 1, dag_id=SOURCE_DAG_ID)
+    once(visible_keys(kafka, airflow.source_output), source.committed)
+    assert group_offsets(kafka, group) == {0: 17, 1: 17}
+    assert kafka.open_transactions(prefix) == []

@@ -27,15 +27,20 @@ pytestmark = pytest.mark.kafka
 SOURCE_DAG = REPO / "tests" / "e2e" / "dags" / "e2e_kafka_source.py"
 
 
-@pytest.fixture(scope="module")
-def spark_conf() -> str:
-    """Spark's Kafka source jars (fetched once from Maven Central into the jar cache)."""
+def kafka_source_jars() -> str:
+    """Spark settings (JSON) with Spark's Kafka source jars, fetched once from Maven Central into
+    the jar cache, as a user without Maven access at run time would give them."""
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import bench_spark
 
     return json.dumps({"spark.jars": ",".join(str(j) for j in bench_spark.sink_jars())})
+
+
+@pytest.fixture(scope="module")
+def spark_conf() -> str:
+    return kafka_source_jars()
 
 
 class Source:

@@ -1,9 +1,9 @@
 """The Kafka-sourced export of the end-to-end tests (KIP-447): Kafka in, Spark, Kafka out.
 
-From the environment: E2E_PREFIX, E2E_TOPIC (the output), E2E_SOURCE_TOPIC, E2E_GROUP,
-E2E_MAX_OFFSETS (the source's cap per run, unset: none), E2E_SPARK_CONF (JSON; the tests give
-Spark's Kafka source jars there, as a user without Maven access would). The run's conf may give
-``fault``:
+From the environment: E2E_PREFIX (or E2E_SOURCE_PREFIX), E2E_TOPIC (the output, or
+E2E_SOURCE_OUTPUT), E2E_SOURCE_TOPIC, E2E_GROUP, E2E_MAX_OFFSETS (the source's cap per run,
+unset: none), E2E_SPARK_CONF (JSON; the tests give Spark's Kafka source jars there, as a user
+without Maven access would). The run's conf may give ``fault``:
 
 - ``commit_waits``: the commit's first try waits for the conf's ``gate`` file (the test looks at
   the broker between prepare and commit, or moves the group meanwhile);
@@ -33,8 +33,10 @@ from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
 from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 
-PREFIX = os.environ.get("E2E_PREFIX", "e2e_src")
-TOPIC = os.environ.get("E2E_TOPIC", "e2e_src_out")
+# E2E_SOURCE_PREFIX and E2E_SOURCE_OUTPUT, where set, win: a standalone Airflow that also runs
+# e2e_kafka2pc (whose E2E_PREFIX and E2E_TOPIC they are) gives this exporter its own.
+PREFIX = os.environ.get("E2E_SOURCE_PREFIX") or os.environ.get("E2E_PREFIX", "e2e_src")
+TOPIC = os.environ.get("E2E_SOURCE_OUTPUT") or os.environ.get("E2E_TOPIC", "e2e_src_out")
 SOURCE_TOPIC = os.environ.get("E2E_SOURCE_TOPIC", "e2e_src_in")
 GROUP = os.environ.get("E2E_GROUP", "e2e_src_group")
 MAX_OFFSETS = int(os.environ["E2E_MAX_OFFSETS"]) if os.environ.get("E2E_MAX_OFFSETS") else None
