@@ -179,7 +179,8 @@ def test_the_native_and_the_python_writer_write_the_same_records_from_spark(
     seen = {}
     for writer in ("python", "native"):
         topic = kafka.topic(4)
-        with caplog.at_level(logging.INFO, logger="airflow_provider_kafka2pc.spark.job"):
+        # The package's logger: the writer line is the job's, the batch line the write job's.
+        with caplog.at_level(logging.INFO, logger="airflow_provider_kafka2pc"):
             result = export_dataframe(df, _settings(kafka, topic, writer=writer))
         commit_prepared(result.committables, kafka.wire, _log(kafka), run=f"spark-{writer}")
         records = kafka.read_committed(topic)
@@ -343,7 +344,7 @@ def test_a_cached_frame_and_a_parquet_scan_are_written_as_stored_and_a_computed_
         assert (result.staged_bytes > 0) == text.startswith("bytes of Arrow"), tag
         if tag == "parquet-rated":
             assert "20000 records" in caplog.text
-            assert "plain scan of parquet files, read by the write job" in caplog.text
+            assert "plain scan of parquet files (1 scan(s)), read by the write job" in caplog.text
         if tag == "parquet":
             assert "not sized before writing" not in caplog.text  # no rate at all: nothing to size for
         commit_prepared(result.committables, kafka.wire, _log(kafka), run=tag)
