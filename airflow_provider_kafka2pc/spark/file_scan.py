@@ -19,8 +19,9 @@ staging pass.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
+
+from airflow_provider_kafka2pc.spark.cache_manager import StoredAlready
 
 log = logging.getLogger(__name__)
 
@@ -33,28 +34,17 @@ _COLUMNAR_FORMATS = ("parquet", "orc")
 _COSTLY_EXPRESSIONS = ("udf", "udaf", "subquery", "python", "pandas")
 
 
-@dataclass(frozen=True)
-class FileScan:
-    """The files a frame reads, for the task log, and its partition count."""
-
-    how: str
-    partitions: int
-
-
-def plain_file_scan(df: Any) -> FileScan | None:
-    """How ``df`` reads columnar files with nothing computed on the way, or None."""
+def plain_file_scan(df: Any) -> StoredAlready | None:
+    """How ``df`` reads columnar files with nothing computed on the way, or None (also on Spark
+    Connect, whose client has no JVM)."""
     try:
-        jdf = df._jdf
-    except Exception:  # Spark Connect: the client has no JVM
-        return None
-    try:
-        plan = jdf.queryExecution().executedPlan()
+        plan = df._jdf.queryExecution().executedPlan()
         formats: list[str] = []
         if not _plain(plan, formats) or not formats:
             return None
         partitions = int(plan.execute().getNumPartitions())
         kinds = " and ".join(sorted(set(formats)))
-        return FileScan(f"a plain scan of {kinds} files ({len(formats)} scan(s))", partitions)
+        return StoredAlready(f"a plain scan of {kinds} files ({len(formats)} scan(s))", partitions)
     except Exception as e:  # a moved internal: stage instead, and say why in DEBUG
         log.debug("kafka2pc could not read Spark's physical plan: %r", e)
     return None
@@ -97,4 +87,4 @@ def _cheap(expressions: Any) -> bool:
     return True
 
 
-__all__ = ["FileScan", "plain_file_scan"]
+__all__ = ["plain_file_scan"]

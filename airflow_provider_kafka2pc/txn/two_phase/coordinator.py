@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.transactions import OPEN_STATES
@@ -76,21 +77,28 @@ class Decided:
     resolver: TransactionResolver
 
 
+class CommitOptions(TypedDict, total=False):
+    """The options ``commit_prepared`` hands to ``decide_commit``, which documents and defaults them."""
+
+    max_workers: int
+    prefixes: Sequence[str | naming.Members]
+    end_txn_timeout_s: float
+    headroom_ms: int | None
+    progress: CommitProgress | None
+    guard: Callable[[], Mapping[str, str]] | None
+    sources: Mapping[str, SourceRange] | None
+
+
 def commit_prepared(
     committables: Sequence[Committable],
     wire: WireClient,
     decision_log: DecisionLog,
     run: str,
-    max_workers: int = 16,
-    prefixes: Sequence[str | naming.Members] = (),
-    end_txn_timeout_s: float = 60.0,
-    headroom_ms: int | None = None,
-    progress: CommitProgress | None = None,
-    guard: Callable[[], Mapping[str, str]] | None = None,
-    sources: Mapping[str, SourceRange] | None = None,
+    **options: Unpack[CommitOptions],
 ) -> CommitReport:
-    """Phase two, COMMIT, by the protocol of DESIGN §3a. ``progress`` records how far it got, for
-    the line a failed commit task ends with (``txn.two_phase.commit_progress``).
+    """Phase two, COMMIT, by the protocol of DESIGN §3a, with ``decide_commit``'s options.
+    ``progress`` records how far it got, for the line a failed commit task ends with
+    (``txn.two_phase.commit_progress``).
 
     1. The run's own record says it is final → answer from it ("already committed", or the loss),
        writing nothing: a clear of an old run never writes over newer runs' state. Only handed
@@ -111,24 +119,12 @@ def commit_prepared(
     4. EndTxn for all, in parallel; outcomes recorded; the run collapses to its run record.
        A transaction lost after the decision raises ``TransactionLostError``.
     """
-    decided = decide_commit(
-        committables,
-        wire,
-        decision_log,
-        run,
-        max_workers,
-        prefixes,
-        end_txn_timeout_s,
-        headroom_ms,
-        progress,
-        guard,
-        sources,
-    )
+    decided = decide_commit(committables, wire, decision_log, run, **options)
     if isinstance(decided, CommitReport):
         return decided
     state, did = decided.state, decided.decision.decision_id
     resolutions = obey(decision_log, state, [did], decided.resolver)
-    if progress is not None:
+    if (progress := options.get("progress")) is not None:
         progress.committed = sum(1 for r in resolutions if r.outcome is Verdict.COMMITTED)
     lost = lost_of_decisions(state, [did])
     if lost:
@@ -434,6 +430,7 @@ def _covered_any(c: Committable | TxnRef | Covered, s: TxnState | None) -> Cover
 
 
 __all__ = [
+    "CommitOptions",
     "Decided",
     "abort_prepared",
     "answer_from_run_records",
