@@ -36,14 +36,20 @@ from airflow_provider_kafka2pc.txn.protocol.source_range import (
 
 # librdkafka's "no committed offset" (OFFSET_INVALID).
 _NO_OFFSET = -1001
-# What a broker answers while a coordinator or a leader moves or loads: asked again.
+# What a broker answers while a coordinator or a leader moves or loads: asked again. The leader
+# epoch family answers ListOffsets while a restarted broker's leadership settles (the soak saw
+# FENCED_LEADER_EPOCH), OFFSET_NOT_AVAILABLE while a new leader's high watermark catches up.
 _TRANSIENT = frozenset(
     {
         "COORDINATOR_LOAD_IN_PROGRESS",
         "COORDINATOR_NOT_AVAILABLE",
         "NOT_COORDINATOR",
         "NOT_LEADER_FOR_PARTITION",
+        "NOT_LEADER_OR_FOLLOWER",
         "LEADER_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+        "OFFSET_NOT_AVAILABLE",
         "REQUEST_TIMED_OUT",
     }
 )
@@ -312,9 +318,13 @@ def _offsets(
 
     spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
     request = {TopicPartition(t, p): spec for t, p in partitions}
-    try:
+
+    def ask() -> dict[tuple[str, int], int]:
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
         return {(tp.topic, tp.partition): int(f.result(timeout_s).offset) for tp, f in futures.items()}
+
+    try:
+        return dict(_retrying(ask, timeout_s))
     except Exception as e:
         named = authorization_error_of(_error_name(e), config, ",".join(sorted({t for t, _ in partitions})), "Read")
         if named is not None:
