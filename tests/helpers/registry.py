@@ -1,0 +1,122 @@
+"""Test helpers around the real Apicurio Registry started by scripts/schema-registry-local, and a
+SparkSession whose JVM has spark-avro on its class path."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from airflow_provider_kafka2pc.registry.client import RegistryClient, RegistrySettings
+from tests.helpers.kafka import REPO, kafka_local
+
+
+def schema_registry_local() -> ModuleType:
+    kafka_local()  # the registry script imports it by name; loaded once, as the Kafka fixtures load it
+    spec = importlib.util.spec_from_file_location(
+        "schema_registry_local", REPO / "scripts" / "schema_registry_local.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["schema_registry_local"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class RegistryEnv:
+    """One registry of the test session: HTTP basic auth required, one user."""
+
+    directory: Path
+    url: str  # the Confluent-compatible API
+    user: str
+    password: str = field(repr=False)
+
+    def settings(self, **overrides: Any) -> RegistrySettings:
+        given: dict[str, Any] = {"url": self.url, "username": self.user, "password": self.password}
+        return RegistrySettings(**(given | overrides))
+
+    def client(self) -> RegistryClient:
+        return RegistryClient(self.settings())
+
+    def confluent_client(self) -> Any:
+        """confluent-kafka's own registry client: the reader the acceptance is judged by."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        return SchemaRegistryClient({"url": self.url, "basic.auth.user.info": f"{self.user}:{self.password}"})
+
+
+def spark_avro_jar() -> Path:
+    """spark-avro for the installed PySpark, fetched once into the jar cache (``mvn dependency:copy``)."""
+    import pyspark
+
+    version = pyspark.__version__
+    libs = kafka_local().cache_dir() / f"spark-avro-{version}"
+    jar = libs / f"spark-avro_2.13-{version}.jar"
+    libs.mkdir(parents=True, exist_ok=True)
+    with (libs.parent / ".spark-avro.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not jar.is_file():
+                mvn = shutil.which("mvn")
+                assert mvn is not None, "mvn not found on PATH; Maven fetches spark-avro"
+                artifact = f"org.apache.spark:spark-avro_2.13:{version}"
+                command = [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={libs}"]
+                result = subprocess.run(command, capture_output=True, text=True, check=False)
+                assert result.returncode == 0 and jar.is_file(), f"{command} failed:\n{result.stdout}{result.stderr}"
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return jar
+
+
+def _stop_jvm() -> None:
+    """End this process's Spark JVM, so the next session starts one with its own class path.
+
+    Spark adds ``spark.jars`` to a running driver's executors, not to the driver, where ``to_avro`` is
+    analysed; a pytest worker may already run a JVM that another test module started."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:  # the JVM ends when its stdin closes
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        proc.wait(timeout=60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+@contextlib.contextmanager
+def spark_with_avro() -> Iterator[Any]:
+    """A local[2, 4] SparkSession in a JVM that has spark-avro, as the export operator's session has."""
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    jar = spark_avro_jar()
+    _stop_jvm()
+    session = (
+        SparkSession.builder.master("local[2, 4]")
+        .appName("kafka2pc-registry-tests")
+        .config("spark.jars", str(jar))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
