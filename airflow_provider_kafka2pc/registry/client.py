@@ -153,7 +153,7 @@ class RegistryClient:
         try:
             body = self._call("POST", f"/subjects/{_q(subject)}/versions", _schema_body(schema, schema_type))
         except _Conflict as e:
-            raise errors.incompatible(subject, self._safe_level(subject), e.message) from None
+            raise errors.incompatible(subject, self._safe_level(subject), e.detail) from None
         return int(body["id"])
 
     def subjects(self) -> list[str]:
@@ -194,9 +194,9 @@ class RegistryClient:
         if e.code in (401, 403):
             return errors.refused(self.settings.base_url, e.code, message)
         if e.code == 404:
-            return _NotFound(code, message)
+            return _NotFound(self.settings.base_url, e.code, code, message)
         if e.code == 409:
-            return _Conflict(code, message)
+            return _Conflict(self.settings.base_url, e.code, code, message)
         return errors.registry_answer(self.settings.base_url, e.code, message)
 
     def _safe_level(self, subject: str) -> str:
@@ -206,10 +206,12 @@ class RegistryClient:
             return "configured"
 
 
-class _NotFound(Exception):
-    def __init__(self, code: int | None, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
+class _NotFound(errors.RegistryError):
+    """A 404 the calling method answers (None, or its own error); any other caller sees the registry's words."""
+
+    def __init__(self, url: str, status: int, code: int | None, detail: str) -> None:
+        super().__init__(str(errors.registry_answer(url, status, detail)))
+        self.code, self.detail = code, detail
 
 
 class _Conflict(_NotFound):
