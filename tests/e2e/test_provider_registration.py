@@ -53,7 +53,9 @@ print(json.dumps({"airflow_sdk_s": t1 - t0, "dag_file_s": t2 - t1, "heavy": heav
 """
 
 
-@pytest.mark.parametrize("dag_file", ["dags/kafka2pc_example.py", "dags/kafka2pc_two_exports.py"])
+@pytest.mark.parametrize(
+    "dag_file", ["dags/kafka2pc_example.py", "dags/kafka2pc_two_exports.py", "dags/kafka2pc_registry_formats.py"]
+)
 def test_parsing_a_dag_never_imports_spark_or_kafka_clients(tmp_path: Path, dag_file: str) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     done = subprocess.run(
