@@ -23,6 +23,7 @@ from airflow_provider_kafka2pc.registry.client import RegistryClient, RegistrySe
 from airflow_provider_kafka2pc.registry.formats import ROLES, AvroFormat, RegistryFormat, default_record_name
 from airflow_provider_kafka2pc.registry.resolve import ResolvedSchema, resolve
 from airflow_provider_kafka2pc.spark import avro_schema, json_schema
+from airflow_provider_kafka2pc.spark.errors import SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def apply_formats(
     """``df`` with its formatted columns encoded and framed, and the schemas they carry.
 
     Raises ``RegistryError`` (its subclasses name cause and fix) before anything is written."""
+    if formats.uses_avro:
+        check_avro_loaded(df.sparkSession)
     client = client or RegistryClient(formats.registry)
     columns = {f.name: f for f in df.schema.fields}
     resolved: list[ResolvedSchema] = []
@@ -100,6 +103,24 @@ def apply_formats(
         return df, ()
     out = df.select(*[encoded[name].alias(name) if name in encoded else df[name] for name in df.columns])
     return out, tuple(resolved)
+
+
+def check_avro_loaded(spark: Any) -> None:
+    """Refuse, before the registry is asked anything, a session whose JVM lacks spark-avro: Spark
+    loads jars only when its JVM starts, and would otherwise refuse ``to_avro`` after registration."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    try:
+        spark.range(0).select(to_avro(F.lit(1))).schema  # noqa: B018  (analysed, never run)
+    except Exception as e:
+        if "AVRO_NOT_LOADED" not in str(e):
+            raise
+        raise SchemaError(
+            "the Avro format needs spark-avro in the Spark session's JVM, which has none; "
+            f"{errors.NOTHING_WRITTEN}. Add {avro_package()} to spark.jars.packages (the export operator "
+            "does) or its jar to spark.jars, in a session whose JVM starts with it"
+        ) from None
 
 
 def _derive(data_type: Any, fmt: RegistryFormat, topic: str | None, role: str) -> str:

@@ -202,3 +202,25 @@ def test_bad_input_is_refused_before_any_transaction(
     assert "not-the-password" not in message and schema_registry.password not in message
     assert kafka.read_committed(bad_topic, timeout_s=10) == []
     assert kafka.open_transactions(settings.transactional_id_prefix, settle_s=0) == []
+
+
+def test_the_connection_test_button_against_the_registry(schema_registry: RegistryEnv) -> None:
+    from airflow.sdk import Connection
+
+    from airflow_provider_kafka2pc.hooks.schema_registry import SchemaRegistryHook
+
+    def button(password: str) -> tuple[bool, str]:
+        conn = Connection(
+            conn_id="registry",
+            conn_type="kafka2pc_schema_registry",
+            host=schema_registry.url,
+            login=schema_registry.user,
+            password=password,
+        )
+        return SchemaRegistryHook(connection=conn).test_connection()
+
+    ok, said = button(schema_registry.password)
+    assert ok and said.startswith(f"connected to {schema_registry.url}: ") and "global compatibility" in said, said
+    wrong = uuid.uuid4().hex
+    ok, said = button(wrong)
+    assert not ok and "refused the credentials (HTTP 401" in said and wrong not in said, said
