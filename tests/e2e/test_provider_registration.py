@@ -31,6 +31,9 @@ def test_airflow_lists_the_provider_its_hook_and_its_trigger(tmp_path: Path) -> 
     [hook] = [h for h in hooks if h["connection_type"] == "kafka2pc"]
     assert hook["class"] == "airflow_provider_kafka2pc.hooks.kafka2pc.Kafka2PCHook"
     assert (hook["package_name"], hook["conn_id_attribute_name"]) == ("airflow-provider-kafka2pc", "kafka2pc_conn_id")
+    [registry] = [h for h in hooks if h["connection_type"] == "kafka2pc_schema_registry"]
+    assert registry["class"] == "airflow_provider_kafka2pc.hooks.schema_registry.SchemaRegistryHook"
+    assert registry["conn_id_attribute_name"] == "schema_registry_conn_id"
 
     triggers = json.loads(airflow_cli(tmp_path, "providers", "triggers", "--output", "json"))
     assert any(
