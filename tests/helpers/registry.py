@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,19 +16,13 @@ from types import ModuleType
 from typing import Any
 
 from airflow_provider_kafka2pc.registry.client import RegistryClient, RegistrySettings
-from tests.helpers.kafka import REPO, kafka_local
+from tests.helpers.kafka import kafka_local, load_script
 
 
 def schema_registry_local() -> ModuleType:
-    kafka_local()  # the registry script imports it by name; loaded once, as the Kafka fixtures load it
-    spec = importlib.util.spec_from_file_location(
-        "schema_registry_local", REPO / "scripts" / "schema_registry_local.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["schema_registry_local"] = module
-    spec.loader.exec_module(module)
-    return module
+    if "kafka_local" not in sys.modules:  # the registry script imports it by name: the fixtures' copy
+        kafka_local()
+    return load_script("schema_registry_local")
 
 
 @dataclass(frozen=True)
