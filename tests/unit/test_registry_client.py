@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,9 +78,8 @@ class FakeRegistry:
         return 200, {"subject": subject, "version": n, "id": schema_id, "schema": text}
 
 
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeRegistry, str]]:
-    registry = FakeRegistry()
+def _serve(registry: FakeRegistry, tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """The fake on loopback, over TLS with ``tls``; yields its ccompat URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
@@ -99,13 +100,35 @@ def fake() -> Iterator[tuple[FakeRegistry, str]]:
             return None
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
-        yield registry, f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeRegistry, str]]:
+    registry = FakeRegistry()
+    for url in _serve(registry):
+        yield registry, url
+
+
+def test_a_registry_whose_certificate_a_private_ca_signed_is_trusted_with_its_ca_file(tmp_path: Path) -> None:
+    from tests.helpers.kafka import kafka_local
+
+    ca, _, _ = kafka_local()._make_tls(tmp_path)  # a CA and a certificate for 127.0.0.1, by openssl
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "tls" / "broker.pem", tmp_path / "tls" / "broker.key")
+    registry = FakeRegistry(subjects={"orders-value": [(3, SCHEMA)]})
+    for url in _serve(registry, tls):
+        assert RegistryClient(RegistrySettings(url, ca_file=str(ca))).subjects() == ["orders-value"]
+        with pytest.raises(errors.RegistryUnreachableError, match=r"CERTIFICATE_VERIFY_FAILED.*URL and CA"):
+            RegistryClient(RegistrySettings(url)).subjects()
 
 
 def test_basic_auth_and_bearer_token_go_in_the_authorization_header_only(fake: tuple[FakeRegistry, str]) -> None:
