@@ -45,7 +45,10 @@ class RegistryEnv:
         """confluent-kafka's own registry client: the reader the acceptance is judged by."""
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        return SchemaRegistryClient({"url": self.url, "basic.auth.user.info": f"{self.user}:{self.password}"})
+        # Its default is no timeout at all: one request left unanswered on a loaded machine held a test
+        # for 12 minutes. With one, the client's own retries take over.
+        auth = f"{self.user}:{self.password}"
+        return SchemaRegistryClient({"url": self.url, "basic.auth.user.info": auth, "timeout": 10})
 
 
 def spark_avro_jar() -> Path:
