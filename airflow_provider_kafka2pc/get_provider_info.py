@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc import __version__
 from airflow_provider_kafka2pc.connection_form import CONN_FIELDS, HIDDEN_FIELDS, PLACEHOLDERS, RELABELING
+from airflow_provider_kafka2pc.registry import connection_form as registry_form
 
 _PKG = "airflow_provider_kafka2pc"
 
@@ -36,7 +37,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "sensors": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.sensors.recovery"]}],
-        "hooks": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.hooks.kafka2pc"]}],
+        "hooks": [
+            {
+                "integration-name": "kafka2pc",
+                "python-modules": [f"{_PKG}.hooks.kafka2pc", f"{_PKG}.hooks.schema_registry"],
+            }
+        ],
         "triggers": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.triggers.recovery"]}],
         "connection-types": [
             {
@@ -49,6 +55,17 @@ def get_provider_info() -> dict[str, Any]:
                     "placeholders": dict(PLACEHOLDERS),
                 },
                 "conn-fields": deepcopy(CONN_FIELDS),
-            }
+            },
+            {
+                "hook-class-name": f"{_PKG}.hooks.schema_registry.SchemaRegistryHook",
+                "hook-name": registry_form.HOOK_NAME,
+                "connection-type": registry_form.CONN_TYPE,
+                "ui-field-behaviour": {
+                    "hidden-fields": list(registry_form.HIDDEN_FIELDS),
+                    "relabeling": dict(registry_form.RELABELING),
+                    "placeholders": dict(registry_form.PLACEHOLDERS),
+                },
+                "conn-fields": deepcopy(registry_form.CONN_FIELDS),
+            },
         ],
     }

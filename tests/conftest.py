@@ -19,6 +19,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from tests.helpers.kafka import KafkaEnv, kafka_local
 from tests.helpers.oidc import OidcProvider
+from tests.helpers.registry import RegistryEnv, schema_registry_local
 
 # Small enough for the timeout test to finish quickly, and the broker aborts expired
 # transactions within a second (see scripts/kafka_local.py).
@@ -100,6 +101,21 @@ def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]
         idp.close()
 
 
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryEnv]:
+    """One Apicurio Registry per test session (in memory, basic auth), started by the project's
+    scripts/schema-registry-local; one that cannot start fails the tests that need it."""
+    srl = schema_registry_local()
+    logs = run_logs_dir()
+    directory = logs / "registry" if logs else tmp_path_factory.mktemp("registry")
+    user, password = "exporter", secrets.token_hex(16)
+    state = srl.start_registry(directory, users={user: password})
+    try:
+        yield RegistryEnv(Path(directory), state["url"], user, password)
+    finally:
+        srl.stop_registry(directory)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -129,6 +145,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_security_broker.py",  # 91 s
     "tests/e2e/test_security_dag.py",  # 89 s
     "tests/integration/test_txn_broker.py",  # 62 s
+    "tests/integration/test_registry_formats.py",  # 41 s alone (its own Spark JVM, with spark-avro)
     "tests/e2e/test_lineage_dag.py",
     "tests/integration/test_failure_lines.py",
     "tests/integration/test_spark_export.py",

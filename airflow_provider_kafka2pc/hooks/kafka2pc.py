@@ -134,6 +134,31 @@ def _has_port(host: str) -> bool:
     return ":" in host
 
 
+def form_widgets(conn_fields: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The classic (Flask) form's widgets for a connection type's extra fields; Airflow 3's UI uses
+    the provider info's conn-fields instead, so without Flask AppBuilder there are none."""
+    try:
+        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget, Select2Widget
+        from flask_babel import lazy_gettext
+        from wtforms import SelectField, StringField
+    except ImportError:
+        return {}
+
+    widgets: dict[str, Any] = {}
+    for name, field in conn_fields.items():
+        label = lazy_gettext(field["label"])
+        schema = field["schema"]
+        choices = [c for c in schema.get("enum", ()) if c]
+        if choices:  # a choice, not free text: a typo cannot reach the clients
+            empty = schema.get("values_display", {}).get("", "")
+            widgets[name] = SelectField(
+                label, choices=[("", empty), *((c, c) for c in choices)], default="", widget=Select2Widget()
+            )
+        else:
+            widgets[name] = StringField(label, widget=BS3TextFieldWidget())
+    return widgets
+
+
 class Kafka2PCHook(BaseHook):
     """Kafka settings and clients for kafka2pc's tasks.
 
@@ -176,26 +201,7 @@ class Kafka2PCHook(BaseHook):
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
-        try:  # the Flask UI's widgets; Airflow 3's UI uses the provider info's conn-fields instead
-            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget, Select2Widget
-            from flask_babel import lazy_gettext
-            from wtforms import SelectField, StringField
-        except ImportError:
-            return {}
-
-        widgets: dict[str, Any] = {}
-        for name, field in CONN_FIELDS.items():
-            label = lazy_gettext(field["label"])
-            schema = field["schema"]
-            choices = [c for c in schema.get("enum", ()) if c]
-            if choices:  # a choice, not free text: a typo cannot reach the clients
-                empty = schema.get("values_display", {}).get("", "")
-                widgets[name] = SelectField(
-                    label, choices=[("", empty), *((c, c) for c in choices)], default="", widget=Select2Widget()
-                )
-            else:
-                widgets[name] = StringField(label, widget=BS3TextFieldWidget())
-        return widgets
+        return form_widgets(CONN_FIELDS)
 
     # -- configs -----------------------------------------------------------------------------
     @property

@@ -25,7 +25,9 @@ from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, Missing
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_kafka2pc.registry.formats import RegistryFormat
     from airflow_provider_kafka2pc.spark.progress import Progress
+    from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.sources import SourceTable
     from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
@@ -80,6 +82,10 @@ class Kafka2PCExportOperator(BaseOperator):
         window budget; unset, the budget uses the rate the exporter's previous run showed, and with
         none refuses nothing up front (the deadline watch still stops a write that overruns).
     :param write_bytes_per_s: likewise in bytes per second.
+    :param key_format: encode the ``key`` column for a schema registry (``AvroFormat``,
+        ``JsonSchemaFormat``; ``airflow_provider_kafka2pc.registry.formats``), framed with the schema id.
+    :param value_format: likewise the ``value`` column.
+    :param schema_registry_conn_id: the ``kafka2pc_schema_registry`` connection the formats use.
     """
 
     operator_extra_links = (Kafka2PCExportersLink(),)
@@ -122,6 +128,9 @@ class Kafka2PCExportOperator(BaseOperator):
         handover_ms: int | None = None,
         write_records_per_s: int | None = None,
         write_bytes_per_s: int | None = None,
+        key_format: RegistryFormat | None = None,
+        value_format: RegistryFormat | None = None,
+        schema_registry_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -158,6 +167,11 @@ class Kafka2PCExportOperator(BaseOperator):
         )
         if handover_ms is not None:
             self.window = dataclasses.replace(self.window, handover_ms=handover_ms)
+        if (key_format or value_format) and not schema_registry_conn_id:
+            raise ValueError("key_format and value_format need a schema_registry_conn_id")
+        self.key_format = key_format
+        self.value_format = value_format
+        self.schema_registry_conn_id = schema_registry_conn_id
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -285,6 +299,16 @@ class Kafka2PCExportOperator(BaseOperator):
         shown = WriteRate.from_json(kept)
         return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
 
+    def _formats(self) -> RecordFormats | None:
+        """The key and value formats with the registry connection's settings (its secret stays in them)."""
+        if self.schema_registry_conn_id is None or not (self.key_format or self.value_format):
+            return None
+        from airflow_provider_kafka2pc.hooks.schema_registry import SchemaRegistryHook
+        from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
+
+        registry = SchemaRegistryHook(self.schema_registry_conn_id).settings()
+        return RecordFormats(registry, key=self.key_format, value=self.value_format)
+
     def execute(self, context: Context) -> dict[str, Any]:
         prefix = self.transactional_id_prefix
         naming.validate_prefix(prefix)
@@ -370,8 +394,13 @@ class Kafka2PCExportOperator(BaseOperator):
         # Idle through a long Spark job, a connection may be dropped by the network on the way: the
         # steps after the job (an abort now, the stand-down) connect afresh.
         session.clients.close()
+        formats = self._formats()
         spark = spark_session(
-            self.spark_conn_id, self.spark_conf, f"{self.dag_id}-{self.task_id}", kafka_source=read is not None
+            self.spark_conn_id,
+            self.spark_conf,
+            f"{self.dag_id}-{self.task_id}",
+            kafka_source=read is not None,
+            avro=formats is not None and formats.uses_avro,
         )
 
         def progress(p: Progress) -> None:
@@ -386,7 +415,9 @@ class Kafka2PCExportOperator(BaseOperator):
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
             seen["writing"] = True
-            result = export_dataframe(df, settings, on_progress=progress, window=window, abort_opened=abort_now)
+            result = export_dataframe(
+                df, settings, on_progress=progress, window=window, abort_opened=abort_now, formats=formats
+            )
             self._read = self._source_tables(spark)
         except BaseException:
             if offsets_writer is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -13,11 +13,16 @@ SPARK_CONNECT_CONN_TYPE = "spark_connect"
 
 
 def spark_session(
-    spark_conn_id: str | None, spark_conf: Mapping[str, Any], app_name: str, kafka_source: bool = False
+    spark_conn_id: str | None,
+    spark_conf: Mapping[str, Any],
+    app_name: str,
+    kafka_source: bool = False,
+    avro: bool = False,
 ) -> Any:
     """A SparkSession the way the apache-spark provider's PySparkOperator builds one; with
     ``kafka_source``, Spark's Kafka source is added to ``spark.jars.packages`` unless the
-    connection or ``spark_conf`` already brings it (its jars or its package)."""
+    connection or ``spark_conf`` already brings it (its jars or its package); with ``avro``,
+    spark-avro likewise (the Avro key and value formats encode with its ``to_avro``)."""
     import warnings
 
     # PySpark warns on import that it does not fully support pandas 3; the export moves Arrow batches
@@ -48,11 +53,11 @@ def spark_session(
     if kafka_source and not conf.get("spark.remote"):
         from airflow_provider_kafka2pc.spark.kafka_source import kafka_source_package, needs_kafka_package
 
-        given = {k: conf.get(k) or "" for k in ("spark.jars", "spark.jars.packages")}
-        if needs_kafka_package(given):
-            conf.set(
-                "spark.jars.packages", ",".join(p for p in (given["spark.jars.packages"], kafka_source_package()) if p)
-            )
+        _add_package(conf, needs_kafka_package, kafka_source_package())
+    if avro and not conf.get("spark.remote"):
+        from airflow_provider_kafka2pc.spark.record_formats import avro_package, needs_avro_package
+
+        _add_package(conf, needs_avro_package, avro_package())
     if not conf.get("spark.remote") and not conf.get("spark.master"):
         conf.set("spark.master", url)
     # Forced off unless the user turned it on, which check_session then refuses loudly.
@@ -67,3 +72,10 @@ def spark_session(
 
         launch_gateway_with_logs(conf)
     return SparkSession.builder.config(conf=conf).getOrCreate()
+
+
+def _add_package(conf: Any, needed: Callable[[Mapping[str, Any]], bool], package: str) -> None:
+    """Append ``package`` to ``spark.jars.packages`` when ``needed`` says the session lacks it."""
+    given = {k: conf.get(k) or "" for k in ("spark.jars", "spark.jars.packages")}
+    if needed(given):
+        conf.set("spark.jars.packages", ",".join(p for p in (given["spark.jars.packages"], package) if p))

@@ -25,6 +25,7 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuar
 from airflow_provider_kafka2pc.txn.two_phase.partition_writer import choose_writer
 
 if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def export_dataframe(
     progress_interval_s: float = 5.0,
     window: WindowSettings | None = None,
     abort_opened: Callable[[], bool] | None = None,
+    formats: RecordFormats | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
@@ -56,7 +58,11 @@ def export_dataframe(
     (``WindowExceededError`` for an overrun).
 
     ``on_progress`` is called every ``progress_interval_s`` while the job runs and once when it
-    has succeeded (classic Spark sessions; Spark Connect reports nothing)."""
+    has succeeded (classic Spark sessions; Spark Connect reports nothing).
+
+    ``formats`` encodes the key and/or value for a schema registry first (``spark/record_formats.py``):
+    the schemas are resolved, checked and registered before anything else, and the columns become
+    framed binary computed in Spark's JVM."""
     from airflow_provider_kafka2pc.spark.compute_first import prepare_window
     from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -65,6 +71,10 @@ def export_dataframe(
     started = time.monotonic()
     window = window or WindowSettings()
     naming.validate_prefix(settings.transactional_id_prefix)
+    if formats is not None:
+        from airflow_provider_kafka2pc.spark.record_formats import apply_formats
+
+        df, _ = apply_formats(df, formats, settings.topic)
     validate_schema(df.schema, settings.topic)
     check_session(df.sparkSession)
     # Said once in the task's log; each executor decides again for itself (and falls back, with a

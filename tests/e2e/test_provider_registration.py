@@ -31,6 +31,9 @@ def test_airflow_lists_the_provider_its_hook_and_its_trigger(tmp_path: Path) -> 
     [hook] = [h for h in hooks if h["connection_type"] == "kafka2pc"]
     assert hook["class"] == "airflow_provider_kafka2pc.hooks.kafka2pc.Kafka2PCHook"
     assert (hook["package_name"], hook["conn_id_attribute_name"]) == ("airflow-provider-kafka2pc", "kafka2pc_conn_id")
+    [registry] = [h for h in hooks if h["connection_type"] == "kafka2pc_schema_registry"]
+    assert registry["class"] == "airflow_provider_kafka2pc.hooks.schema_registry.SchemaRegistryHook"
+    assert registry["conn_id_attribute_name"] == "schema_registry_conn_id"
 
     triggers = json.loads(airflow_cli(tmp_path, "providers", "triggers", "--output", "json"))
     assert any(
@@ -53,7 +56,9 @@ print(json.dumps({"airflow_sdk_s": t1 - t0, "dag_file_s": t2 - t1, "heavy": heav
 """
 
 
-@pytest.mark.parametrize("dag_file", ["dags/kafka2pc_example.py", "dags/kafka2pc_two_exports.py"])
+@pytest.mark.parametrize(
+    "dag_file", ["dags/kafka2pc_example.py", "dags/kafka2pc_two_exports.py", "dags/kafka2pc_registry_formats.py"]
+)
 def test_parsing_a_dag_never_imports_spark_or_kafka_clients(tmp_path: Path, dag_file: str) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     done = subprocess.run(

@@ -21,13 +21,18 @@ from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 REPO = Path(__file__).resolve().parents[2]
 
 
-def kafka_local() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kafka_local", REPO / "scripts" / "kafka_local.py")
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported by path (the scripts are no package), under its own name."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["kafka_local"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def kafka_local() -> ModuleType:
+    return load_script("kafka_local")
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,7 @@ def test_provider_info_matches_airflows_schema_and_points_at_real_classes() -> N
         for entry in info[section]:
             for module in entry["python-modules"]:
                 importlib.import_module(module)
-    [conn] = info["connection-types"]
+    conn, registry = info["connection-types"]
     module, _, name = conn["hook-class-name"].rpartition(".")
     hook = getattr(importlib.import_module(module), name)
     assert (conn["connection-type"], hook.default_conn_name) == ("kafka2pc", "kafka2pc_default")
@@ -375,3 +375,12 @@ def test_provider_info_matches_airflows_schema_and_points_at_real_classes() -> N
         assert schema.get("default") is not None, field
     assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"schema"}
     assert hook.get_ui_field_behaviour()["hidden_fields"] == conn["ui-field-behaviour"]["hidden-fields"]
+    # The schema registry's connection: the same rules, its own hook.
+    module, _, name = registry["hook-class-name"].rpartition(".")
+    registry_hook = getattr(importlib.import_module(module), name)
+    assert (registry["connection-type"], registry_hook.conn_type) == ("kafka2pc_schema_registry",) * 2
+    assert set(registry["conn-fields"]) == {"auth", "ca_file", "timeout_s"}
+    for field in registry["conn-fields"].values():
+        assert None not in field["schema"].get("enum", ()) and field["schema"].get("default") is not None, field
+    assert registry_hook.get_ui_field_behaviour()["hidden_fields"] == registry["ui-field-behaviour"]["hidden-fields"]
+    assert set(registry["ui-field-behaviour"]["hidden-fields"]) == {"schema"}

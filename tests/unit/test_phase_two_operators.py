@@ -714,3 +714,34 @@ def test_a_kafka_sourced_export_needs_one_active_run_and_refuses_before_anything
             source=KafkaSource("raw", group_id="g"),
             delivery_guarantee="AT_LEAST_ONCE",
         )
+
+
+def test_an_export_with_an_avro_format_asks_for_spark_avro_and_never_shows_the_registry_password(
+    monkeypatch: pytest.MonkeyPatch, kafka: tuple[FakeBroker, MemoryDecisionLog], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_provider_kafka2pc.registry.formats import AvroFormat, JsonSchemaFormat
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA2PC_DEFAULT", json.dumps({"conn_type": "kafka2pc", "host": "b:9092"}))
+    registry = {"conn_type": "kafka2pc_schema_registry", "host": "https://r.example.com", "login": "exporter"}
+    monkeypatch.setenv("AIRFLOW_CONN_REGISTRY", json.dumps({**registry, "password": "pw-never-shown"}))
+    Turns(None).install(monkeypatch)
+    asked: list[dict[str, Any]] = []
+
+    def spark_session(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        raise AssertionError("the export started Spark")
+
+    monkeypatch.setattr(export_module, "spark_session", spark_session)
+    with make_dag() as dag:
+        kw: dict[str, Any] = {"topic": "events", "table": "src", "schema_registry_conn_id": "registry"}
+        avro = Kafka2PCExportOperator(task_id="avro", transactional_id_prefix="a", value_format=AvroFormat(), **kw)
+        json_only = Kafka2PCExportOperator(
+            task_id="json", transactional_id_prefix="j", value_format=JsonSchemaFormat(), **kw
+        )
+        with pytest.raises(ValueError, match="need a schema_registry_conn_id"):
+            Kafka2PCExportOperator(task_id="none", transactional_id_prefix="n", value_format=AvroFormat(), table="src")
+    for op in (avro, json_only):
+        with pytest.raises(AssertionError, match="started Spark"):
+            op.execute(context(dag))
+    assert [a["avro"] for a in asked] == [True, False]  # spark-avro only where an Avro format needs it
+    assert "pw-never-shown" not in capsys.readouterr().out
