@@ -127,37 +127,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
 
 
-# The files by the seconds they took in a full run on one process (2026-11-26, this 2-core
-# machine), heaviest first. scripts/test hands whole files to its workers in this order (pytest-xdist
-# --dist loadfile --no-loadscope-reorder): the long ones start first, the short ones fill in at the
-# end. A file not listed runs after these, in collection order.
+# The files by the seconds they took in the last full run (2026-11-26, this 2-core machine, three
+# workers; their junit times), heaviest first. scripts/test hands whole files to its workers in
+# this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long ones start first, the
+# short ones fill in at the end. A file not listed runs after these, in collection order.
 HEAVIEST_FIRST = (
-    "tests/soak/test_soak.py",  # 360 s
-    "tests/e2e/test_kafka_source_dag.py",  # 330 s (436 s on a loaded machine)
-    "tests/e2e/test_airflow_rest.py",  # 324 s
-    "tests/integration/test_leader_kill.py",  # 306 s
-    "tests/e2e/test_ui_browser.py",  # 210 s
-    "tests/integration/test_decisions_broker.py",  # 213 s
-    "tests/e2e/test_dag_runs.py",  # 213 s
-    "tests/integration/test_window_broker.py",  # 161 s
-    "tests/e2e/test_window_dag.py",  # 144 s
-    "tests/integration/test_spark_cluster.py",  # 125 s
-    "tests/integration/test_security_broker.py",  # 91 s
-    "tests/e2e/test_security_dag.py",  # 89 s
-    "tests/integration/test_txn_broker.py",  # 62 s
-    "tests/integration/test_registry_formats.py",  # 41 s alone (its own Spark JVM, with spark-avro)
-    "tests/e2e/test_lineage_dag.py",
-    "tests/integration/test_failure_lines.py",
-    "tests/integration/test_spark_export.py",
-    "tests/e2e/test_failure_lines_dag.py",
-    "tests/e2e/test_security_standalone.py",
-    "tests/integration/test_txn_cluster.py",
-    "tests/e2e/test_airflow_standalone_smoke.py",
-    "tests/integration/test_native_broker.py",
-    "tests/integration/test_partitioning.py",
-    "tests/integration/test_spark_connect.py",
+    "tests/e2e/test_airflow_rest.py",  # 522 s, and about 90 s more with the Kafka-sourced runs
+    "tests/e2e/test_kafka_source_dag.py",  # 584 s
+    "tests/soak/test_soak.py",  # 451 s
+    "tests/integration/test_leader_kill.py",  # 354 s
+    "tests/e2e/test_dag_runs.py",  # 276 s
+    "tests/e2e/test_ui_browser.py",  # 243 s
+    "tests/integration/test_decisions_broker.py",  # 221 s
+    "tests/integration/test_window_broker.py",  # 217 s
+    "tests/e2e/test_window_dag.py",  # 159 s
+    "tests/e2e/test_security_dag.py",  # 154 s
+    "tests/integration/test_spark_cluster.py",  # 128 s
+    "tests/integration/test_security_broker.py",  # 126 s
+    "tests/integration/test_txn_broker.py",  # 107 s
+    "tests/integration/test_spark_export.py",  # 85 s
+    "tests/e2e/test_lineage_dag.py",  # 82 s
+    "tests/e2e/test_security_standalone.py",  # 73 s
+    "tests/e2e/test_failure_lines_dag.py",  # 64 s
+    "tests/integration/test_registry_formats.py",  # 41-64 s alone (its own Spark JVM, with spark-avro)
+    "tests/integration/test_txn_cluster.py",  # 51 s
+    "tests/integration/test_native_broker.py",  # 49 s
+    "tests/e2e/test_airflow_standalone_smoke.py",  # 44 s
+    "tests/integration/test_failure_lines.py",  # 40 s
+    "tests/integration/test_spark_connect.py",  # 29 s
+    "tests/integration/test_partitioning.py",  # 25 s
     "tests/integration/test_source_offsets_broker.py",  # 22 s
-    "tests/integration/test_cli.py",  # 21 s; the rest take seconds
+    "tests/integration/test_cli.py",  # 19 s; the rest take seconds
 )
 
 
