@@ -87,12 +87,10 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
         for c in pool.map(one, range(args.count)):
             print(c.to_json(), flush=True)
     if offsets is not None and read is not None:
-        try:
-            offsets.send_offsets(read)
-            print(offsets.prepare_offsets().to_json(), flush=True)
-        except BaseException:
-            offsets.abandon()
-            raise
+        from airflow_provider_kafka2pc.operators.kafka_source import send_offsets
+
+        # On a failure the data transactions stay open for the abort task, as the harness runs it.
+        print(send_offsets(offsets, read, abort_now=lambda: False).to_json(), flush=True)
     return 0
 
 
