@@ -3,16 +3,24 @@
 Tests kill these processes (SIGKILL of the process group) at chosen moments; what they print on
 stderr (INFO logs) tells the test where the process is. Exit status: 0 done, 10 the decision log
 ruled against this actor (DecisionConflictError), 11 a loss (TransactionLostError), 12 the run aborted
-whole because part of it could no longer commit (RunAbortedError).
+whole because part of it could no longer commit (RunAbortedError), 13 the Kafka source's snapshot
+refused (SourceError).
 
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
-    commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS]
+            [--source-topic S --source-group G --range-out FILE]
+    commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS] [--source-range FILE]
     recover --prefix P --run R
     abort   --prefix P --run R --committables FILE [--hold-ms H]
 
 --hold-ms keeps the process inside its work a while, so that a kill lands there: a prepare holds
 half-way through its records, flushed, its transactions open ("holding" on stderr), an abort right
 after its decision is appended ("decided").
+
+With --source-topic and --source-group a prepare is a Kafka-sourced export's, in the operator's
+order: the range (the group's stable offsets to the last stable offsets) written to --range-out,
+the offsets participant's id initialised, the data transactions, then the range's ends sent into
+the offsets participant, whose committable comes last. A commit given that range (--source-range)
+passes it and the group's guard as the commit operator does.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,8 +40,14 @@ from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, RunAbortedError, TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    DecisionConflictError,
+    RunAbortedError,
+    SourceError,
+    TransactionLostError,
+)
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
@@ -40,6 +55,22 @@ from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
 
 def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
+    read, offsets = None, None
+    if args.source_topic:
+        from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
+        from airflow_provider_kafka2pc.txn.kafka.source_snapshot import KafkaSourceSpec, snapshot_source
+
+        try:
+            read = snapshot_source(conf, KafkaSourceSpec(args.source_group, topics=(args.source_topic,)))
+        except SourceError as e:
+            print(f"SourceError: {e}", file=sys.stderr, flush=True)
+            return 13
+        with open(args.range_out, "w") as f:
+            json.dump(read.to_dict(), f)
+        if read.moves:  # as the operator: a run with nothing new opens no offsets participant
+            tid = naming.transactional_id(args.prefix, naming.OFFSETS_SLOT)
+            offsets = OffsetsWriter(conf, tid, args.timeout_ms, id_prefix=args.prefix).open()
+
     def one(slot: int) -> Committable:
         w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
         for i in range(args.records):
@@ -55,7 +86,26 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(8) as pool:
         for c in pool.map(one, range(args.count)):
             print(c.to_json(), flush=True)
+    if offsets is not None and read is not None:
+        from airflow_provider_kafka2pc.operators.kafka_source import send_offsets
+
+        # On a failure the data transactions stay open for the abort task, as the harness runs it.
+        print(send_offsets(offsets, read, abort_now=lambda: False).to_json(), flush=True)
     return 0
+
+
+def source_of(
+    args: argparse.Namespace, committables: list[Committable]
+) -> tuple[Callable[[], dict[str, str]] | None, dict[str, SourceRange] | None]:
+    """The commit operator's guard and ``sources=`` for a range whose offsets participant is handed."""
+    tid = naming.transactional_id(args.prefix, naming.OFFSETS_SLOT)
+    if not args.source_range or tid not in {c.transactional_id for c in committables}:
+        return None, None
+    from airflow_provider_kafka2pc.txn.two_phase.source_guard import offsets_guard
+
+    with open(args.source_range) as f:
+        read = SourceRange.from_dict(json.load(f))
+    return offsets_guard({"bootstrap.servers": args.bootstrap}, [(read, tid)]), {args.prefix: read}
 
 
 def hold_before_decision(log: DecisionLog, hold_ms: int) -> None:
@@ -103,6 +153,10 @@ def main() -> int:
     ap.add_argument("--hold-before-decision-ms", type=int, default=0)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--end-txn-timeout", type=float, default=60.0)
+    ap.add_argument("--source-topic", default="", help="prepare: a Kafka-sourced export's, reading this topic")
+    ap.add_argument("--source-group", default="")
+    ap.add_argument("--range-out", default="", help="prepare: where the source's range is written (JSON)")
+    ap.add_argument("--source-range", default="", help="commit: the range its prepare wrote")
     args = ap.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("airflow_provider_kafka2pc").setLevel(logging.INFO)
@@ -129,14 +183,24 @@ def main() -> int:
             return 0
         if args.hold_before_decision_ms:
             hold_before_decision(log, args.hold_before_decision_ms)
+        guard, sources = source_of(args, committables)
         if args.stall_after_ends is None:
             report = commit_prepared(
-                committables, wire, log, args.run, max_workers=args.max_workers, end_txn_timeout_s=args.end_txn_timeout
+                committables,
+                wire,
+                log,
+                args.run,
+                max_workers=args.max_workers,
+                end_txn_timeout_s=args.end_txn_timeout,
+                guard=guard,
+                sources=sources,
             )
             print(json.dumps({"resolutions": len(report.resolutions), "note": report.note}), flush=True)
             return 0
         # Decide, end only the first K transactions, then hang until the test kills us.
-        decide_commit(committables, wire, log, args.run, end_txn_timeout_s=args.end_txn_timeout)
+        decide_commit(
+            committables, wire, log, args.run, end_txn_timeout_s=args.end_txn_timeout, guard=guard, sources=sources
+        )
         TransactionResolver(wire).resolve([ref_of(c) for c in committables[: args.stall_after_ends]], Intent.COMMIT)
         print("stalled", file=sys.stderr, flush=True)
         time.sleep(3600)

@@ -5,7 +5,9 @@ reported) and what Kafka shows: a read_committed consumer of the data topic, and
 TransactionsCommand (``list`` and ``find-hanging``).
 
 It also judges what users are told (``told``): the ``kafka2pc list --json`` and ``describe --json``
-answers (exit status and losses) against that truth from Kafka alone.
+answers (exit status and losses) against that truth from Kafka alone; and the Kafka-sourced runs'
+consumer group (``offsets_judged``): its committed offsets, a stable fetch, must have moved to a
+run's end exactly when that run's output is visible.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 class Violation:
     run: str
     what: str
-    kind: str = "exactly-once"  # or "truth": a tool told the user something Kafka contradicts
+    # or "truth": a tool told the user something Kafka contradicts; "offsets": the source group's
+    # offsets and a run's output disagree
+    kind: str = "exactly-once"
 
 
 def committed_keys(bootstrap: str, topic: str) -> Counter[str]:
@@ -53,6 +57,99 @@ def committed_keys(bootstrap: str, topic: str) -> Counter[str]:
         return keys
     finally:
         c.close()
+
+
+def group_position(bootstrap: str, group: str, topic: str) -> dict[str, int] | None:
+    """The group's committed offsets on ``topic`` (``topic-partition`` -> offset; a partition with
+    none is absent), read by a stable OffsetFetch; None while an offset commit of the group is
+    pending in an open transaction (UNSTABLE_OFFSET_COMMIT)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    parts = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in sorted(parts)])]
+    # A coordinator just moved or reloading after a broker restart: Kafka says retry (for a minute).
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            result = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=30)[group]
+            answer = result.result(30)
+            break
+        except KafkaException as e:
+            if e.args[0].name() == "UNSTABLE_OFFSET_COMMIT":
+                return None
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    out: dict[str, int] = {}
+    for tp in answer.topic_partitions or ():
+        if tp.error is not None:
+            if tp.error.name() == "UNSTABLE_OFFSET_COMMIT":
+                return None
+            raise RuntimeError(f"offsets of group {group} on {tp.topic}-{tp.partition}: {tp.error}")
+        if tp.offset >= 0:
+            out[f"{tp.topic}-{tp.partition}"] = int(tp.offset)
+    return out
+
+
+def offsets_judged(
+    visible: Mapping[str, int], runs: Sequence[Mapping[str, Any]], offsets: Mapping[str, int]
+) -> list[Violation]:
+    """The source group's ``offsets`` against the sourced runs' output (``visible`` records by tag).
+
+    A sourced run (``source_end``: its range's end per partition, once its prepare took one) commits
+    its output and its group's offsets together: the group must stand at the end of the last sourced
+    run whose output is all visible, or with no offsets before any is. A run partly or not visible
+    after its COMMIT was in force (a loss by physics: the broker aborted part of it) may have moved
+    the group or not, as its offsets participant was among what committed or what was lost.
+    """
+
+    def lost(r: Mapping[str, Any]) -> bool:
+        return bool(r.get("status") == "lost" or r.get("loss_reported") or r.get("commit_decided"))
+
+    allowed: list[tuple[Mapping[str, Any] | None, Mapping[str, int]]] = [(None, {})]
+    ended: dict[str, Mapping[str, Any]] = {}
+    for r in runs:
+        end = r.get("source_end") or {}
+        if not end:
+            continue
+        ended[json_key(end)] = r
+        if visible.get(str(r["tag"]), 0) == r["expected"]:
+            allowed = [(r, end)]
+        elif lost(r):
+            allowed.append((r, end))
+    if any(dict(offsets) == dict(end) for _, end in allowed):
+        return []
+    at = ", ".join(f"{k} {v}" for k, v in sorted(offsets.items())) or "no offsets"
+    moved_to = ended.get(json_key(offsets))
+    if moved_to is not None:
+        seen = visible.get(str(moved_to["tag"]), 0)
+        if seen != moved_to["expected"] and not lost(moved_to):  # its offsets committed, its output did not
+            return [
+                Violation(
+                    str(moved_to["run"]),
+                    f"the group's offsets moved to this run's end ({at}), but {seen} of its {moved_to['expected']} "
+                    f"records are visible (reported {moved_to['status']})",
+                    "offsets",
+                )
+            ]
+        at += f" (the end of {moved_to['run']})"
+    last, end = allowed[0]
+    if last is None:
+        return [Violation("-", f"no sourced run's output is visible, yet the group has offsets: {at}", "offsets")]
+    want = ", ".join(f"{k} {v}" for k, v in sorted(end.items()))
+    return [
+        Violation(
+            str(last["run"]),
+            f"all {last['expected']} records visible, but the group's offsets are at {at}, not at its end ({want})",
+            "offsets",
+        )
+    ]
+
+
+def json_key(offsets: Mapping[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(offsets.items()))
 
 
 def open_transactions(bootstrap: str, prefix: str) -> list[str]:
@@ -151,11 +248,17 @@ class Truth:
 
     visible: Mapping[str, int]
     open: tuple[str, ...]
+    # The source group's offsets (``group_position``), read only with nothing of the prefix open;
+    # None when not read or still pending.
+    offsets: Mapping[str, int] | None = None
 
 
-def truth(bootstrap: str, topic: str, prefix: str) -> Truth:
+def truth(bootstrap: str, topic: str, prefix: str, source: tuple[str, str] | None = None) -> Truth:
+    """``source``: the sourced runs' (group, source topic)."""
     keys = committed_keys(bootstrap, topic)
-    return Truth(dict(Counter(k.split("/")[0] for k in keys)), tuple(open_transactions(bootstrap, prefix)))
+    opened = tuple(open_transactions(bootstrap, prefix))
+    offsets = group_position(bootstrap, *source) if source is not None and not opened else None
+    return Truth(dict(Counter(k.split("/")[0] for k in keys)), opened, offsets)
 
 
 Answer = tuple[int, Any, str]  # a CLI command's exit status, its JSON (None if it printed none), its stderr

@@ -4,8 +4,11 @@ Each run of one POOLING exporter goes recover → prepare → commit, every acto
 own (``tests/helpers/phase_two.py``, the exporter's Spark job in ``spark_actor.py``, the
 ``kafka2pc`` CLI). Each run draws a ``Plan`` of faults at the points where they can strike (the
 ``KINDS``); then the user's obvious next step runs (retry, abort, the next run's recovery,
-acknowledging a reported loss). An independent checker (``checker.py``) judges everything from
-Kafka alone, and after every run what ``kafka2pc list`` and ``describe`` tell the user against it.
+acknowledging a reported loss). Most raw prepares are a Kafka-sourced export's: they read the new
+records the harness adds to a source topic before the run, and their consumer group's offsets
+commit with the run (KIP-447). An independent checker (``checker.py``) judges everything from
+Kafka alone, and after every run what ``kafka2pc list`` and ``describe`` tell the user against it,
+and the group's offsets against the runs' output.
 
     python -m tests.soak.harness --runs 450 --enough 300:50 --airflow 8 --seed 1   # long: >= 50 of every kind
     python -m tests.soak.harness --runs 8 --seed 7 --short   # what CI runs: every kind and variant
@@ -35,7 +38,7 @@ from typing import Any
 
 from tests.helpers.kafka import REPO, kafka_local
 from tests.soak.airflow_soak import AIRFLOW_SHORT_PLANS, AirflowPlan, AirflowRuns
-from tests.soak.checker import CLI_LOST, Answer, Violation, judge, open_transactions, told, truth
+from tests.soak.checker import CLI_LOST, Answer, Violation, judge, offsets_judged, open_transactions, told, truth
 from tests.soak.spark_actor import kill_all, python_workers
 
 PREFIX = "soak"
@@ -88,9 +91,18 @@ class Plan:
     clear: str = ""  # "" | "commit" | "run"
     leader_kill: str = ""  # phases ("recover,prepare,commit") when the decision topic's leader is killed
     leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
+    # A Kafka-sourced export (the raw prepare only: the Spark actor exports a frame of its own): it
+    # reads the source topic's new records, and its group's offsets commit with the run.
+    source: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Plan:
+        plan = cls.draw_faults(rng)
+        plan.source = not plan.spark and rng.random() < 0.85
+        return plan
+
+    @classmethod
+    def draw_faults(cls, rng: random.Random) -> Plan:
         r = rng.random
         # Odds chosen so that 300 runs strike every kind 50 times or more (the rarest, the Spark worker
         # kill and the timeouts, which exclude each other, about 85); --enough stops once they have.
@@ -127,15 +139,16 @@ class Plan:
 
 
 # The short mode (CI): every kind and every variant at least once, in a few runs.
+# Every raw prepare is sourced here, so that each fault strikes a run whose offsets are judged.
 SHORT_PLANS = (
-    Plan(kill_recover=True, kill_prepare="abort", kill_abort=True),
-    Plan(kill_prepare="retry", broker_in_prepare=True, leader_kill="commit"),
+    Plan(kill_recover=True, kill_prepare="abort", kill_abort=True, source=True),
+    Plan(kill_prepare="retry", broker_in_prepare=True, leader_kill="commit", source=True),
     Plan(spark=True, kill_commit_before=True, leader_kill="prepare"),
-    Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover"),
-    Plan(broker_in_commit=True, resolve_in="commit"),
-    Plan(commit_end="timeout"),
-    Plan(commit_end="timeout_after_decision"),
-    Plan(resolve_in="prepare", clear="run"),
+    Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover", source=True),
+    Plan(broker_in_commit=True, resolve_in="commit", source=True),
+    Plan(commit_end="timeout", source=True),
+    Plan(commit_end="timeout_after_decision", source=True),
+    Plan(resolve_in="prepare", clear="run", source=True),
 )
 
 
@@ -154,6 +167,9 @@ class Run:
     # A COMMIT decision for the run is in force (a commit stalled after its EndTxns): if the broker
     # aborted all of its transactions, nothing is visible and the run is lost, not aborted.
     commit_decided: bool = False
+    sourced: bool = False
+    # The end of the range its prepare read (topic-partition -> offset), once a prepare took one.
+    source_end: dict[str, int] = field(default_factory=dict)
 
 
 class LeaderKill:
@@ -228,8 +244,10 @@ class Soak:
         self.brokers = brokers
         self.topic = f"soak_{seed}"
         self.decisions = f"soak_decisions_{seed}"
-        create = ["--create", "--topic", self.topic, "--partitions", "6", "--replication-factor", str(min(3, brokers))]
-        self.tool(create, alias="topics")
+        self.source, self.group = f"soak_source_{seed}", f"soak_group_{seed}"
+        for topic, partitions in ((self.topic, 6), (self.source, 3)):
+            create = ["--create", "--topic", topic, "--partitions", str(partitions)]
+            self.tool([*create, "--replication-factor", str(min(3, brokers))], alias="topics")
         self.runs: list[Run] = []
         self.committed: list[tuple[Run, Path]] = []
         self.faults: Counter[str] = Counter()
@@ -240,11 +258,13 @@ class Soak:
         # that did not end as its run had.
         self.broken: list[Violation] = []
         self.told: list[Violation] = []  # what list/describe said against Kafka's truth ("truth" kind)
+        self.offsets_broken: list[Violation] = []  # the group's offsets against the output ("offsets" kind)
         self.truth_checks = Counter[str]()  # checks, and those where list reported a loss (exit 4)
         self.truth_s = 0.0
         self.broker_lock = threading.Lock()  # one broker down at a time (2 of 3 down: no KRaft quorum)
         self.leader_outcomes: Counter[str] = Counter()  # how the actor struck by a leader kill ended
         self._admin: Any = None
+        self._source_producer: Any = None
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -315,9 +335,13 @@ class Soak:
             time.sleep(0.5)
         raise RuntimeError(f"recovery never finished: {p.stderr[-2000:]}")
 
+    def commit_argv(self, r: Run, file: Path) -> list[str]:
+        # COMMIT_TIMEOUTS last: a patient commit replaces them.
+        return self.cmd("commit", "--run", r.run, "--committables", str(file), *self.range_of(r.tag), *COMMIT_TIMEOUTS)
+
     def commit(self, r: Run, file: Path, retries: int = 3) -> None:
         for _ in range(retries):
-            p = self.call(self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS))
+            p = self.call(self.commit_argv(r, file))
             if p.returncode in (0, EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED):
                 self.report(r, p.returncode, p.stderr)
                 if p.returncode:
@@ -334,6 +358,44 @@ class Soak:
             r.status = "lost"
         else:  # a conflict, or a run aborted whole because part of it could no longer commit (RunAbortedError)
             r.status = "failed"
+
+    # -- the Kafka source ---------------------------------------------------------------
+    def fill_source(self) -> None:
+        """New committed records in the source topic before a sourced run: what it is to read."""
+        from confluent_kafka import Producer
+
+        if self._source_producer is None:
+            conf = {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "log_level": 0}
+            self._source_producer = Producer(conf)
+        failed: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failed.append(str(err))
+
+        n = self.rng.randint(1, 30)
+        for i in range(n):
+            self._source_producer.produce(self.source, b"v", f"{len(self.runs)}/{i}".encode(), on_delivery=delivered)
+        if self._source_producer.flush(60) or failed:
+            raise RuntimeError(f"filling the source topic {self.source}: {failed[:3] or 'not delivered in 60 s'}")
+
+    def source_args(self, r: Run, range_file: Path) -> list[str]:
+        """A sourced prepare's flags; it writes its range to ``range_file``."""
+        if not r.sourced:
+            return []
+        return ["--source-topic", self.source, "--source-group", self.group, "--range-out", str(range_file)]
+
+    def took_range(self, r: Run, range_file: Path) -> None:
+        """The range of the prepare whose committables go to the commit: its ends, for the checker."""
+        if r.sourced and range_file.exists():
+            parts = json.loads(range_file.read_text())["partitions"]
+            r.source_end = {f"{topic}-{partition}": end for topic, partition, _start, end, _had in parts}
+
+    def range_of(self, tag: str) -> list[str]:
+        """The commit's ``--source-range``: the range the prepare of ``tag`` read, if it read one (the
+        commit passes it on only with the offsets participant among its committables)."""
+        path = self.dir / f"{tag}.range.json"
+        return ["--source-range", str(path)] if path.exists() else []
 
     # -- faults -------------------------------------------------------------------------
     def inject(self, r: Run, kind: str, variant: str = "") -> None:
@@ -455,10 +517,21 @@ class Soak:
         if p.returncode == CLI_LOST:
             r.notes.append("the operator's resolve reported a loss")
 
-    def at_random(self, within_s: float, fault: Callable[[Run, str], None], r: Run, variant: str) -> threading.Thread:
+    def at_random(
+        self,
+        within_s: float,
+        fault: Callable[[Run, str], None],
+        r: Run,
+        variant: str,
+        after: Callable[[], bool] = lambda: True,
+    ) -> threading.Thread:
+        """``fault`` on a thread, at a random moment within ``within_s`` of ``after()`` turning true."""
         delay = self.rng.uniform(0.0, within_s)  # drawn here, on the harness's thread: a seed replays it
 
         def strike() -> None:
+            deadline = time.monotonic() + 60
+            while not after() and time.monotonic() < deadline:
+                time.sleep(0.02)
             time.sleep(delay)
             fault(r, variant)
 
@@ -477,8 +550,10 @@ class Soak:
 
     # -- one run --------------------------------------------------------------------------
     def one_run(self, i: int, plan: Plan) -> Run:
-        r = Run(run=f"soak/run-{i}", tag=f"r{i}")
+        r = Run(run=f"soak/run-{i}", tag=f"r{i}", sourced=plan.source and not plan.spark)
         self.runs.append(r)
+        if r.sourced:
+            self.fill_source()
         if plan.kill_recover:
             proc, _ = self.spawn(self.cmd("recover", "--run", f"{r.run}/recover"))
             time.sleep(self.rng.uniform(0.3, 1.5))
@@ -516,6 +591,7 @@ class Soak:
         file = self.dir / f"{r.tag}.jsonl"
         file.write_text("".join(f"{line}\n" for line in lines))
         if ok:
+            self.took_range(r, self.dir / f"{r.tag}.range.json")
             return file
         r.status = "failed"  # the export failed: the abort task runs (and may be killed too)
         abort = self.cmd("abort", "--run", r.run, "--committables", str(file))
@@ -559,6 +635,7 @@ class Soak:
                 kill_all(workers)
         else:
             args = ["--count", str(r.count), "--records", str(r.records), "--topic", self.topic, "--tag", r.tag]
+            args += self.source_args(r, self.dir / f"{r.tag}.range.json")
             if timeout_ms is not None:
                 args += ["--timeout-ms", str(timeout_ms)]
             if faults and plan.kill_prepare:  # transactions held open half-way, so the kill lands in them
@@ -569,7 +646,12 @@ class Soak:
         # Faults at random moments, each on a thread of its own, so that they overlap as they would.
         during = []
         if faults and plan.broker_in_prepare:
-            during.append(self.at_random(1.0, self.restart_broker, r, "prepare"))
+            # A sourced prepare's broker restart strikes once its range is taken, in its transactions:
+            # the snapshot, a read before anything is written, fails now and then under a restart
+            # (docs/design.md, the fault soak), which would only make a failed export.
+            taken = self.dir / f"{r.tag}.range.json"
+            ready = (lambda: taken.exists() or proc is None or proc.poll() is not None) if r.sourced else (lambda: True)
+            during.append(self.at_random(1.0, self.restart_broker, r, "prepare", ready))
         if faults and plan.resolve_in == "prepare":
             during.append(self.at_random(1.0, self.operator_resolves, r, "prepare"))
         if spark is not None:
@@ -621,7 +703,7 @@ class Soak:
         return []
 
     def commit_phase(self, r: Run, plan: Plan, file: Path) -> None:
-        commit = self.cmd("commit", "--run", r.run, "--committables", str(file), *COMMIT_TIMEOUTS)
+        commit = self.commit_argv(r, file)
         lk = self.leader_kill(r, plan, "commit")  # strikes the first commit that is not itself killed early
         patient = lk is not None and self.rng.random() < 0.5
         if plan.kill_commit_before:
@@ -713,8 +795,9 @@ class Soak:
             return
         old, old_file = self.rng.choice(self.committed)
 
-        def commit(committables: Path) -> subprocess.CompletedProcess[str]:
-            argv = self.cmd("commit", "--run", old.run, "--committables", str(committables), *COMMIT_TIMEOUTS)
+        def commit(committables: Path, range_args: list[str]) -> subprocess.CompletedProcess[str]:
+            argv = self.cmd("commit", "--run", old.run, "--committables", str(committables), *range_args)
+            argv += COMMIT_TIMEOUTS
             p = self.call(argv)
             if p.returncode == 1 and "DecisionLogUnavailableError" in p.stderr:
                 # The soak's 2 s budget passed (a broker still catching up after a fault, a loaded
@@ -724,15 +807,15 @@ class Soak:
             return p
 
         if what == "commit":
-            p = commit(old_file)
+            p = commit(old_file, self.range_of(old.tag))
             fine = p.returncode == 0 and "already committed" in p.stdout
-        else:  # the cleared export runs again: recovery, the same data prepared anew, then its commit
+        else:  # the cleared export runs again: recovery, the same data (and source) prepared anew, then its commit
             self.recover(r)
             args = ["--count", str(old.count), "--records", str(old.records), "--topic", self.topic, "--tag", old.tag]
-            p = self.call(self.cmd("prepare", *args))
-            again = self.dir / f"{old.tag}-again-{r.tag}.jsonl"
-            again.write_text(p.stdout)
-            p = commit(again)
+            again = f"{old.tag}-again-{r.tag}"
+            p = self.call(self.cmd("prepare", *args, *self.source_args(old, self.dir / f"{again}.range.json")))
+            (self.dir / f"{again}.jsonl").write_text(p.stdout)
+            p = commit(self.dir / f"{again}.jsonl", self.range_of(again))
             fine = p.returncode == EXIT_CONFLICT and "second export of the run" in p.stderr
         self.inject(r, "clear", what)
         if not fine:
@@ -772,13 +855,20 @@ class Soak:
         judged = [asdict(r) for r in self.runs]
         found: list[Violation] = []
         started = time.monotonic()
+        source = (self.group, self.source)
         for _ in range(3):
-            before = truth(self.bootstrap, self.topic, PREFIX)
+            before = truth(self.bootstrap, self.topic, PREFIX, source)
             listing, describing = self.ask("list"), self.ask("describe")
             listed, described = self.answer(listing), self.answer(describing)
             found = told(before, judged, listed, described, PREFIX)
-            if not found or truth(self.bootstrap, self.topic, PREFIX) == before:
+            if not found or truth(self.bootstrap, self.topic, PREFIX, source) == before:
                 break
+        if before.offsets is not None:  # nothing open: the group's offsets are final for every run so far
+            self.truth_checks["offsets judged"] += 1
+            for v in offsets_judged(before.visible, judged, before.offsets):
+                if v.run not in {x.run for x in self.offsets_broken}:  # once per run, not at every later check
+                    print(f"OFFSETS VIOLATION ({when}): {v.run}: {v.what}", flush=True)
+                    self.offsets_broken.append(Violation(v.run, f"{when}: {v.what}", v.kind))
         self.truth_checks["checks"] += 1
         self.truth_checks["list exit 4 (a loss reported)"] += listed[0] == CLI_LOST
         self.truth_s += time.monotonic() - started
@@ -839,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unexpected.append(Violation("-", f"recovery reports a loss that no tool reported when its run ended: {e}"))
         # Open transactions are judged only after a settled end (an unexpected loss stops recovery).
         violations, outcomes = soak.check(open_checks=not unexpected)
-        violations = unexpected + soak.broken + violations + soak.told
+        violations = unexpected + soak.broken + violations + soak.told + soak.offsets_broken
     finally:
         if not args.keep_kafka:
             soak.close()
@@ -853,6 +943,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "leader_kills": dict(soak.leader_outcomes),
         "truth_checks": dict(soak.truth_checks),
         "truth_seconds": round(soak.truth_s),
+        # Kafka-sourced runs whose prepare took a range, by how they ended.
+        "sourced": dict(Counter(r.status for r in soak.runs if r.source_end)),
         "violations": [asdict(v) for v in violations],
         "logs": str(directory),
     }
@@ -883,8 +975,8 @@ def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool], unt
         soak.judge_success(r)
         soak.check_truth(f"after run {i}")  # before the next run's recovery acknowledges any loss
         print(progress(f"run {i:4d} {time.monotonic() - started:4.0f}s", r), flush=True)
-        if soak.judge_each_run and soak.told:
-            soak.first_violations = soak.first_violations or soak.told
+        if soak.judge_each_run and (soak.told or soak.offsets_broken):
+            soak.first_violations = soak.first_violations or soak.told + soak.offsets_broken
         if soak.first_violations:
             print(f"first violation found at run {i}: {soak.first_violations}", flush=True)
             return
@@ -914,17 +1006,22 @@ def render(result: dict[str, Any]) -> str:
     lines += [f"  {k:26s} {v}" for k, v in sorted(result["faults"].items())]
     lines += [f"    {k:32s} {v}" for k, v in sorted(result.get("variants", {}).items())]
     lines += ["outcomes:"] + [f"  {k:34s} {v}" for k, v in sorted(result["outcomes"].items())]
+    sourced = result.get("sourced", {})
+    lines.append(
+        f"Kafka-sourced runs: {sum(sourced.values())} ({', '.join(f'{k} {v}' for k, v in sorted(sourced.items()))})"
+    )
     if result.get("leader_kills"):
         lines += ["the actor a leader kill struck:"]
         lines += [f"  {k:50s} {v}" for k, v in sorted(result["leader_kills"].items())]
-    truths = sum(1 for v in result["violations"] if v.get("kind") == "truth")
+    kinds = Counter(v.get("kind") for v in result["violations"])
     checks = result.get("truth_checks", {})
     lines.append(
         f"what users are told (list, describe) checked {checks.get('checks', 0)} times in "
         f"{result.get('truth_seconds', 0)} s; list reported a loss in {checks.get('list exit 4 (a loss reported)', 0)}"
+        f"; the source group's offsets judged {checks.get('offsets judged', 0)} times"
     )
     lines.append(
-        f"violations: {len(result['violations'])} (truth: {truths})"
+        f"violations: {len(result['violations'])} (truth: {kinds['truth']}, offsets: {kinds['offsets']})"
         + (f" (replay with --seed {result['seed']})" if result["violations"] else "")
     )
     lines += [f"  [{v.get('kind', 'exactly-once')}] {v['run']}: {v['what']}" for v in result["violations"]]

@@ -1,13 +1,14 @@
 """The soak's truth check (``checker.told``) without a broker: it must catch each way the CLI could
 mislead a user (a partly visible run not reported, wrong counts, a loss reported for a whole run,
 an acknowledged loss still reported, the wrong exit status, describe disagreeing), and accept the
-honest answers."""
+honest answers. So must the judge of a Kafka source's offsets (``checker.offsets_judged``): a
+group moved without its run's output, or output visible without its group moved."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.soak.checker import Truth, told
+from tests.soak.checker import Truth, offsets_judged, told
 
 RUN = {"run": "soak/run-6", "tag": "r6", "expected": 40, "count": 4, "records": 10}
 
@@ -95,3 +96,67 @@ def test_open_transactions_must_match_and_describe_must_agree() -> None:
     assert "describe exit 0" in check(PARTLY, RUN, 4, [loss(10, 30)], d_code=0)
     failed = told(PARTLY, [RUN], (3, None, "boom"), (4, {}, ""), "soak")
     assert [v.what for v in failed] == ["list failed: exit 3: boom"]
+
+
+# Two sourced runs of 40 records each; the second read on from the first's end.
+FIRST = {"run": "soak/run-1", "tag": "r1", "expected": 40, "status": "success", "source_end": {"src-0": 5, "src-1": 3}}
+SECOND = {"run": "soak/run-2", "tag": "r2", "expected": 40, "status": "failed", "source_end": {"src-0": 9, "src-1": 3}}
+
+
+def offsets(visible: dict[str, int], runs: list[dict[str, Any]], group: dict[str, int]) -> str:
+    return "\n".join(f"{v.run}: {v.what}" for v in offsets_judged(visible, runs, group))
+
+
+def test_the_group_stands_at_the_end_of_the_last_visible_run() -> None:
+    assert offsets({}, [], {}) == ""
+    assert offsets({"r1": 40}, [FIRST, SECOND], {"src-0": 5, "src-1": 3}) == ""
+    assert offsets({"r1": 40, "r2": 40}, [FIRST, SECOND | {"status": "success"}], {"src-0": 9, "src-1": 3}) == ""
+    # A run that read no source (a Spark prepare) or whose prepare took no range is not judged.
+    unsourced = {"run": "soak/run-3", "tag": "r3", "expected": 10, "status": "success"}
+    assert offsets({"r1": 40, "r3": 10}, [FIRST, unsourced], {"src-0": 5, "src-1": 3}) == ""
+
+
+def test_offsets_moved_with_the_output_invisible_are_a_violation() -> None:
+    found = offsets({"r1": 40}, [FIRST, SECOND], {"src-0": 9, "src-1": 3})
+    assert "soak/run-2: the group's offsets moved to this run's end (src-0 9, src-1 3), but 0 of its 40" in found
+    assert "soak/run-1: the group's offsets moved" in offsets({}, [FIRST], {"src-0": 5, "src-1": 3})
+    # Moved part of the way (one partition): the end of no run, named against the last visible one.
+    assert "soak/run-1: all 40 records visible, but the group's offsets are at src-0 9, src-1 2" in offsets(
+        {"r1": 40}, [FIRST, SECOND], {"src-0": 9, "src-1": 2}
+    )
+    assert "no sourced run's output is visible, yet the group has offsets: src-0 1" in offsets(
+        {}, [FIRST], {"src-0": 1}
+    )
+
+
+def test_output_visible_with_the_offsets_not_moved_is_a_violation() -> None:
+    found = offsets({"r1": 40, "r2": 40}, [FIRST, SECOND | {"status": "success"}], {"src-0": 5, "src-1": 3})
+    assert (
+        "soak/run-2: all 40 records visible, but the group's offsets are at src-0 5, src-1 3 (the end of soak/run-1)"
+        in found
+    )
+    assert "soak/run-1: all 40 records visible, but the group's offsets are at no offsets" in offsets(
+        {"r1": 40}, [FIRST], {}
+    )
+
+
+def test_a_run_lost_after_its_commit_decision_may_have_moved_the_group_or_not() -> None:
+    # The broker aborted part of a decided run: its offsets participant among the committed or the lost.
+    lost = SECOND | {"status": "lost", "commit_decided": True}
+    for group in ({"src-0": 5, "src-1": 3}, {"src-0": 9, "src-1": 3}):
+        assert offsets({"r1": 40, "r2": 10}, [FIRST, lost], group) == ""
+    assert (
+        offsets({"r1": 40}, [FIRST, SECOND | {"status": "pending", "commit_decided": True}], {"src-0": 9, "src-1": 3})
+        == ""
+    )
+    # A later visible run settles it: the group must then be at that run's end.
+    third = {
+        "run": "soak/run-3",
+        "tag": "r3",
+        "expected": 5,
+        "status": "success",
+        "source_end": {"src-0": 12, "src-1": 4},
+    }
+    assert "soak/run-3: all 5 records visible" in offsets(
+        {"r1": 40, "r2": 10, "r3": 5}, [FIRST, lost, third], {"src-0": 9, "src-1": 3}
+    )

@@ -1,7 +1,8 @@
 """The fault soak's short mode: fixed plans that strike every fault kind and variant, on a real
 3-broker Kafka with real Spark, then four runs of a DAG on a standalone Airflow, all judged by the
 independent checker; after every run, what ``kafka2pc list`` and ``describe`` tell is checked against
-it. The long mode is in docs/design.md."""
+it, and so are the Kafka-sourced runs' group offsets against their output. The long mode is in
+docs/design.md."""
 
 from __future__ import annotations
 
@@ -40,3 +41,8 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
     # The truth check ran after every run and saw the timed-out run's loss before any recovery.
     assert result["truth_checks"]["checks"] >= len(harness.SHORT_PLANS) + len(harness.AIRFLOW_SHORT_PLANS)
     assert result["truth_checks"].get("list exit 4 (a loss reported)", 0) >= 1
+    # Kafka-sourced runs took ranges, one at least moved the group, and its offsets were judged
+    # against the output whenever nothing was open (after most runs, and at the end).
+    sourced = result["sourced"]
+    assert sum(sourced.values()) >= 3 and sourced.get("success", 0) + sourced.get("died-after-decision", 0) >= 1
+    assert result["truth_checks"].get("offsets judged", 0) >= len(harness.SHORT_PLANS)
