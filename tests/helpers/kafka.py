@@ -142,13 +142,24 @@ class KafkaEnv:
         ``settle_s``. EndTxn (a commit, an abort) answers once the outcome is decided, in state
         PrepareCommit/PrepareAbort, and the coordinator ends the transaction on its own within
         milliseconds; one that stays there is left open."""
+        from kafka.errors import KafkaError as WireError
+
         ins = TransactionInspector(self.wire)
         deadline = time.monotonic() + settle_s
+        # A broker just restarted answers COORDINATOR_LOAD_IN_PROGRESS while it reloads the
+        # transaction log: Kafka says retry, so the judge asks again (for a minute at most).
+        loading_until = time.monotonic() + 60
         while True:
-            if prefix is not None:
-                listings = ins.list_prefix(prefix)
-            else:
-                listings = self.wire.list_transactions(["Ongoing", "PrepareCommit", "PrepareAbort"], None)
+            try:
+                if prefix is not None:
+                    listings = ins.list_prefix(prefix)
+                else:
+                    listings = self.wire.list_transactions(["Ongoing", "PrepareCommit", "PrepareAbort"], None)
+            except WireError as e:
+                if not e.retriable or time.monotonic() > loading_until:
+                    raise
+                time.sleep(0.5)
+                continue
             ending = any(t.state in ("PrepareCommit", "PrepareAbort") for t in listings)
             if not ending or time.monotonic() > deadline:
                 return sorted(t.transactional_id for t in listings)

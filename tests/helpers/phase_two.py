@@ -98,8 +98,10 @@ def source_of(
     args: argparse.Namespace, committables: list[Committable]
 ) -> tuple[Callable[[], dict[str, str]] | None, dict[str, SourceRange] | None]:
     """The commit operator's guard and ``sources=`` for a range whose offsets participant is handed."""
+    if not args.source_range:  # not a sourced export's commit (which may then have no --prefix)
+        return None, None
     tid = naming.transactional_id(args.prefix, naming.OFFSETS_SLOT)
-    if not args.source_range or tid not in {c.transactional_id for c in committables}:
+    if tid not in {c.transactional_id for c in committables}:
         return None, None
     from airflow_provider_kafka2pc.txn.two_phase.source_guard import offsets_guard
 
