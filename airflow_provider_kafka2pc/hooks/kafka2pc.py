@@ -11,8 +11,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook
-
 from airflow_provider_kafka2pc.connection_form import (
     CONN_FIELDS,
     EXTRA_CONFIG,
@@ -26,6 +24,7 @@ from airflow_provider_kafka2pc.connection_form import (
     field_of_setting,
 )
 from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+from airflow_provider_kafka2pc.hooks.connection_hook import ConnectionHook
 from airflow_provider_kafka2pc.txn.kafka.client_logs import quiet_third_party_logs
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, redact
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
@@ -134,32 +133,7 @@ def _has_port(host: str) -> bool:
     return ":" in host
 
 
-def form_widgets(conn_fields: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The classic (Flask) form's widgets for a connection type's extra fields; Airflow 3's UI uses
-    the provider info's conn-fields instead, so without Flask AppBuilder there are none."""
-    try:
-        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget, Select2Widget
-        from flask_babel import lazy_gettext
-        from wtforms import SelectField, StringField
-    except ImportError:
-        return {}
-
-    widgets: dict[str, Any] = {}
-    for name, field in conn_fields.items():
-        label = lazy_gettext(field["label"])
-        schema = field["schema"]
-        choices = [c for c in schema.get("enum", ()) if c]
-        if choices:  # a choice, not free text: a typo cannot reach the clients
-            empty = schema.get("values_display", {}).get("", "")
-            widgets[name] = SelectField(
-                label, choices=[("", empty), *((c, c) for c in choices)], default="", widget=Select2Widget()
-            )
-        else:
-            widgets[name] = StringField(label, widget=BS3TextFieldWidget())
-    return widgets
-
-
-class Kafka2PCHook(BaseHook):
+class Kafka2PCHook(ConnectionHook):
     """Kafka settings and clients for kafka2pc's tasks.
 
     :param kafka2pc_conn_id: a ``kafka2pc`` connection (host = bootstrap servers, login/password =
@@ -172,17 +146,16 @@ class Kafka2PCHook(BaseHook):
     default_conn_name = "kafka2pc_default"
     conn_type = "kafka2pc"
     hook_name = "Kafka exactly-once export (kafka2pc)"
+    conn_fields = CONN_FIELDS
 
     def __init__(
         self, kafka2pc_conn_id: str = default_conn_name, connection: Connection | None = None, patient: bool = True
     ) -> None:
         """``patient`` (the tasks): connecting waits out a broker that refuses or does not resolve
         until the connect timeout; a page or a person at the Test button is told at once."""
-        super().__init__()
+        super().__init__(connection)
         quiet_third_party_logs()  # every kafka2pc task builds this hook first
         self.kafka2pc_conn_id = kafka2pc_conn_id
-        # A trigger fetches the connection asynchronously and hands it in.
-        self._conn: Connection | None = connection
         self._patient = patient
         self._checked_at: float | None = None  # when check_connection last passed
 
@@ -199,17 +172,7 @@ class Kafka2PCHook(BaseHook):
             },
         }
 
-    @classmethod
-    def get_connection_form_widgets(cls) -> dict[str, Any]:
-        return form_widgets(CONN_FIELDS)
-
     # -- configs -----------------------------------------------------------------------------
-    @property
-    def connection(self) -> Connection:
-        if self._conn is None:
-            self._conn = self.get_connection(self.kafka2pc_conn_id)
-        return self._conn
-
     def get_config(self) -> dict[str, Any]:
         """The connection's librdkafka settings: for producers, admin clients and the coordinator."""
         c = self.connection

@@ -12,10 +12,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook
-
 from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
-from airflow_provider_kafka2pc.hooks.kafka2pc import form_widgets
+from airflow_provider_kafka2pc.hooks.connection_hook import ConnectionHook
 from airflow_provider_kafka2pc.registry.client import DEFAULT_TIMEOUT_S, RegistryClient, RegistrySettings
 from airflow_provider_kafka2pc.registry.connection_form import (
     AUTH_BASIC,
@@ -77,7 +75,7 @@ def registry_settings(
         raise Kafka2PCConfigError(RELABELING["host"], str(e)) from None
 
 
-class SchemaRegistryHook(BaseHook):
+class SchemaRegistryHook(ConnectionHook):
     """A Confluent-compatible schema registry for kafka2pc's key and value formats.
 
     :param schema_registry_conn_id: a ``kafka2pc_schema_registry`` connection: host = the registry's
@@ -89,11 +87,11 @@ class SchemaRegistryHook(BaseHook):
     default_conn_name = "kafka2pc_schema_registry_default"
     conn_type = CONN_TYPE
     hook_name = HOOK_NAME
+    conn_fields = CONN_FIELDS
 
     def __init__(self, schema_registry_conn_id: str = default_conn_name, connection: Connection | None = None) -> None:
-        super().__init__()
+        super().__init__(connection)
         self.schema_registry_conn_id = schema_registry_conn_id
-        self._conn = connection
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -102,16 +100,6 @@ class SchemaRegistryHook(BaseHook):
             "relabeling": dict(RELABELING),
             "placeholders": dict(PLACEHOLDERS),
         }
-
-    @classmethod
-    def get_connection_form_widgets(cls) -> dict[str, Any]:
-        return form_widgets(CONN_FIELDS)
-
-    @property
-    def connection(self) -> Connection:
-        if self._conn is None:
-            self._conn = self.get_connection(self.schema_registry_conn_id)
-        return self._conn
 
     def settings(self) -> RegistrySettings:
         c = self.connection
