@@ -124,6 +124,18 @@ class TxnRef:
     producer_epoch: int
 
 
+class HoldsProducer(Protocol):
+    """What names a transaction and the producer holding it: a ``TxnRef``, a committable, a
+    DescribeTransactions row or a decision record's ``Covered``."""
+
+    @property
+    def transactional_id(self) -> str: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+
+
 def observe(ref: TxnRef, state: str | None, producer_id: int, producer_epoch: int) -> Observation:
     """Compare the broker's view of ``ref.transactional_id`` with the transaction we hold.
 
@@ -150,15 +162,11 @@ def reason(observation: Observation) -> str:
     return _REASONS.get(observation, observation.value)
 
 
-class _Described(Protocol):
+class _Described(HoldsProducer, Protocol):
     """A DescribeTransactions row (``wire.TxnState``): what ``observe_row`` reads of it."""
 
     @property
     def state(self) -> str: ...
-    @property
-    def producer_id(self) -> int: ...
-    @property
-    def producer_epoch(self) -> int: ...
 
 
 def observe_row(ref: TxnRef, row: _Described | None) -> Observation:

@@ -11,30 +11,20 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, finalize
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
-from airflow_provider_kafka2pc.txn.protocol.outcome import Intent, Observation, TxnRef, Verdict
+from airflow_provider_kafka2pc.txn.protocol.outcome import HoldsProducer, Intent, Observation, TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, OutcomeRecord, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 
 log = logging.getLogger(__name__)
 
 
-class _HoldsProducer(Protocol):
-    @property
-    def transactional_id(self) -> str: ...
-    @property
-    def producer_id(self) -> int: ...
-    @property
-    def producer_epoch(self) -> int: ...
-
-
-def ref_of(c: _HoldsProducer) -> TxnRef:
+def ref_of(c: HoldsProducer) -> TxnRef:
     """The (id, pid, epoch) of a committable, a DescribeTransactions row or a decision record."""
     return TxnRef(c.transactional_id, c.producer_id, c.producer_epoch)
 
