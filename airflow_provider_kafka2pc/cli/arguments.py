@@ -61,8 +61,16 @@ def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool)
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if after_command else value
 
-    def repeatable(dest: str) -> str:
-        return dest + _AFTER_COMMAND if after_command else dest
+    def add_repeatable(flag: str, metavar: str, help_text: str) -> None:
+        dest = flag.removeprefix("--").replace("-", "_")
+        parser.add_argument(
+            flag,
+            action="append",
+            dest=dest + _AFTER_COMMAND if after_command else dest,
+            default=default([]),
+            metavar=metavar,
+            help=help_text,
+        )
 
     # Required, but checked by parse_args: argparse checks it per parser, and it may come before the command.
     parser.add_argument("--prefix", default=default(None), help="the exporter's transactional id prefix (required)")
@@ -78,21 +86,13 @@ def _add_common_options(parser: argparse.ArgumentParser, *, after_command: bool)
         default=default(None),
         help=f"Kafka bootstrap servers, without --conn-id (default: ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP})",
     )
-    parser.add_argument(
-        "--config",
-        action="append",
-        dest=repeatable("config"),
-        default=default([]),
-        metavar="KEY=VALUE",
-        help="a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)",
+    add_repeatable(
+        "--config", "KEY=VALUE", "a librdkafka setting such as security.protocol or sasl.mechanism (repeatable)"
     )
-    parser.add_argument(
+    add_repeatable(
         "--config-file",
-        action="append",
-        dest=repeatable("config_file"),
-        default=default([]),
-        metavar="PATH",
-        help="KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
+        "PATH",
+        "KEY=VALUE lines, read before --config; keeps secrets such as sasl.password off the command line",
     )
     parser.add_argument(
         "--decision-topic",
