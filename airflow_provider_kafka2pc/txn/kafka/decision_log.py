@@ -25,6 +25,7 @@ from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import (
     MAX_RECORD_BYTES,
     READER_GROUP,
     Budget,
+    Failure,
     failure_of,
     is_transient,
 )
@@ -358,10 +359,11 @@ class DecisionLog(DecisionTopic):
                                 continue
                             if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                                 continue  # the group is never used (above)
-                            if is_transient(err):  # librdkafka fetches again from the new leader
-                                last_error = f"{err.name()}: {err.str()}"
+                            failure = Failure.of_error(err)
+                            if failure.transient:  # librdkafka fetches again from the new leader
+                                last_error = str(failure)
                                 continue
-                            self._raise_if_unauthorized(err.name(), "Read")
+                            self._raise_if_unauthorized(failure.name, "Read")
                             raise DecisionLogError(f"decision log topic {self.topic!r}: {doing} failed: {err}")
                         offset = int(msg.offset() or 0)
                         if offset > last:

@@ -110,6 +110,11 @@ class Failure:
     text: str
     transient: bool
 
+    @classmethod
+    def of_error(cls, err: Any) -> Failure:
+        """A KafkaError's name and text, and whether it passes."""
+        return cls(err.name(), err.str(), is_transient(err))
+
     def __str__(self) -> str:
         return f"{self.name}: {self.text}"
 
@@ -118,7 +123,7 @@ def failure_of(exc: BaseException) -> Failure:
     """What a confluent-kafka call raised: a KafkaError's name and text, or a future's timeout."""
     err: Any = exc.args[0] if exc.args else None
     if callable(getattr(err, "code", None)) and callable(getattr(err, "name", None)):
-        return Failure(err.name(), err.str(), is_transient(err))
+        return Failure.of_error(err)
     if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
         return Failure("_TIMED_OUT", str(exc) or "no answer in time", True)
     return Failure(type(exc).__name__, str(exc), False)
