@@ -116,14 +116,14 @@ class DecisionRecord:
     def from_json(cls, raw: bytes) -> DecisionRecord:
         d = json.loads(raw)
         return cls(
-            str(d["id"]),
-            Kind(d["kind"]),
-            str(d["run"]),
-            str(d["actor"]),
-            tuple(d["prefixes"]),
-            tuple(Covered.from_list(c) for c in d["txns"]),
-            int(d["at_ms"]),
-            {str(p): SourceRange.from_dict(r) for p, r in (d.get("sources") or {}).items()},
+            decision_id=str(d["id"]),
+            kind=Kind(d["kind"]),
+            run=str(d["run"]),
+            actor=str(d["actor"]),
+            prefixes=tuple(d["prefixes"]),
+            txns=tuple(Covered.from_list(c) for c in d["txns"]),
+            at_ms=int(d["at_ms"]),
+            sources={str(p): SourceRange.from_dict(r) for p, r in (d.get("sources") or {}).items()},
         )
 
 
@@ -269,16 +269,16 @@ class RunRecord:
         # 0.1.0 wrote a run mark with its COMMIT decisions and never anything final.
         status = RunStatus(d["status"]) if "status" in d else RunStatus.DECIDED
         return cls(
-            str(d["prefix"]),
-            str(d["run"]),
-            status,
-            int(d["txns"]),
-            int(d["records"]),
-            int(d["at_ms"]),
-            str(d.get("decision", "")),
-            tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
-            str(d.get("note", "")),
-            SourceRange.from_dict(d["source"]) if d.get("source") else None,
+            prefix=str(d["prefix"]),
+            run=str(d["run"]),
+            status=status,
+            transactions=int(d["txns"]),
+            records=int(d["records"]),
+            at_ms=int(d["at_ms"]),
+            decision_id=str(d.get("decision", "")),
+            lost=tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
+            note=str(d.get("note", "")),
+            source=SourceRange.from_dict(d["source"]) if d.get("source") else None,
         )
 
 
