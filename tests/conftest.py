@@ -16,13 +16,9 @@ import pytest
 # Tests that import Airflow get a throw-away home, never the user's ~/airflow; set before any import.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka2pc-airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-# Every JVM the tests start (Spark drivers, executors and Connect servers, the registry) lives for
-# seconds to minutes: with the C1 compiler alone a short Spark job costs about a third less CPU
-# (20 -> 13 CPU-s measured), on two cores that three test workers share. The brokers already run
-# so (scripts/kafka_local.py). Each JVM notes the option on its stderr.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
-from tests.helpers.kafka import KafkaEnv, kafka_local
+from tests.helpers.jvm_options import jdk_java_options, spark_class_archive
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
 from tests.helpers.oidc import OidcProvider
 from tests.helpers.registry import RegistryEnv, schema_registry_local
 
@@ -31,6 +27,14 @@ from tests.helpers.registry import RegistryEnv, schema_registry_local
 SHORT_TXN_MAX_TIMEOUT_MS = 6000
 # A cap as strict as the transaction-window tests need (issue 20): 30 s.
 CAP30_TXN_MAX_TIMEOUT_MS = 30_000
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every JVM of the run gets the tests' options (tests/helpers/jvm_options.py); xdist workers
+    inherit them from the controller, which makes Spark's class archive once per checkout."""
+    if hasattr(config, "workerinput") or "JDK_JAVA_OPTIONS" in os.environ:
+        return
+    os.environ["JDK_JAVA_OPTIONS"] = jdk_java_options(spark_class_archive(REPO / "build" / "jvm-archives"))
 
 
 def run_logs_dir() -> Path | None:

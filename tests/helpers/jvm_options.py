@@ -1,0 +1,95 @@
+"""The options of every JVM the tests start: the C1 compiler only, and Spark's classes from a
+class-data-sharing archive made once per checkout.
+
+The suite is bound by the CPU of two cores, and Spark drivers are its largest share after the
+brokers. A short Spark job measured on this machine: 20 CPU-s as Java starts it, 13 with C1 only,
+8.5 with the archive as well (its wall time 11 s -> 7 s). The brokers run C1 already
+(scripts/kafka_local.py). The options reach every JVM through ``JDK_JAVA_OPTIONS``; a JVM whose
+class path the archive does not match (a broker, a Kafka tool, the registry's newer Java) maps
+nothing and goes on as before, and its CDS log lines are off, because the Spark launcher's stdout
+is a command that spark-class reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+# The CDS messages of a JVM that cannot use the archive would land on stdout.
+CDS_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+# Runs in a fresh interpreter: Spark's driver JVM dumps the classes it loaded when it exits.
+_ARCHIVE_JOB = """
+import os, sys, tempfile
+from pyspark.sql import SparkSession
+from pyspark import SparkContext
+archive = sys.argv[1]
+session = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.driver.extraJavaOptions", " ".join([f"-XX:ArchiveClassesAtExit={archive}", *sys.argv[2:]]))
+    .getOrCreate()
+)
+frame = session.range(20000).selectExpr("id", "cast(id as string) as v").repartition(2)
+frame.mapInArrow(lambda batches: batches, frame.schema).count()
+with tempfile.TemporaryDirectory() as d:
+    frame.write.parquet(d + "/p")
+    session.read.parquet(d + "/p").localCheckpoint().count()
+gateway = SparkContext._gateway
+session.stop()
+gateway.proc.stdin.close()  # the JVM exits when its stdin closes, and dumps the archive then
+gateway.proc.wait(120)
+"""
+
+
+def _archive_path(directory: Path) -> Path:
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME", "")
+    key = hashlib.sha256(f"{pyspark.__version__}|{pyspark.__file__}|{java_home}".encode()).hexdigest()[:12]
+    return directory / f"spark-driver-{pyspark.__version__}-{key}.jsa"
+
+
+def spark_class_archive(directory: Path) -> Path | None:
+    """The archive of Spark's driver classes under ``directory``, made when missing; None (and the
+    tests run without it) if this Java cannot make one."""
+    archive = _archive_path(directory.resolve())
+    if archive.is_file():
+        return archive
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "JDK_JAVA_OPTIONS": C1_ONLY}
+    done = subprocess.run(
+        [sys.executable, "-c", _ARCHIVE_JOB, str(partial), *CDS_QUIET],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        print(f"tests: no class-data-sharing archive for Spark (exit {done.returncode}): {done.stderr[-1500:]}")
+        return None
+    os.replace(partial, archive)  # whole or not at all, should two sessions make one at once
+    return archive
+
+
+def main() -> None:
+    """``python -m tests.helpers.jvm_options DIR``: make the archive (scripts/test, before the run)."""
+    spark_class_archive(Path(sys.argv[1]))
+
+
+def jdk_java_options(archive: Path | None) -> str:
+    """``JDK_JAVA_OPTIONS`` for every JVM of the tests."""
+    if archive is None:
+        return C1_ONLY
+    return " ".join([C1_ONLY, f"-XX:SharedArchiveFile={archive}", *CDS_QUIET])
+
+
+if __name__ == "__main__":
+    main()
