@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.conftest import run_logs_dir
@@ -12,9 +14,11 @@ E2E_DAGS = REPO / "tests" / "e2e" / "dags"
 
 
 @pytest.fixture(scope="session")
-def dag_tester(tmp_path_factory: pytest.TempPathFactory) -> DagTester:
+def dag_tester(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagTester]:
     home = tmp_path_factory.mktemp("airflow_home")
     migrate(home, E2E_DAGS)
     base = run_logs_dir()
     logs = base / "dag-test" if base else home / "runs"
-    return DagTester(home=home, dags_folder=E2E_DAGS, logs=logs)
+    tester = DagTester(home=home, dags_folder=E2E_DAGS, logs=logs)
+    yield tester
+    tester.close()

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.dag_test_forks import DagTestForks, ForkedRun
 from tests.helpers.kafka import REPO, KafkaEnv
 
 RUNNER = REPO / "scripts" / "dag_test.py"
@@ -65,30 +66,52 @@ class DagRunResult:
         return self.tasks[task_id]
 
 
+Run = subprocess.Popen[bytes] | ForkedRun
+
+
 @dataclass
 class DagTester:
     home: Path
     dags_folder: Path
     logs: Path
+    # One fork server per DAG folder (tests/helpers/dag_test_forks.py); KAFKA2PC_TEST_DAG_FORKS=0
+    # starts every run as a process of its own.
+    _forks: dict[Path, DagTestForks] = field(default_factory=dict, repr=False)
 
     def env(self, extra: Mapping[str, str]) -> dict[str, str]:
         return {**os.environ, **airflow_base_env(self.home, self.dags_folder), **extra}
 
-    def start(
-        self, dag_file: Path, dag_id: str, conf: Mapping[str, Any], env: Mapping[str, str]
-    ) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(self, dag_file: Path, dag_id: str, conf: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Run, Path]:
+        """Start a run in its own process group: a fork of the folder's server, or, for a run
+        that changes Airflow's configuration, a process of its own."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{dag_id}-{time.time_ns()}.log"
+        log.touch()  # a test reads it from the start
+        # dag.test() serializes the DAGs of the folder it runs from: the DAG file's own.
+        run_env = {**self.env(env), "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)}
+        if os.environ.get("KAFKA2PC_TEST_DAG_FORKS", "1") != "0" and not any(k.startswith("AIRFLOW__") for k in env):
+            forked = self._server(dag_file.parent).fork(dag_file, dag_id, dict(conf), run_env, log)
+            if forked is not None:
+                return forked, log
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, str(RUNNER), str(dag_file), dag_id, json.dumps(dict(conf))],
-                # dag.test() serializes the DAGs of the folder it runs from: the DAG file's own.
-                env={**self.env(env), "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)},
+                env=run_env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: a test can kill Spark's JVM with it
             )
         return proc, log
+
+    def _server(self, folder: Path) -> DagTestForks:
+        if folder not in self._forks:
+            env = {**self.env({}), "AIRFLOW__CORE__DAGS_FOLDER": str(folder)}
+            self._forks[folder] = DagTestForks(env, self.logs / f"fork-server-{folder.name}.log")
+        return self._forks[folder]
+
+    def close(self) -> None:
+        for server in self._forks.values():
+            server.close()
 
     def run(
         self, dag_file: Path, dag_id: str, conf: Mapping[str, Any], env: Mapping[str, str], timeout_s: float = 600
@@ -108,9 +131,7 @@ class DagTester:
         data = json.loads(last)
         return DagRunResult(data["run_id"], data["state"], data["tasks"], data["tries"], data["seconds"], log)
 
-    def kill_when(
-        self, proc: subprocess.Popen[bytes], log: Path, condition: Callable[[], bool], timeout_s: float = 300
-    ) -> None:
+    def kill_when(self, proc: Run, log: Path, condition: Callable[[], bool], timeout_s: float = 300) -> None:
         """SIGKILL the whole run (Airflow, Spark's JVM, Python workers) once ``condition`` holds."""
         deadline = time.monotonic() + timeout_s
         while not condition():
@@ -171,7 +192,7 @@ class DagTester:
         return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: Run) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)

@@ -1,0 +1,228 @@
+"""A fork server for ``dag.test()`` runs: one process per Airflow home and DAG folder imports Airflow,
+the provider, PySpark and confluent-kafka once, and every run is a fork of it.
+
+The suite is bound by the CPU, and a ``dag.test()`` process spent about 4.5 of its ~9 fixed CPU
+seconds importing before its first task (measured on a DAG of two Python tasks). A fork starts a
+run with those imports done; what the run does after is the same as in a process of its own: it
+loads the DAG file afresh, with the run's environment, in a new session (so a test still kills the
+run with Spark's JVM as one process group), and writes everything to the run's log file. A run
+whose environment changes Airflow's configuration (``AIRFLOW__*``: log levels, OpenLineage) is read
+at import, so it is not a fork (``DagTester.start`` starts it as its own process).
+
+The server is single-threaded (a fork copies no thread that holds a lock): it reads requests on
+stdin, forks, and reports each child's pid and exit status as JSON lines on its protocol pipe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from tests.helpers.kafka import REPO
+
+# What a run of the tests' DAGs imports before its first task: done once, in the server.
+_WARM_IMPORTS = (
+    "airflow.sdk",
+    "airflow.models",
+    "airflow.sdk.execution_time.supervisor",
+    "airflow.sdk.execution_time.task_runner",
+    "airflow.api_fastapi.execution_api.app",
+    "airflow.providers.standard.operators.python",
+    "airflow_provider_kafka2pc.operators.export",
+    "airflow_provider_kafka2pc.operators.commit",
+    "airflow_provider_kafka2pc.sensors.recovery",
+    "pyspark.sql",
+    "pyarrow",
+    "confluent_kafka",
+)
+
+
+def _load_runner() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kafka2pc_dag_test", REPO / "scripts" / "dag_test.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _child(request: dict[str, Any], protocol_fd: int, runner: Any) -> None:
+    """The forked run: never returns."""
+    code = 1
+    try:
+        os.setsid()  # its own process group, as a run started with start_new_session
+        os.close(protocol_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from airflow import settings
+
+        if getattr(settings, "engine", None) is not None:
+            settings.engine.dispose(close=False)  # the server's pooled connections are not this process's
+        result = runner.run(request["dag_file"], request["dag_id"], request["conf"])
+        print(json.dumps(result))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # what the interpreter's exit would run (Spark's session stop)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    """The server's loop (``python -m tests.helpers.dag_test_forks``): stdin has the requests."""
+    protocol_fd = os.dup(1)  # the replies; fd 1 and 2 become the server's own log
+    log = os.open(os.environ["KAFKA2PC_FORKS_LOG"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    import importlib
+
+    for name in _WARM_IMPORTS:
+        importlib.import_module(name)
+    runner = _load_runner()
+
+    def reply(message: dict[str, Any]) -> None:
+        os.write(protocol_fd, (json.dumps(message) + "\n").encode())
+
+    reply({"ready": True})
+    pending = b""
+    children: set[int] = set()
+    stdin_open = True
+    while stdin_open or children:
+        readable, _, _ = select.select([0] if stdin_open else [], [], [], 0.2)
+        if readable:
+            chunk = os.read(0, 65536)
+            stdin_open = bool(chunk)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                if threading.active_count() != 1:
+                    reply({"id": request["id"], "refused": f"{threading.active_count()} threads"})
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, protocol_fd, runner)
+                children.add(pid)
+                reply({"id": request["id"], "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            reply({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+
+
+class ForkedRun:
+    """A forked run, as much of ``subprocess.Popen`` as the tests use: pid, poll, wait, returncode."""
+
+    def __init__(self, pid: int, server: DagTestForks) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._server = server
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._server.changed:
+            if not self._server.changed.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(f"forked dag.test {self.pid}", timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class DagTestForks:
+    """The client of one server: ``fork`` starts a run and returns its handle."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.changed = threading.Condition()
+        self._runs: dict[int, ForkedRun] = {}
+        self._exits: dict[int, int] = {}  # exits read before their run's handle was made
+        self._replies: dict[str, dict[str, Any]] = {}
+        self._next = 0
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.dag_test_forks"],
+            env={**env, "KAFKA2PC_FORKS_LOG": str(log), "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self._proc.stdout is not None and self._proc.stdin is not None
+        self._stdin: IO[bytes] = self._proc.stdin
+        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
+            message = json.loads(line)
+            with self.changed:
+                if "exit" in message:
+                    run = self._runs.get(message["pid"])
+                    if run is not None:
+                        run.returncode = message["exit"]
+                    else:
+                        self._exits[message["pid"]] = message["exit"]
+                else:
+                    self._replies[str(message.get("id", "ready"))] = message
+                self.changed.notify_all()
+        with self.changed:  # the server is gone: so are the runs it would have reported
+            for run in self._runs.values():
+                if run.returncode is None:
+                    run.returncode = -9
+            self._replies.setdefault("ready", {"ready": False})
+            self.changed.notify_all()
+
+    def fork(self, dag_file: Path, dag_id: str, conf: Any, env: dict[str, str], log: Path) -> ForkedRun | None:
+        """A forked run, or None when the server cannot fork one (the caller starts a process)."""
+        with self.changed:
+            self._next += 1
+            key = str(self._next)
+            if not self.changed.wait_for(lambda: "ready" in self._replies, 180):
+                return None
+            if not self._replies["ready"].get("ready"):
+                return None
+            request = {"id": key, "dag_file": str(dag_file), "dag_id": dag_id, "conf": conf, "env": env}
+            self._stdin.write((json.dumps({**request, "log": str(log)}) + "\n").encode())
+            self._stdin.flush()
+            if not self.changed.wait_for(lambda: key in self._replies, 60):
+                return None
+            reply = self._replies.pop(key)
+            if "pid" not in reply:
+                return None
+            run = ForkedRun(int(reply["pid"]), self)
+            run.returncode = self._exits.pop(run.pid, None)
+            self._runs[run.pid] = run
+            return run
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stdin.close()  # the server ends once its last run has
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    serve()
