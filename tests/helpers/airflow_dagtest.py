@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -106,7 +107,8 @@ class DagTester:
     def _server(self, folder: Path) -> DagTestForks:
         if folder not in self._forks:
             env = {**self.env({}), "AIRFLOW__CORE__DAGS_FOLDER": str(folder)}
-            self._forks[folder] = DagTestForks(env, self.logs / f"fork-server-{folder.name}.log")
+            tag = hashlib.sha256(str(folder).encode()).hexdigest()[:8]
+            self._forks[folder] = DagTestForks(env, self.logs / f"fork-server-{folder.name}-{tag}.log")
         return self._forks[folder]
 
     def close(self) -> None:

@@ -10,7 +10,9 @@ whose environment changes Airflow's configuration (``AIRFLOW__*``: log levels, O
 at import, so it is not a fork (``DagTester.start`` starts it as its own process).
 
 The server is single-threaded (a fork copies no thread that holds a lock): it reads requests on
-stdin, forks, and reports each child's pid and exit status as JSON lines on its protocol pipe.
+stdin, forks, and reports each child's pid and exit status as JSON lines on its protocol pipe, by
+request. Python threads are counted before each fork; the native ones OpenBLAS and jemalloc start
+at import have fork handlers of their own.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import IO, Any
@@ -82,7 +86,12 @@ def _child(request: dict[str, Any], protocol_fd: int, runner: Any) -> None:
         traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()  # what the interpreter's exit would run (Spark's session stop)
+            # What the interpreter's exit would do: join the threads that are not daemons, then the
+            # atexit functions (Spark's session stop).
+            shutdown = getattr(threading, "_shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
@@ -105,7 +114,7 @@ def serve() -> None:
 
     reply({"ready": True})
     pending = b""
-    children: set[int] = set()
+    children: dict[int, str] = {}  # pid -> request id: exits are reported by request, never by a reused pid
     stdin_open = True
     while stdin_open or children:
         readable, _, _ = select.select([0] if stdin_open else [], [], [], 0.2)
@@ -115,31 +124,45 @@ def serve() -> None:
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
-                if threading.active_count() != 1:
-                    reply({"id": request["id"], "refused": f"{threading.active_count()} threads"})
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(request, protocol_fd, runner)
-                children.add(pid)
-                reply({"id": request["id"], "pid": pid})
+                key = "?"
+                try:
+                    request = json.loads(line)
+                    key = str(request["id"])
+                    if threading.active_count() != 1:
+                        reply({"id": key, "refused": f"{threading.active_count()} threads"})
+                        continue
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(request, protocol_fd, runner)
+                    children[pid] = key
+                    _await_own_group(pid)
+                    reply({"id": key, "pid": pid})
+                except Exception as e:  # one bad request (or a fork refused) does not end the server
+                    reply({"id": key, "refused": repr(e)})
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            children.discard(pid)
-            reply({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+            reply({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
+
+
+def _await_own_group(pid: int, timeout_s: float = 5.0) -> None:
+    """Until the child has called setsid: a killpg of its pid must reach it from the first reply."""
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(ProcessLookupError):
+        while os.getpgid(pid) != pid and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 class ForkedRun:
     """A forked run, as much of ``subprocess.Popen`` as the tests use: pid, poll, wait, returncode."""
 
-    def __init__(self, pid: int, server: DagTestForks) -> None:
-        self.pid = pid
+    def __init__(self, server: DagTestForks) -> None:
+        self.pid = 0
         self.returncode: int | None = None
+        self.refused: str | None = None
         self._server = server
 
     def poll(self) -> int | None:
@@ -158,10 +181,10 @@ class DagTestForks:
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.changed = threading.Condition()
-        self._runs: dict[int, ForkedRun] = {}
-        self._exits: dict[int, int] = {}  # exits read before their run's handle was made
-        self._replies: dict[str, dict[str, Any]] = {}
+        self._runs: dict[str, ForkedRun] = {}  # by request id
+        self._ready: bool | None = None  # None: not yet known; False: the server is gone
         self._next = 0
+        self._log = log
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.dag_test_forks"],
             env={**env, "KAFKA2PC_FORKS_LOG": str(log), "PYTHONPATH": str(REPO)},
@@ -179,49 +202,63 @@ class DagTestForks:
         for line in stdout:
             message = json.loads(line)
             with self.changed:
-                if "exit" in message:
-                    run = self._runs.get(message["pid"])
-                    if run is not None:
-                        run.returncode = message["exit"]
-                    else:
-                        self._exits[message["pid"]] = message["exit"]
-                else:
-                    self._replies[str(message.get("id", "ready"))] = message
+                run = self._runs.get(str(message.get("id")))
+                if "ready" in message:
+                    self._ready = bool(message["ready"])
+                elif run is not None and "pid" in message:
+                    run.pid = int(message["pid"])
+                elif run is not None and "exit" in message:
+                    run.returncode = int(message["exit"])
+                elif run is not None:
+                    run.refused = str(message.get("refused"))
                 self.changed.notify_all()
-        with self.changed:  # the server is gone: so are the runs it would have reported
+        with self.changed:
+            # The server is gone; its runs, each in a session of its own, are not: end them, as the
+            # end of a run's own process would have.
+            self._ready = False
             for run in self._runs.values():
                 if run.returncode is None:
-                    run.returncode = -9
-            self._replies.setdefault("ready", {"ready": False})
+                    if run.pid:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(run.pid, signal.SIGKILL)
+                    run.returncode = -signal.SIGKILL
             self.changed.notify_all()
 
     def fork(self, dag_file: Path, dag_id: str, conf: Any, env: dict[str, str], log: Path) -> ForkedRun | None:
         """A forked run, or None when the server cannot fork one (the caller starts a process)."""
         with self.changed:
+            if not self.changed.wait_for(lambda: self._ready is not None, 180) or not self._ready:
+                return None
             self._next += 1
             key = str(self._next)
-            if not self.changed.wait_for(lambda: "ready" in self._replies, 180):
-                return None
-            if not self._replies["ready"].get("ready"):
-                return None
+            run = self._runs[key] = ForkedRun(self)
             request = {"id": key, "dag_file": str(dag_file), "dag_id": dag_id, "conf": conf, "env": env}
-            self._stdin.write((json.dumps({**request, "log": str(log)}) + "\n").encode())
-            self._stdin.flush()
-            if not self.changed.wait_for(lambda: key in self._replies, 60):
+            try:
+                self._stdin.write((json.dumps({**request, "log": str(log)}) + "\n").encode())
+                self._stdin.flush()
+            except OSError:
+                del self._runs[key]
                 return None
-            reply = self._replies.pop(key)
-            if "pid" not in reply:
+            # Once asked, the server forks or refuses; giving up here could start the run twice.
+            if not self.changed.wait_for(lambda: run.pid or run.refused or run.returncode is not None, 600):
+                raise AssertionError(f"the dag.test fork server did not answer in 600 s; its log: {self._log}")
+            if not run.pid:
+                del self._runs[key]
                 return None
-            run = ForkedRun(int(reply["pid"]), self)
-            run.returncode = self._exits.pop(run.pid, None)
-            self._runs[run.pid] = run
             return run
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._stdin.close()  # the server ends once its last run has
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with self.changed:
+                groups = [run.pid for run in self._runs.values() if run.pid and run.returncode is None]
+            for pid in [*groups, self._proc.pid]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            self._proc.wait(timeout=30)
 
 
 if __name__ == "__main__":
