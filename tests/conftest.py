@@ -18,7 +18,7 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka2pc-airflow-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from tests.helpers.jvm_options import jdk_java_options, spark_class_archive
-from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.helpers.kafka import KafkaEnv, kafka_local
 from tests.helpers.oidc import OidcProvider
 from tests.helpers.registry import RegistryEnv, schema_registry_local
 
@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     inherit them from the controller, which makes Spark's class archive once per checkout."""
     if hasattr(config, "workerinput") or "JDK_JAVA_OPTIONS" in os.environ:
         return
-    os.environ["JDK_JAVA_OPTIONS"] = jdk_java_options(spark_class_archive(REPO / "build" / "jvm-archives"))
+    os.environ["JDK_JAVA_OPTIONS"] = jdk_java_options(spark_class_archive())
 
 
 def run_logs_dir() -> Path | None:

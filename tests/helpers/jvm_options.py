@@ -18,13 +18,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.kafka import REPO
+
+# Per checkout, beside the run's other build output; scripts/test makes it before the workers start.
+ARCHIVE_DIR = REPO / "build" / "jvm-archives"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 # The CDS messages of a JVM that cannot use the archive would land on stdout.
 CDS_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 # Runs in a fresh interpreter: Spark's driver JVM dumps the classes it loaded when it exits.
 _ARCHIVE_JOB = """
-import os, sys, tempfile
+import sys, tempfile
 from pyspark.sql import SparkSession
 from pyspark import SparkContext
 archive = sys.argv[1]
@@ -54,7 +58,7 @@ def _archive_path(directory: Path) -> Path:
     return directory / f"spark-driver-{pyspark.__version__}-{key}.jsa"
 
 
-def spark_class_archive(directory: Path) -> Path | None:
+def spark_class_archive(directory: Path = ARCHIVE_DIR) -> Path | None:
     """The archive of Spark's driver classes under ``directory``, made when missing; None (and the
     tests run without it) if this Java cannot make one."""
     archive = _archive_path(directory.resolve())
@@ -80,8 +84,8 @@ def spark_class_archive(directory: Path) -> Path | None:
 
 
 def main() -> None:
-    """``python -m tests.helpers.jvm_options DIR``: make the archive (scripts/test, before the run)."""
-    spark_class_archive(Path(sys.argv[1]))
+    """``python -m tests.helpers.jvm_options``: make the archive (scripts/test, before the run)."""
+    spark_class_archive()
 
 
 def jdk_java_options(archive: Path | None) -> str:
