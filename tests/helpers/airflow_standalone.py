@@ -78,6 +78,9 @@ def _tail(path: Path, lines: int) -> str:
 class StandaloneAirflow(Service):
     """Start, drive (REST API v2 only) and stop a standalone Airflow; see the module docstring."""
 
+    # The instances of this process that are up: a failed test's report carries their task errors.
+    running: set[StandaloneAirflow] = set()  # noqa: RUF012  (a registry, shared on purpose)
+
     def __init__(
         self,
         home: Path,
@@ -190,6 +193,7 @@ class StandaloneAirflow(Service):
         deadline = time.monotonic() + self.startup_timeout
         t0 = time.monotonic()
         atexit.register(self.stop)  # a crashed test session must not leave Airflow (or PostgreSQL) running
+        StandaloneAirflow.running.add(self)
         try:
             self.postgres.start()
             self.timings["postgres_ready"] = time.monotonic() - t0
@@ -286,6 +290,7 @@ class StandaloneAirflow(Service):
         """
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
+        StandaloneAirflow.running.discard(self)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -595,6 +600,23 @@ class StandaloneAirflow(Service):
             headers={"Accept": "application/json"},
         )
         return "\n".join(_format_log_event(item) for item in r.json().get("content", []))
+
+    def task_errors(self, since: float, per_file: int = 30) -> str:
+        """The error and warning events of every task log written since ``since`` (epoch seconds),
+        read from the files (the API may be what failed): why a task failed, in a test's report."""
+        parts = []
+        for path in sorted((self.home / "logs").glob("dag_id=*/run_id=*/task_id=*/attempt=*.log*")):
+            if path.stat().st_mtime < since:
+                continue
+            events = []
+            for line in path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    item = json.loads(line)
+                    if isinstance(item, dict) and item.get("level") in ("warning", "error", "critical"):
+                        events.append(_format_log_event(item))
+            if events:
+                parts.append(f"{path.relative_to(self.home / 'logs')}:\n" + "\n".join(events[-per_file:]))
+        return "\n\n".join(parts)
 
 
 # Context every structured task-log event repeats; dropped so a failure message stays readable.

@@ -21,7 +21,8 @@ from time import struct_time
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, Position
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
-from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient
+from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
+from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient, error_name
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
     CONCURRENT_TRANSACTIONS,
@@ -151,6 +152,7 @@ class FakeBroker(WireClient):
         self.end_txn_script: dict[str, list[EndTxnStep]] = defaultdict(list)
         self.find_errors: dict[str, list[int]] = defaultdict(list)
         self.describe_errors: dict[str, list[int]] = defaultdict(list)
+        self.list_errors: list[int] = []  # whole-response codes of the next ListTransactions, in order
         self.upcoming_states: dict[str, list[TxnState]] = defaultdict(list)  # shown by later describes
         self.supports_pattern = True
         self.end_txn_barrier: threading.Barrier | None = None
@@ -292,6 +294,9 @@ class FakeBroker(WireClient):
         wanted = tuple(states)
         with self._lock:
             self.list_calls.append((wanted, pattern))
+            if self.list_errors:
+                code = self.list_errors.pop(0)
+                raise BrokerErrorResponse("ListTransactions", code, error_name(code))
             return [
                 TxnListing(s.transactional_id, s.producer_id, s.state)
                 for s in self.states.values()

@@ -371,6 +371,23 @@ def test_list_prefix_returns_exactly_the_prefix_ids(broker: FakeBroker, server_s
     assert pattern == broker_pattern("orders")
 
 
+def test_list_prefix_waits_out_a_broker_still_loading_its_transaction_log(broker: FakeBroker) -> None:
+    # A real broker answers ListTransactions so while any partition of __transaction_state loads:
+    # right after it starts (seen on a fresh broker), restarts or takes over a partition.
+    broker.add(txn_state("orders-0", "Ongoing"))
+    broker.list_errors = [COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE]
+    listed = TransactionInspector(broker).list_prefix("orders")
+    assert [t.transactional_id for t in listed] == ["orders-0"]
+    assert len(broker.list_calls) == 3
+
+
+def test_list_prefix_fails_on_a_fatal_code_naming_it(broker: FakeBroker) -> None:
+    broker.list_errors = [31]  # CLUSTER_AUTHORIZATION_FAILED
+    with pytest.raises(CoordinatorError, match="ListTransactions: ClusterAuthorizationFailedError"):
+        TransactionInspector(broker).list_prefix("orders")
+    assert len(broker.list_calls) == 1
+
+
 def test_describe_prefix_returns_open_states_of_the_prefix(broker: FakeBroker) -> None:
     broker.add(
         txn_state("orders-0", "Ongoing", producer_epoch=2),

@@ -40,6 +40,7 @@ from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
 from packaging.requirements import Requirement
 
 from airflow_provider_kafka2pc.txn.kafka import wire
+from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
 from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient, kafka_python_config
 
 END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID = 26, 10, 22
@@ -455,8 +456,9 @@ def test_list_transactions_error_is_raised(monkeypatch: pytest.MonkeyPatch) -> N
     m.handlers[ListTransactionsRequest] = lambda _req, _node: ListTransactionsResponse(
         throttle_time_ms=0, error_code=15, unknown_state_filters=[], transaction_states=[]
     )
-    with pytest.raises(kafka.errors.CoordinatorNotAvailableError):
+    with pytest.raises(BrokerErrorResponse, match="ListTransactions: CoordinatorNotAvailableError") as info:
         c.list_transactions(["Ongoing"], None)
+    assert (info.value.code, info.value.request) == (15, "ListTransactions")
 
 
 @pytest.mark.parametrize(("init_pid_max", "kip939"), [(5, False), (6, True)])

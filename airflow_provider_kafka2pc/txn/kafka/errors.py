@@ -78,6 +78,15 @@ class UnmappableConfigError(ClientConfigError):
         self.key = key
 
 
+class BrokerErrorResponse(Exception):
+    """A broker answered a whole request with an error code; what the code means is for the caller
+    (``outcome.RETRIABLE``), not for the wire adapter that met it."""
+
+    def __init__(self, request: str, code: int, name: str) -> None:
+        super().__init__(f"{request}: {name}")
+        self.request, self.code, self.name = request, code, name
+
+
 class RetriableCoordinatorError(CoordinatorError):
     def __init__(self, code: int, what: str, name: str) -> None:
         super().__init__(f"{what}: {name}")

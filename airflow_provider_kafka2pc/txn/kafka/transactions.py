@@ -10,7 +10,11 @@ from typing import Any, TypeVar
 from airflow_provider_kafka2pc.txn.kafka.access import principal_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
-from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError, RetriableCoordinatorError
+from airflow_provider_kafka2pc.txn.kafka.errors import (
+    BrokerErrorResponse,
+    KafkaAuthorizationError,
+    RetriableCoordinatorError,
+)
 from airflow_provider_kafka2pc.txn.kafka.wire import (
     TxnListing,
     TxnState,
@@ -125,7 +129,16 @@ class TransactionInspector:
         and we always filter again, delimiter-aware."""
         self.check_visible(prefix)
         pattern = naming.broker_pattern(prefix)
-        listings = retry("ListTransactions", lambda: self.wire.list_transactions(states, pattern), self.timeout_s)
+
+        def go() -> list[TxnListing]:
+            try:
+                return self.wire.list_transactions(states, pattern)
+            except BrokerErrorResponse as e:
+                if e.code in RETRIABLE:  # a broker loading its transaction log answers in a moment
+                    raise RetriableCoordinatorError(e.code, e.request, e.name) from e
+                raise CoordinatorError(str(e)) from e
+
+        listings = retry("ListTransactions", go, self.timeout_s)
         return sorted(
             (t for t in listings if naming.belongs_to(t.transactional_id, prefix)),
             key=lambda t: t.transactional_id,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
+from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
 from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, check_reachable
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
@@ -235,12 +236,19 @@ class WireClient:
 
         The pattern filter is sent only where the broker has it (ListTransactions v2, Kafka 4.1+);
         callers filter again themselves. Only the states asked for come back, so kafka-python's
-        ``TransactionState`` conversion never meets a state it does not know.
+        ``TransactionState`` conversion never meets a state it does not know. A broker's error code
+        is raised as ``BrokerErrorResponse`` with the code (COORDINATOR_LOAD_IN_PROGRESS while any of
+        its transaction log's partitions loads: after a start, a restart or a leader move).
         """
+        import kafka.errors as Errors
+
         use_pattern = pattern is not None and self.supports_list_pattern()
-        by_broker = self._admin.list_transactions(
-            state_filters=list(states), transactional_id_pattern=pattern if use_pattern else None
-        )
+        try:
+            by_broker = self._admin.list_transactions(
+                state_filters=list(states), transactional_id_pattern=pattern if use_pattern else None
+            )
+        except Errors.BrokerResponseError as e:  # e.g. a broker still loading its transaction log
+            raise BrokerErrorResponse("ListTransactions", int(e.errno), type(e).__name__) from e
         return [
             TxnListing(str(t.transactional_id), int(t.producer_id), _state_name(t.state))
             for node_id in sorted(by_broker)
