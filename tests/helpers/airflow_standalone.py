@@ -603,8 +603,19 @@ class StandaloneAirflow(Service):
 
     def task_errors(self, since: float, per_file: int = 30) -> str:
         """The error and warning events of every task log written since ``since`` (epoch seconds),
-        read from the files (the API may be what failed): why a task failed, in a test's report."""
+        read from the files (the API may be what failed), and the components' last such lines (a
+        task that died before it logged): why a task failed, in a test's report."""
         parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            if path.stat().st_mtime < since:
+                continue
+            lines = [
+                line[:600]
+                for line in path.read_text(errors="replace").splitlines()
+                if any(word in line for word in ("[error", "[warning", "[critical", "ERROR", "Traceback"))
+            ]
+            if lines:
+                parts.append(f"components/{path.name}:\n" + "\n".join(lines[-per_file:]))
         for path in sorted((self.home / "logs").glob("dag_id=*/run_id=*/task_id=*/attempt=*.log*")):
             if path.stat().st_mtime < since:
                 continue
