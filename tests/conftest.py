@@ -136,37 +136,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
 
 
-# The files by the seconds they took in the last full run (2026-11-26, this 2-core machine, three
-# workers; their junit times), heaviest first. scripts/test hands whole files to its workers in
-# this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long ones start first, the
-# short ones fill in at the end. A file not listed runs after these, in collection order.
+# The files by the seconds they took in a full run (2026-11-27, this 2-core machine, three workers;
+# their junit times, setup included), heaviest first. scripts/test hands whole files to its
+# workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long ones start
+# first, the short ones fill in at the end. A file not listed runs after these, in collection order.
 HEAVIEST_FIRST = (
-    "tests/e2e/test_airflow_rest.py",  # 522 s, and about 90 s more with the Kafka-sourced runs
-    "tests/e2e/test_kafka_source_dag.py",  # 584 s
-    "tests/soak/test_soak.py",  # 451 s
-    "tests/integration/test_leader_kill.py",  # 354 s
-    "tests/e2e/test_dag_runs.py",  # 276 s
-    "tests/e2e/test_ui_browser.py",  # 243 s
-    "tests/integration/test_decisions_broker.py",  # 221 s
-    "tests/integration/test_window_broker.py",  # 217 s
-    "tests/e2e/test_window_dag.py",  # 159 s
-    "tests/e2e/test_security_dag.py",  # 154 s
-    "tests/integration/test_spark_cluster.py",  # 128 s
-    "tests/integration/test_security_broker.py",  # 126 s
-    "tests/integration/test_txn_broker.py",  # 107 s
-    "tests/integration/test_spark_export.py",  # 85 s
-    "tests/e2e/test_lineage_dag.py",  # 82 s
-    "tests/e2e/test_security_standalone.py",  # 73 s
-    "tests/e2e/test_failure_lines_dag.py",  # 64 s
-    "tests/integration/test_registry_formats.py",  # 41-64 s alone (its own Spark JVM, with spark-avro)
-    "tests/integration/test_txn_cluster.py",  # 51 s
-    "tests/integration/test_native_broker.py",  # 49 s
-    "tests/e2e/test_airflow_standalone_smoke.py",  # 44 s
-    "tests/integration/test_failure_lines.py",  # 40 s
-    "tests/integration/test_spark_connect.py",  # 29 s
-    "tests/integration/test_partitioning.py",  # 25 s
-    "tests/integration/test_source_offsets_broker.py",  # 22 s
-    "tests/integration/test_cli.py",  # 19 s; the rest take seconds
+    "tests/e2e/test_airflow_rest.py",  # 504 s
+    "tests/soak/test_soak.py",  # 417 s
+    "tests/e2e/test_kafka_source_dag.py",  # 415 s
+    "tests/integration/test_leader_kill.py",  # 393 s
+    "tests/e2e/test_ui_browser.py",  # 285 s
+    "tests/integration/test_decisions_broker.py",  # 259 s
+    "tests/e2e/test_dag_runs.py",  # 220 s
+    "tests/integration/test_window_broker.py",  # 201 s
+    "tests/integration/test_security_broker.py",  # 155 s
+    "tests/e2e/test_security_dag.py",  # 139 s
+    "tests/integration/test_spark_export.py",  # 132 s
+    "tests/integration/test_spark_cluster.py",  # 131 s
+    "tests/e2e/test_window_dag.py",  # 129 s
+    "tests/e2e/test_security_standalone.py",  # 116 s
+    "tests/integration/test_txn_broker.py",  # 113 s
+    "tests/integration/test_txn_cluster.py",  # 75 s
+    "tests/e2e/test_failure_lines_dag.py",  # 66 s
+    "tests/e2e/test_airflow_standalone_smoke.py",  # 58 s
+    "tests/e2e/test_lineage_dag.py",  # 54 s
+    "tests/integration/test_native_broker.py",  # 44 s
+    "tests/integration/test_registry_formats.py",  # 38 s
+    "tests/integration/test_failure_lines.py",  # 35 s
+    "tests/integration/test_spark_connect.py",  # 28 s
+    "tests/integration/test_cli.py",  # 26 s
+    "tests/integration/test_partitioning.py",  # 23 s
+    "tests/integration/test_security_visibility.py",  # 20 s; the rest take seconds
 )
 
 
