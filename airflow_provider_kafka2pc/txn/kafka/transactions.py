@@ -77,6 +77,13 @@ def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
         delay = min(delay * 2, 1.0)
 
 
+def coordinator_error(code: int, what: str) -> CoordinatorError:
+    """A coordinator's error code as the error to raise: ``retry`` waits out a retriable one."""
+    if code in RETRIABLE:
+        return RetriableCoordinatorError(code, what, error_name(code))
+    return CoordinatorError(f"{what}: {error_name(code)}")
+
+
 class TransactionInspector:
     """Batched FindCoordinator / DescribeTransactions / ListTransactions with retries."""
 
@@ -112,12 +119,8 @@ class TransactionInspector:
                     out[tid] = None
                 elif s.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
                     raise not_allowed(self.wire, tid)
-                elif s.error_code in RETRIABLE:
-                    raise RetriableCoordinatorError(
-                        s.error_code, f"DescribeTransactions({tid!r})", error_name(s.error_code)
-                    )
                 elif s.error_code:
-                    raise CoordinatorError(f"DescribeTransactions({tid!r}): {error_name(s.error_code)}")
+                    raise coordinator_error(s.error_code, f"DescribeTransactions({tid!r})")
                 else:
                     out[tid] = s
             return out
@@ -133,10 +136,8 @@ class TransactionInspector:
         def go() -> list[TxnListing]:
             try:
                 return self.wire.list_transactions(states, pattern)
-            except BrokerErrorResponse as e:
-                if e.code in RETRIABLE:  # a broker loading its transaction log answers in a moment
-                    raise RetriableCoordinatorError(e.code, e.request, e.name) from e
-                raise CoordinatorError(str(e)) from e
+            except BrokerErrorResponse as e:  # e.g. a broker loading its transaction log: retriable
+                raise coordinator_error(e.code, e.request) from e
 
         listings = retry("ListTransactions", go, self.timeout_s)
         return sorted(
