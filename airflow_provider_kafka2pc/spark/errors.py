@@ -21,3 +21,8 @@ class SpeculationError(Kafka2PCError):
 
 class CollectError(Kafka2PCError):
     """The collected set is not exactly one committable per non-empty partition."""
+
+
+class UnsupportedVersionError(Kafka2PCError):
+    """A PySpark, an install of it or a pyarrow that kafka2pc is not tested with (``spark/versions.py``);
+    refused before anything is written."""

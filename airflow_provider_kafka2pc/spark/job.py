@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 
 def check_session(spark: Any) -> None:
+    from airflow_provider_kafka2pc.spark.versions import check_supported
+
+    check_supported()  # a PySpark, an install or a pyarrow outside the tested ones, refused by name
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise SpeculationError(
             "spark.speculation=true: a speculative task attempt would re-initialise a transactional id "

@@ -18,8 +18,8 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka.errors import UnmappableConfigError
 from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 
-# The Spark Kafka source's artifact; Scala 2.13 is what PySpark 4 ships.
-_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+# The Spark Kafka source's artifact, without its Scala suffix (spark/versions.py reads it).
+_ARTIFACT = "spark-sql-kafka-0-10"
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -31,17 +31,18 @@ _IRRELEVANT = ("client.id", "socket.", "reconnect.", "broker.address.family")
 
 
 def kafka_source_package() -> str:
-    """``spark.jars.packages`` for the Kafka source matching this PySpark."""
-    import pyspark
+    """``spark.jars.packages`` for the Kafka source matching the Spark a session here starts
+    (its version and Scala binary version: ``_2.12`` for pip's PySpark 3.5, ``_2.13`` for 4.x)."""
+    from airflow_provider_kafka2pc.spark.versions import spark_build
 
-    return f"{_ARTIFACT}:{pyspark.__version__}"
+    return spark_build().package(_ARTIFACT)
 
 
 def needs_kafka_package(spark_conf: Mapping[str, Any]) -> bool:
     """Whether a session built with ``spark_conf`` lacks the Kafka source (neither in its jars nor
     its packages): the operator then adds ``kafka_source_package()``."""
     given = f"{spark_conf.get('spark.jars', '')},{spark_conf.get('spark.jars.packages', '')}"
-    return "spark-sql-kafka-0-10" not in given
+    return _ARTIFACT not in given
 
 
 def java_client_options(config: Mapping[str, Any]) -> dict[str, str]:

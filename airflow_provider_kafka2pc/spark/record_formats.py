@@ -28,8 +28,8 @@ from airflow_provider_kafka2pc.spark.errors import SchemaError
 log = logging.getLogger(__name__)
 
 MAGIC_BYTE = 0
-# spark-avro: a separate artifact; Scala 2.13 is what PySpark 4 ships.
-_AVRO_ARTIFACT = "org.apache.spark:spark-avro_2.13"
+# spark-avro: a separate artifact, without its Scala suffix (spark/versions.py reads it).
+_AVRO_ARTIFACT = "spark-avro"
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,10 @@ def header(schema_id: int) -> bytes:
 
 
 def avro_package() -> str:
-    """``spark.jars.packages`` for spark-avro matching this PySpark."""
-    import pyspark
+    """``spark.jars.packages`` for spark-avro matching the Spark a session here starts."""
+    from airflow_provider_kafka2pc.spark.versions import spark_build
 
-    return f"{_AVRO_ARTIFACT}:{pyspark.__version__}"
+    return spark_build().package(_AVRO_ARTIFACT)
 
 
 def needs_avro_package(spark_conf: Any) -> bool:
@@ -114,7 +114,8 @@ def check_avro_loaded(spark: Any) -> None:
     try:
         spark.range(0).select(to_avro(F.lit(1))).schema  # noqa: B018  (analysed, never run)
     except Exception as e:
-        if "AVRO_NOT_LOADED" not in str(e):
+        # Spark 4 names the error; 3.5's Python wrapper prints a hint and raises a TypeError.
+        if "AVRO_NOT_LOADED" not in str(e) and "'JavaPackage' object is not callable" not in str(e):
             raise
         raise SchemaError(
             "the Avro format needs spark-avro in the Spark session's JVM, which has none; "

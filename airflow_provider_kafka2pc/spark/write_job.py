@@ -38,13 +38,23 @@ def arrow_batch_bounds(spark: Any) -> str:
     """How Spark bounds the Arrow batches it hands the writers, said in the task log: Spark checks
     the byte bound after every row, ~40 % of its JVM's CPU in that hop (docs/design.md), and the
     user guide says when to turn the check off. Read only, never changed here: without the byte
-    bound, large records make batches of hundreds of MB, or fail Arrow's 2 GiB buffer limit."""
+    bound, large records make batches of hundreds of MB, or fail Arrow's 2 GiB buffer limit.
+    Spark 3.5 has no byte bound (``spark/versions.py``): its batches are bounded by records only,
+    which the user guide says to lower for large records."""
+    from airflow_provider_kafka2pc.spark.versions import has_arrow_byte_bound
+
     try:
         records = int(spark.conf.get(ARROW_MAX_RECORDS_PER_BATCH))
+        count = f"{records} records" if records > 0 else "no record bound"
+        if not has_arrow_byte_bound(spark.version):  # asking 3.5 for the setting logs a Py4J error
+            return (
+                f"{count}, no byte bound (Spark {spark.version} has no {ARROW_MAX_BYTES_PER_BATCH}): for records "
+                f"larger than a few KB, lower {ARROW_MAX_RECORDS_PER_BATCH} so that a batch stays far below "
+                "Arrow's 2 GiB (see the user guide)"
+            )
         size = str(spark.conf.get(ARROW_MAX_BYTES_PER_BATCH))
     except Exception as e:  # a courtesy: never fail the export for it
         return f"unknown ({e!r})"
-    count = f"{records} records" if records > 0 else "no record bound"
     if size.rstrip("b") == str(ARROW_BYTES_UNCHECKED):
         return f"{count}, bytes unchecked ({ARROW_MAX_BYTES_PER_BATCH}={size})"
     return (

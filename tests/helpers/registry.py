@@ -52,12 +52,14 @@ class RegistryEnv:
 
 
 def spark_avro_jar() -> Path:
-    """spark-avro for the installed PySpark, fetched once into the jar cache (``mvn dependency:copy``)."""
-    import pyspark
+    """spark-avro for the installed PySpark (its Scala suffix too: 2.12 for 3.5), fetched once into
+    the jar cache (``mvn dependency:copy``)."""
+    from airflow_provider_kafka2pc.spark.versions import spark_build
 
-    version = pyspark.__version__
+    build = spark_build()
+    version = build.version
     libs = kafka_local().cache_dir() / f"spark-avro-{version}"
-    jar = libs / f"spark-avro_2.13-{version}.jar"
+    jar = libs / f"spark-avro_{build.scala}-{version}.jar"
     libs.mkdir(parents=True, exist_ok=True)
     with (libs.parent / ".spark-avro.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -65,7 +67,7 @@ def spark_avro_jar() -> Path:
             if not jar.is_file():
                 mvn = shutil.which("mvn")
                 assert mvn is not None, "mvn not found on PATH; Maven fetches spark-avro"
-                artifact = f"org.apache.spark:spark-avro_2.13:{version}"
+                artifact = build.package("spark-avro")
                 command = [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={libs}"]
                 result = subprocess.run(command, capture_output=True, text=True, check=False)
                 assert result.returncode == 0 and jar.is_file(), f"{command} failed:\n{result.stdout}{result.stderr}"

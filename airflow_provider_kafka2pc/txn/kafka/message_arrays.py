@@ -6,6 +6,7 @@ hands to ``rd_kafka_produce_batch``; ``partition_order`` groups it by partition.
 from __future__ import annotations
 
 import ctypes
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -13,6 +14,22 @@ from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NativeUnsupportedError
 
 MAX_PARTITION = 2**31 - 1  # partitions are int32 in Kafka's protocol and in rd_kafka_message_t
+# The oldest pyarrow the writers are tested with (scripts/test-compat, beside PySpark 3.5); 15 and
+# older are built for numpy 1, and the package's numpy is 2.
+LOWEST_PYARROW = (16, 1, 0)
+
+
+def pyarrow_unsupported() -> str | None:
+    """Why the installed pyarrow is older than the writers are tested with (or missing), or None."""
+    try:
+        import pyarrow as pa
+    except ImportError as e:
+        return f"pyarrow is not installed ({e})"
+    found = tuple(int(n) for n in re.findall(r"\d+", pa.__version__)[:3])
+    if found < LOWEST_PYARROW:
+        lowest = ".".join(map(str, LOWEST_PYARROW))
+        return f"pyarrow {pa.__version__} is older than {lowest}, the oldest kafka2pc is tested with"
+    return None
 
 
 def as_bytes(value: str | bytes | None) -> bytes | None:
@@ -53,7 +70,9 @@ def binary_column(column: Any) -> Any:
 
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
-    if pa.types.is_string_view(column.type) or pa.types.is_binary_view(column.type):
+    # View types (and their predicates) came with pyarrow 16: an older one has no view column to copy.
+    is_view = [getattr(pa.types, name, None) for name in ("is_string_view", "is_binary_view")]
+    if any(check is not None and check(column.type) for check in is_view):
         column = column.cast(pa.binary())
     return column
 
@@ -161,6 +180,7 @@ def partition_order(partitions: Any) -> Any:
 
 
 __all__ = [
+    "LOWEST_PYARROW",
     "MAX_PARTITION",
     "as_bytes",
     "binary_buffers",
@@ -171,4 +191,5 @@ __all__ = [
     "message_array",
     "message_dtype",
     "partition_order",
+    "pyarrow_unsupported",
 ]

@@ -32,7 +32,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka import librdkafka as rd
 from airflow_provider_kafka2pc.txn.kafka.config import is_secret_key
 from airflow_provider_kafka2pc.txn.kafka.errors import LibraryUnavailableError
-from airflow_provider_kafka2pc.txn.kafka.message_arrays import bytes_at
+from airflow_provider_kafka2pc.txn.kafka.message_arrays import bytes_at, pyarrow_unsupported
 from airflow_provider_kafka2pc.txn.kafka.writer import RefusedRecord
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NativeUnsupportedError
 
@@ -59,7 +59,8 @@ def unavailable_reason() -> str | None:
         return f"numpy is not installed ({e})"
     except LibraryUnavailableError as e:
         return str(e)
-    return None
+    # An executor's pyarrow may be older than the driver's: its tasks take the Python loop then.
+    return pyarrow_unsupported()
 
 
 def unsupported_setting(config: Mapping[str, Any]) -> str | None:
