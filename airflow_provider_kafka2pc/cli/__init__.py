@@ -10,9 +10,20 @@ from airflow_provider_kafka2pc.cli.arguments import (
     EXIT_LOST,
     EXIT_OK,
     EXIT_OPEN,
+    EXIT_SOURCE_BEHIND,
     EXIT_USAGE,
 )
 from airflow_provider_kafka2pc.cli.commands import main
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
 
-__all__ = ["ENV_BOOTSTRAP", "EXIT_FAILED", "EXIT_LOST", "EXIT_OK", "EXIT_OPEN", "EXIT_USAGE", "Connection", "main"]
+__all__ = [
+    "ENV_BOOTSTRAP",
+    "EXIT_FAILED",
+    "EXIT_LOST",
+    "EXIT_OK",
+    "EXIT_OPEN",
+    "EXIT_SOURCE_BEHIND",
+    "EXIT_USAGE",
+    "Connection",
+    "main",
+]

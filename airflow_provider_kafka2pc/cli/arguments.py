@@ -17,6 +17,7 @@ EXIT_OPEN = 1
 EXIT_USAGE = 2  # what argparse uses too; also a missing or mistaken --conn-id
 EXIT_FAILED = 3
 EXIT_LOST = 4
+EXIT_SOURCE_BEHIND = 5  # a committed run's output is visible, its source group did not move with it
 
 ENV_BOOTSTRAP = "KAFKA2PC_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"

@@ -39,6 +39,7 @@ from airflow_provider_kafka2pc.cli.arguments import (
     EXIT_LOST,
     EXIT_OK,
     EXIT_OPEN,
+    EXIT_SOURCE_BEHIND,
     EXIT_USAGE,
     UsageError,
     parse_args,
@@ -80,9 +81,15 @@ def _survey(conn: Connection, args: argparse.Namespace) -> tuple[dict[str, Any],
     states = inspector.describe_prefix(args.prefix)
     state, exists = _read(conn, lambda log: log.read_for(args.prefix))
     report = _header(args, exists) | survey.exporter_report(inspector, states, state, args.prefix)
+    report |= survey.source_report(conn.config, state, args.prefix)
+    return report, _exit_status(report, EXIT_OPEN if report["transactions"] else EXIT_OK)
+
+
+def _exit_status(report: Mapping[str, Any], otherwise: int) -> int:
+    """A loss first, then a source group left behind by a visible run, then ``otherwise``."""
     if report["losses"]:
-        return report, EXIT_LOST
-    return report, EXIT_OK if not report["transactions"] else EXIT_OPEN
+        return EXIT_LOST
+    return EXIT_SOURCE_BEHIND if report.get("source_behind") else otherwise
 
 
 # -- list -----------------------------------------------------------------------------------
@@ -95,6 +102,7 @@ def cmd_list(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
     else:
         render.open_transactions(out, report)
         render.losses(out, report)
+        render.source_behind(out, report)
     return code
 
 
@@ -107,12 +115,14 @@ def cmd_describe(conn: Connection, args: argparse.Namespace, out: TextIO) -> int
     state, exists = _read(conn, lambda log: log.read(keep_run=lambda p, _r, _raw: p == prefix))
     inspector = TransactionInspector(conn.wire(), args.timeout)
     report = _header(args, exists) | survey.describe_report(inspector, state, prefix)
+    report |= survey.source_report(conn.config, state, prefix)
     if args.json:
         render.print_json(out, report)
     else:
         render.decisions_and_runs(out, report)
         render.losses(out, report)
-    return EXIT_LOST if report["losses"] else EXIT_OK
+        render.source_behind(out, report)
+    return _exit_status(report, EXIT_OK)
 
 
 # -- resolve --------------------------------------------------------------------------------
@@ -127,6 +137,7 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: TextIO) -> int:
             out.write("dry run: nothing is changed\n")
             render.open_transactions(out, report)
             render.losses(out, report)
+            render.source_behind(out, report)
         return code
 
     wire = conn.wire()

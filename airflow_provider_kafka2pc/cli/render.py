@@ -85,6 +85,12 @@ def losses(out: TextIO, report: Mapping[str, Any]) -> None:
         out.write(f"  handle it (re-export the lost partitions), then: {f['acknowledge']}\n")
 
 
+def source_behind(out: TextIO, report: Mapping[str, Any]) -> None:
+    """A Kafka source group a visible run did not move (``survey.source_report``), with its commands."""
+    if report.get("source_behind"):
+        out.write(f"SOURCE GROUP BEHIND: {report['source_behind']}\n")
+
+
 def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:
     return _indent(
         _table(

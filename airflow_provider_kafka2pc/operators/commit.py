@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
     from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
     from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport
+    from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
 
 
 # The alias the commit reports its topics' assets through (a topic is only known at run time).
@@ -167,7 +168,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         progress.first_try = int(getattr(context["ti"], "try_number", 0) or 0) <= 1
         try:
             guard = self._offsets_guard(hook, present)
-            sources = {p.prefix: p.source for p in present if p.source is not None and p.offsets_participant()}
+            sources = {p.prefix: p.source for p in present if p.source is not None and p.offsets_committable()}
             members = [members_of(p, context) for p in present]
             report = self.resolve(committables, members, hook, run, progress, guard, sources)
         except Exception as e:
@@ -292,12 +293,12 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             )
 
     @staticmethod
-    def _offsets_guard(hook: Kafka2PCHook, payloads: Sequence[ExportPayload]) -> Callable[[], dict[str, str]] | None:
-        """For exports with a Kafka source: the check that their groups did not move before the decision."""
-        from airflow_provider_kafka2pc.txn.two_phase.source_guard import offsets_guard
+    def _offsets_guard(hook: Kafka2PCHook, payloads: Sequence[ExportPayload]) -> SourceGuard | None:
+        """For exports with a Kafka source: their groups did not move, and move with the output."""
+        from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
 
-        sources = [(p.source, tid) for p in payloads if p.source is not None and (tid := p.offsets_participant())]
-        return offsets_guard(hook.get_config(), sources) if sources else None
+        sources = [(p.source, c) for p in payloads if p.source is not None and (c := p.offsets_committable())]
+        return SourceGuard(hook.get_config(), sources) if sources else None
 
     def resolve(
         self,
@@ -306,7 +307,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         hook: Kafka2PCHook,
         run: str,
         progress: CommitProgress | None = None,
-        guard: Callable[[], Mapping[str, str]] | None = None,
+        guard: SourceGuard | None = None,
         sources: Mapping[str, SourceRange] | None = None,
     ) -> CommitReport:
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared

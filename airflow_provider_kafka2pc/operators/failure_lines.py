@@ -12,6 +12,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.protocol.errors import (
     DecisionConflictError,
     MalformedCommittableError,
+    OffsetsNotMovedError,
     RunAbortedError,
     SecondExportError,
     TransactionLostError,
@@ -86,6 +87,12 @@ def commit_failure_line(progress: CommitProgress, error: BaseException) -> str:
             f"partitions, then acknowledge the loss with {commands}."
         )
 
+    if isinstance(error, OffsetsNotMovedError):
+        return (
+            f"{run}: committed, its output is visible, but its source's consumer group did not move with it (the "
+            "error above names the partitions). Next: run the kafka-consumer-groups commands it gives before the "
+            "exporter's next run, which refuses until then; clearing this task changes nothing."
+        )
     if isinstance(error, SecondExportError):
         return (
             f"{run}: already decided by its first COMMIT ({progress.decision_id or 'see the error'}); these "

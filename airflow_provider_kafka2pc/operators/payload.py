@@ -75,10 +75,10 @@ class ExportPayload:
             columns["records"] = [c.records for c in self.committables]
         return columns
 
-    def offsets_participant(self) -> str | None:
-        """The transactional id of the run's offsets participant, with a Kafka source that moved."""
+    def offsets_committable(self) -> Committable | None:
+        """The committable of the run's offsets participant, with a Kafka source that moved."""
         tid = self._id(naming.OFFSETS_SLOT)
-        return tid if any(c.transactional_id == tid for c in self.committables) else None
+        return next((c for c in self.committables if c.transactional_id == tid), None)
 
     def _id(self, slot: int) -> str:
         return naming.transactional_id(self.prefix, slot, naming.NamingStrategy(self.naming_strategy), self.run_key)

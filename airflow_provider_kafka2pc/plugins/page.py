@@ -179,6 +179,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
             for prefix in prefixes:
                 report = reports.exporter_report(inspector, inspector.describe_prefix(prefix), state, prefix)
                 described = reports.describe_report(inspector, state, prefix)
+                behind = reports.source_report(config, state, prefix)["source_behind"]
                 mark_live(prefix, report["transactions"], state.queue(prefix), live, state.claims.get(prefix))
                 exporters.append(
                     {
@@ -188,6 +189,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
                         "losses": report["losses"],
                         "decisions": described["decisions"],
                         "runs": run_rows(described, report["losses"]),
+                        "source_behind": behind,
                     }
                 )
     except Kafka2PCError as e:

@@ -114,6 +114,8 @@ def _exporter(conn_id: str, x: Mapping[str, Any], can_acknowledge: bool) -> str:
     ]
     for loss in losses:
         parts.append(_loss(conn_id, loss, can_acknowledge))
+    if x.get("source_behind"):  # output visible, source group not moved: the commands that fix it
+        parts.append(f'<div class="loss source-behind"><b>Source group behind.</b> {e(x["source_behind"])}</div>')
     parts.append("<h3>Open transactions</h3>")
     if open_txns:
         parts.append(

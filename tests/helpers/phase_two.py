@@ -30,7 +30,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,6 +51,7 @@ from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, 
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
 
 
 def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
@@ -96,18 +96,17 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
 
 def source_of(
     args: argparse.Namespace, committables: list[Committable]
-) -> tuple[Callable[[], dict[str, str]] | None, dict[str, SourceRange] | None]:
+) -> tuple[SourceGuard | None, dict[str, SourceRange] | None]:
     """The commit operator's guard and ``sources=`` for a range whose offsets participant is handed."""
     if not args.source_range:  # not a sourced export's commit (which may then have no --prefix)
         return None, None
     tid = naming.transactional_id(args.prefix, naming.OFFSETS_SLOT)
-    if tid not in {c.transactional_id for c in committables}:
+    offsets = next((c for c in committables if c.transactional_id == tid), None)
+    if offsets is None:
         return None, None
-    from airflow_provider_kafka2pc.txn.two_phase.source_guard import offsets_guard
-
     with open(args.source_range) as f:
         read = SourceRange.from_dict(json.load(f))
-    return offsets_guard({"bootstrap.servers": args.bootstrap}, [(read, tid)]), {args.prefix: read}
+    return SourceGuard({"bootstrap.servers": args.bootstrap}, [(read, offsets)]), {args.prefix: read}
 
 
 def hold_before_decision(log: DecisionLog, hold_ms: int) -> None:

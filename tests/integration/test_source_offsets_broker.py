@@ -255,3 +255,115 @@ def test_latest_pins_a_new_group_where_it_starts_and_the_next_run_reads_what_cam
     third = snapshot_source(kafka.config, spec, previous=last)
     assert [(p.partition, p.start, p.end) for p in third.partitions][2] == (2, 0, 3)
     other.begin_transaction()  # the fixture's teardown aborts an open one
+
+
+def _reset_to_current(env: KafkaEnv, group: str, topic: str) -> str:
+    """Kafka's own tool commits the value the group already has, as a regular (not transactional)
+    offset commit: the move issue 37 found replacing a prepared run's offsets at its commit."""
+    done = kafka_local().run_tool(
+        env.directory,
+        "consumer-groups",
+        ["--group", group, "--reset-offsets", "--to-current", "--execute", "--topic", topic],
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def _sourced_run(env: KafkaEnv, topic: str, group: str, prefix: str, out: str) -> tuple[Any, list[Any]]:
+    """A Kafka-sourced run prepared as the operator prepares it: the range, 5 output records in a
+    data transaction, the range's ends in the offsets participant; (range, committables)."""
+    from tests.helpers.kafka import generate, prepare_in_subprocess
+
+    first = snapshot_source(env.config, KafkaSourceSpec(group, topics=(topic,), max_offsets_per_run=6))
+    commit_prepared(
+        [prepare_offsets(env.config, naming.transactional_id(prefix, naming.OFFSETS_SLOT), first)],
+        env.wire,
+        _log(env),
+        run="before",
+    )  # the group has offsets (3, 3): a same-value commit then has a value to write
+    read = snapshot_source(env.config, KafkaSourceSpec(group, topics=(topic,)))
+    data = prepare_in_subprocess(env, naming.transactional_id(prefix, 0), generate(out, 5, key_prefix=prefix))
+    offsets = prepare_offsets(env.config, naming.transactional_id(prefix, naming.OFFSETS_SLOT), read)
+    return read, [data, offsets]
+
+
+def test_a_same_value_offset_commit_between_prepare_and_commit_still_moves_the_group_with_the_output(
+    kafka: KafkaEnv, source: tuple[str, Any]
+) -> None:
+    from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
+
+    topic, _ = source
+    out = kafka.topic(partitions=1)
+    group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    read, committables = _sourced_run(kafka, topic, group, prefix, out)
+    assert [(p.start, p.end, p.committed) for p in read.partitions] == [(3, 22, 3), (3, 8, 3)]
+    said = _reset_to_current(kafka, group, topic)
+    assert re.search(rf"{re.escape(topic)}\s+0\s+3\b", said), said  # it wrote the group's own value, 3
+
+    guard = SourceGuard(kafka.config, [(read, committables[1])])
+    report = commit_prepared(committables, kafka.wire, _log(kafka), run="r2", guard=guard, sources={prefix: read})
+    assert [x.outcome for x in report.resolutions] == [Verdict.COMMITTED, Verdict.COMMITTED]
+    # The output and the group's offsets became visible together: 5 records, the group at the ends.
+    assert kafka.count_committed(out, prefix.encode()) == (5, 5)
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 22, (topic, 1): 8}
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_a_same_value_commit_after_the_resend_is_said_with_the_reset_commands_and_the_next_run_refuses(
+    kafka: KafkaEnv, source: tuple[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The moment left: a regular commit between the guard's resend and the EndTxn. The output is
+    visible and the group is not at the run's ends; the commit says so, with Kafka's commands, and the
+    next run refuses (never advising accept_gap) until those commands have run."""
+    import shlex
+
+    from airflow_provider_kafka2pc.txn.protocol.errors import OffsetsNotMovedError
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
+
+    topic, _ = source
+    out = kafka.topic(partitions=1)
+    group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    read, committables = _sourced_run(kafka, topic, group, prefix, out)
+
+    class LateCommit(SourceGuard):
+        def before_decision(self, wire: Any) -> dict[str, str]:
+            found = super().before_decision(wire)
+            _reset_to_current(kafka, group, topic)  # after the resend, before the decision and EndTxn
+            return found
+
+    guard = LateCommit(kafka.config, [(read, committables[1])])
+    log = _log(kafka)
+    with pytest.raises(OffsetsNotMovedError) as behind:
+        commit_prepared(committables, kafka.wire, log, run="r2", guard=guard, sources={prefix: read})
+    said = str(behind.value)
+    assert f"run r2 committed: its output is visible, but consumer group {group!r} did not move" in said, said
+    assert f"{topic}-0 is at 3, the run ended at 22" in said and f"{topic}-1 is at 3, the run ended at 8" in said
+    assert "Do not set accept_gap=True" in said
+    assert kafka.count_committed(out, prefix.encode()) == (5, 5)
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 3, (topic, 1): 3}
+    assert kafka.open_transactions(prefix) == []
+    # kafka2pc list says it too, with the same commands, and exits 5 (a loss would be 4).
+    from airflow_provider_kafka2pc.cli import EXIT_SOURCE_BEHIND, main
+
+    common = ["--prefix", prefix, "--bootstrap-servers", kafka.bootstrap, "--decision-topic", log.topic]
+    assert main(["list", *common]) == EXIT_SOURCE_BEHIND
+    listed = capsys.readouterr().out
+    assert "SOURCE GROUP BEHIND: run r2 (decision " in listed and f"--topic {topic}:0 --to-offset 22" in listed, listed
+
+    last = RunRecord(prefix, "r2", RunStatus.COMMITTED, 2, 5, 0, "d2", source=read)
+    spec = KafkaSourceSpec(group, topics=(topic,))
+    with pytest.raises(SourceError) as refused:
+        snapshot_source(kafka.config, spec, previous=last)
+    assert "run r2 (decision d2) committed: its output is visible" in str(refused.value)
+    assert "set accept_gap=True for one run" not in str(refused.value)
+    # Following the message: its commands, as printed, move the group; the next run follows on.
+    commands = re.findall(r"kafka-consumer-groups (--bootstrap-server .*?--execute)", said)
+    assert len(commands) == 2, said
+    for command in commands:
+        args = [a for a in shlex.split(command) if a not in ("--command-config", "admin.properties")]
+        done = kafka_local().run_tool(kafka.directory, "consumer-groups", args)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 22, (topic, 1): 8}
+    assert not snapshot_source(kafka.config, spec, previous=last).moves
+    assert main(["list", *common]) == 0

@@ -108,3 +108,15 @@ def test_one_exporter_per_source_group_the_first_claim_in_the_log_wins() -> None
         log.claim_group("g", "refunds")
     log.claim_group("h", "refunds")
     assert log.read().group_owners == {"g": "orders", "h": "refunds"}
+
+
+def test_a_group_at_the_run_s_start_is_told_from_one_moved_elsewhere_or_expired() -> None:
+    from airflow_provider_kafka2pc.txn.protocol.source_range import at_start, not_at_end
+
+    run = SourceRange("g", (PartitionRange("orders", 0, 3, 22, 3), PartitionRange("orders", 1, 0, 8, None)))
+    # A regular commit of the old value: p0 back at 3, p1 still without an offset.
+    replaced = not_at_end(run, {("orders", 0): 3, ("orders", 1): None})
+    assert replaced == [(run.partitions[0], 3), (run.partitions[1], None)] and at_start(replaced)
+    assert not at_start(not_at_end(run, {("orders", 0): None, ("orders", 1): None}))  # expired: another case
+    assert not at_start(not_at_end(run, {("orders", 0): 5, ("orders", 1): None}))  # another consumer moved it
+    assert not_at_end(run, {("orders", 0): 22, ("orders", 1): 8}) == []  # it moved with the run

@@ -23,14 +23,16 @@ from typing import Any, NoReturn
 from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SourceError
+from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SourceError, UnstableOffsetsError
 from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.protocol.source_range import (
     STARTING_POLICIES,
     PartitionRange,
     SourceRange,
+    at_start,
     cap_ranges,
     departures,
+    not_at_end,
     offset_text,
 )
 
@@ -156,8 +158,13 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
             f"the exporter's last run {previous.run} (decision {previous.decision_id}) lost transactions "
             f"(kafka2pc describe shows them) and consumer group {spec.group_id!r} is not at that run's end "
             f"({named}). If that run's output is visible, its offsets were lost: move the group to the run's end "
-            f"({_reset_commands(bootstrap, spec.group_id, [p for p, _ in off])}) and run again; to read that range "
+            f"({reset_commands(bootstrap, spec.group_id, [p for p, _ in off])}) and run again; to read that range "
             "again instead, set accept_gap=True for one run"
+        )
+    if previous.status is RunStatus.COMMITTED and at_start(off):
+        # Its output is visible, its offsets are not: a regular commit replaced the run's own.
+        raise SourceError(
+            offsets_not_moved_sentence(previous.run, previous.source, off, bootstrap, previous.decision_id)
         )
     if all(now is None for _, now in off):
         named = ", ".join(f"{p.name} at {p.end}" for p, _ in off[:5])
@@ -174,6 +181,37 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
         "another consumer committed offsets for the group, or they were reset. Give the export a group of its "
         "own; to go on from where the group is now, set accept_gap=True for one run"
     )
+
+
+def group_left_behind(config: Mapping[str, Any], run: RunRecord | None, timeout_s: float = 30.0) -> str | None:
+    """For ``kafka2pc list``/``describe`` and the exporters page: the sentence of the exporter's latest
+    committed run whose group stands at that run's start (a regular commit replaced the run's
+    offsets), read from the group now; None when it does not."""
+    if run is None or run.source is None or run.status is not RunStatus.COMMITTED:
+        return None
+    partitions = [(p.topic, p.partition) for p in run.source.partitions]
+    off = not_at_end(run.source, group_offsets(config, run.source.group_id, partitions, timeout_s, stable=False))
+    if not at_start(off):
+        return None
+    return offsets_not_moved_sentence(
+        run.run, run.source, off, str(config.get("bootstrap.servers", "")), run.decision_id
+    )
+
+
+def settled_group_offsets(
+    config: Mapping[str, Any], group_id: str, partitions: Sequence[tuple[str, int]], timeout_s: float = 30.0
+) -> dict[tuple[str, int], int | None]:
+    """The group's committed offsets once no transactional commit to it is pending: just after a
+    run's EndTxn its coordinator is still writing the commit markers, and a stable read answers
+    UNSTABLE_OFFSET_COMMIT until they land (milliseconds); past ``timeout_s`` that refusal is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return group_offsets(config, group_id, partitions, timeout_s=timeout_s)
+        except UnstableOffsetsError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def group_offsets(
@@ -230,7 +268,7 @@ def _partitions(
     return out
 
 
-def _reset_commands(bootstrap: str, group: str, partitions: Sequence[PartitionRange]) -> str:
+def reset_commands(bootstrap: str, group: str, partitions: Sequence[PartitionRange]) -> str:
     """``kafka-consumer-groups`` commands that move ``group`` to each partition's end, ready to paste."""
     commands = [
         f"kafka-consumer-groups --bootstrap-server {shlex.quote(bootstrap)} --command-config admin.properties "
@@ -240,6 +278,28 @@ def _reset_commands(bootstrap: str, group: str, partitions: Sequence[PartitionRa
     ]
     more = f"; and {len(partitions) - 5} more partition(s) alike" if len(partitions) > 5 else ""
     return "; ".join(commands) + more
+
+
+def offsets_not_moved_sentence(
+    run: str,
+    source: SourceRange,
+    behind: Sequence[tuple[PartitionRange, int | None]],
+    bootstrap: str,
+    decision_id: str | None = None,
+) -> str:
+    """What a committed run whose group did not reach its ends says (the commit at once, the next
+    run's snapshot later): output visible, group not moved, and the commands that make the next run
+    correct. Never accept_gap, which would read the run's range again."""
+    named = ", ".join(f"{p.name} is at {offset_text(now)}, the run ended at {p.end}" for p, now in behind[:5])
+    decision = f" (decision {decision_id})" if decision_id else ""
+    return (
+        f"run {run}{decision} committed: its output is visible, but consumer group {source.group_id!r} did not move "
+        f"with it ({named}): a regular offset commit to the group (another consumer, kafka-consumer-groups "
+        "--reset-offsets, a script re-committing offsets) landed after the run's own and replaced it. The next run "
+        "would read those records again, so it is refused until the group is at that run's end: "
+        f"{reset_commands(bootstrap, source.group_id, [p for p, _ in behind])}; then run again. Do not set "
+        "accept_gap=True for this: it would export those records twice"
+    )
 
 
 def _retrying(call: Callable[[], Any], timeout_s: float) -> Any:
@@ -298,7 +358,7 @@ def _committed(
     for tp in result.topic_partitions or ():
         if tp.error is not None:
             if tp.error.name() == "UNSTABLE_OFFSET_COMMIT":
-                raise SourceError(
+                raise UnstableOffsetsError(
                     f"consumer group {group_id!r} has an offset commit on {tp.topic}-{tp.partition} inside a "
                     "transaction that is still open: an earlier run's offsets participant ({prefix}-offsets or "
                     "{prefix}-{run}-offsets) not resolved yet, or another transactional application committing "

@@ -1,14 +1,14 @@
 """The one adapter over kafka-python's protocol classes and networking internals.
 
-kafka2pc needs four Kafka APIs that librdkafka does not expose to another process:
-FindCoordinator(TRANSACTION), EndTxn, DescribeTransactions and ListTransactions.
+kafka2pc needs five Kafka APIs that librdkafka does not expose to another process:
+FindCoordinator, EndTxn, TxnOffsetCommit, DescribeTransactions and ListTransactions.
 ListTransactions and DescribeTransactions go through kafka-python's public
 ``KafkaAdminClient.list_transactions`` and ``describe_transactions``. The other two use
 kafka-python's generated protocol classes over its private connection manager: FindCoordinator
 because kafka-python has no public call for it (its internal one answers from a cache that is never
-invalidated, and we must see a moved coordinator), EndTxn because no public API ends another
-process's transaction. Each fresh FindCoordinator answer is also recorded in kafka-python's
-coordinator cache, which is what its public ``describe_transactions`` routes by. The private
+invalidated, and we must see a moved coordinator), EndTxn and TxnOffsetCommit because no public API
+ends, or writes into, another process's transaction. Each fresh FindCoordinator answer is also
+recorded in kafka-python's coordinator cache, which is what its public ``describe_transactions`` routes by. The private
 names change between releases, so kafka-python's version is bounded and every private name we
 touch is used here and only here (``tests/unit/test_wire_surface.py`` fails loudly when an
 upgrade moves one).
@@ -36,6 +36,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 # which would not match the transaction librdkafka started. Pin it, and keep it pinned on retry.
 END_TXN_MAX_VERSION = 4
 _TRANSACTION_COORDINATOR = 1  # CoordinatorType.TRANSACTION on the wire
+_GROUP_COORDINATOR = 0  # CoordinatorType.GROUP
 _INIT_PRODUCER_ID_KEY = 22
 _KIP939_INIT_PRODUCER_ID_VERSION = 6  # InitProducerId v6 carries Enable2Pc / KeepPreparedTxn
 
@@ -203,6 +204,57 @@ class WireClient:
             return int(response.error_code)
 
         return int(self._run(go))
+
+    def txn_offset_commit(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        offsets: Mapping[tuple[str, int], int],
+    ) -> dict[tuple[str, int], int]:
+        """TxnOffsetCommit into the open transaction of (id, producer id, epoch), as a group without
+        members (generation -1, no member id), sent to the group's coordinator; Kafka's error code per
+        partition (0 = NONE), or one code for all when the group's coordinator cannot be found.
+
+        The transaction already holds the group's offsets partition (the prepare's AddOffsetsToTxn), so
+        this adds nothing to it: it appends the same offsets again, later in the offsets log than any
+        regular commit made meanwhile, which is what the broker compares when the transaction commits."""
+        from kafka.protocol.metadata import FindCoordinatorRequest
+        from kafka.protocol.producer.transaction import TxnOffsetCommitRequest
+
+        Topic = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+        topics: dict[str, list[Any]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            topics.setdefault(topic, []).append(
+                Topic.TxnOffsetCommitRequestPartition(
+                    partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""
+                )
+            )
+
+        async def go() -> dict[tuple[str, int], int]:
+            found = await self._send(
+                FindCoordinatorRequest(key_type=_GROUP_COORDINATOR, coordinator_keys=[group_id], min_version=4)
+            )
+            [c] = found.coordinators
+            if c.error_code:
+                return dict.fromkeys(offsets, int(c.error_code))
+            request = TxnOffsetCommitRequest(
+                transactional_id=transactional_id,
+                group_id=group_id,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                generation_id=-1,
+                member_id="",
+                group_instance_id=None,
+                topics=[Topic(name=t, partitions=ps) for t, ps in topics.items()],
+            )
+            response = await self._send(request, int(c.node_id))
+            return {
+                (str(t.name), int(p.partition_index)): int(p.error_code) for t in response.topics for p in t.partitions
+            }
+
+        return dict(self._run(go)) if offsets else {}
 
     def describe_transactions(self, transactional_ids: Sequence[str]) -> dict[str, TxnState]:
         """DescribeTransactions (kafka-python's public API), one row per id, per-id error codes kept.

@@ -52,6 +52,15 @@ class SourceError(Kafka2PCError):
     an unresolved earlier run); nothing was written."""
 
 
+class UnstableOffsetsError(SourceError):
+    """A stable offset fetch found an offset commit to the group pending in an open transaction."""
+
+
+class OffsetsNotMovedError(Kafka2PCError):
+    """A committed run's output is visible but its source group is not at the run's ends: a regular
+    offset commit replaced the run's own. The message carries the commands that move the group."""
+
+
 class DeliveryError(Kafka2PCError):
     """A record was not acknowledged by the broker; the transaction must not be committed."""
 

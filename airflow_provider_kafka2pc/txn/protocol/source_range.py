@@ -14,7 +14,7 @@ Offsets, not records: a range may hold transaction markers and aborted records, 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +131,21 @@ def moved_elsewhere(
 def departures(previous: SourceRange, now: SourceRange) -> list[tuple[PartitionRange, int | None]]:
     """The partitions of the exporter's last committed run (``previous``, same group) whose group
     offset is not where that run left it: (its range, the offset now). Empty when they follow on."""
-    return _off(previous, {(p.topic, p.partition): p.committed for p in now.partitions}, lambda p: p.end)
+    return not_at_end(previous, {(p.topic, p.partition): p.committed for p in now.partitions})
+
+
+def not_at_end(
+    source: SourceRange, now: Mapping[tuple[str, int], int | None]
+) -> list[tuple[PartitionRange, int | None]]:
+    """The partitions whose group offset (``now``) is not the range's end."""
+    return _off(source, now, lambda p: p.end)
+
+
+def at_start(off: Sequence[tuple[PartitionRange, int | None]]) -> bool:
+    """Whether every partition ``off`` names stands at the offset the group had before the run, and
+    some has an offset: a regular commit of the old value replaced the run's own (none at all is
+    offsets that expired or were deleted)."""
+    return bool(off) and all(now == p.committed for p, now in off) and any(now is not None for _, now in off)
 
 
 def _off(

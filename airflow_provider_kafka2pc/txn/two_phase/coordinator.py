@@ -12,7 +12,7 @@ EndTxn, then the final record.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
@@ -64,6 +64,7 @@ from airflow_provider_kafka2pc.txn.two_phase.ruling import (
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     iso as _iso,
 )
+from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class CommitOptions(TypedDict, total=False):
     end_txn_timeout_s: float
     headroom_ms: int | None
     progress: CommitProgress | None
-    guard: Callable[[], Mapping[str, str]] | None
+    guard: SourceGuard | None
     sources: Mapping[str, SourceRange] | None
 
 
@@ -110,14 +111,17 @@ def commit_prepared(
        aborted: ABORT is appended, read back, obeyed, and ``RunAbortedError`` says why (nothing
        of it is visible: not a loss); or, if an
        earlier decision rules them by then (recovery's ABORT, appended since step 1's read),
-       ``DecisionConflictError`` names it, as in step 3. ``guard`` (a Kafka source's check that its
-       group's offsets did not move) may doom transactions too: ``{transactional id: why}``. The
-       COMMIT records ``sources`` (each exporter's Kafka source range), and so does the run record.
+       ``DecisionConflictError`` names it, as in step 3. ``guard`` (a Kafka source's: its group's
+       offsets did not move, and are sent into the open offsets participant again, so that they are
+       the group's latest write) may doom transactions too. The COMMIT records ``sources`` (each
+       exporter's Kafka source range), and so does the run record.
     3. Otherwise one COMMIT for the whole run is appended (or the run's earlier COMMIT reused, on
        a retry) and read back. If an earlier decision rules any transaction of it, the COMMIT is
        void: the run is aborted the same way and ``DecisionConflictError`` names who won.
     4. EndTxn for all, in parallel; outcomes recorded; the run collapses to its run record.
-       A transaction lost after the decision raises ``TransactionLostError``.
+       A transaction lost after the decision raises ``TransactionLostError``; a committed offsets
+       participant whose group is not at the run's ends (a regular commit landed after the guard's
+       resend) raises ``OffsetsNotMovedError`` with the commands that move it.
     """
     decided = decide_commit(committables, wire, decision_log, run, **options)
     if isinstance(decided, CommitReport):
@@ -130,6 +134,8 @@ def commit_prepared(
     if lost:
         seen = [visibility.of_decision(state, did, p)[0] for p in _prefixes(decided.decision)]
         raise TransactionLostError(lost, seen)
+    if (guard := options.get("guard")) is not None:
+        guard.after_commit(run, [r.ref.transactional_id for r in resolutions if r.outcome is Verdict.COMMITTED])
     return CommitReport(tuple(resolutions), committed=all(r.outcome is Verdict.COMMITTED for r in resolutions))
 
 
@@ -143,7 +149,7 @@ def decide_commit(
     end_txn_timeout_s: float = 60.0,
     headroom_ms: int | None = None,
     progress: CommitProgress | None = None,
-    guard: Callable[[], Mapping[str, str]] | None = None,
+    guard: SourceGuard | None = None,
     sources: Mapping[str, SourceRange] | None = None,
 ) -> Decided | CommitReport:
     """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
@@ -196,7 +202,7 @@ def decide_commit(
             observed,
             lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms),
         )
-        moved = dict(guard()) if guard is not None and not doomed else {}
+        moved = guard.before_decision(wire) if guard is not None and not doomed else {}
         if doomed or moved:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed or moved))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.

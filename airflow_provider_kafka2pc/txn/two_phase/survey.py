@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.kafka.source_snapshot import group_left_behind
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol import naming
@@ -57,6 +58,13 @@ def describe_report(inspector: TransactionInspector, state: LogState, prefix: st
         "runs": [run_json(r) for r in runs],
         "losses": losses,
     }
+
+
+def source_report(config: Mapping[str, Any], state: LogState, prefix: str) -> dict[str, Any]:
+    """``source_behind``: for an exporter whose latest committed run's output is visible while its
+    Kafka source group stands at that run's start (a regular offset commit replaced the run's own),
+    the sentence with the commands that move the group; None otherwise (or without a source)."""
+    return {"source_behind": group_left_behind(config, state.last_source(prefix))}
 
 
 def touches(prefix: str) -> Callable[[str], bool]:
