@@ -14,7 +14,10 @@ Usage::
         run_id = af.trigger("my_dag")
         assert af.wait_run("my_dag", run_id, timeout=120) == "success"
 
-Component logs (and ``postgres.log``, the server's) stay in ``<home>/logs/components/`` after ``stop()``.
+Component logs (and ``postgres.log``, the server's) stay in ``<home>/logs/components/`` after ``stop()``;
+``stop()`` also copies ``<home>/logs`` (components and every task try, trigger lines merged in) to
+``keep_logs_in``, by default the run's log folder (``KAFKA2PC_TEST_LOGS``, set by ``scripts/test``), since
+the home is a temporary directory that CI does not keep.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,6 +71,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _default_logs_copy(home: Path) -> Path | None:
+    """``<run logs>/airflow-<home's folder>`` when the run keeps logs (scripts/test), else None."""
+    from tests.conftest import run_logs_dir  # lazily: conftest is the one place that names the folder
+
+    base = run_logs_dir()
+    name = home.parent.name if home.name == "home" else home.name  # tmp_path_factory names the parent
+    return base / f"airflow-{name}" if base else None
+
+
 def _tail(path: Path, lines: int) -> str:
     try:
         data = path.read_bytes()
@@ -91,6 +104,7 @@ class StandaloneAirflow(Service):
         startup_timeout: float = 180.0,
         config: Mapping[str, str] | None = None,
         dag_ids: Sequence[str] = (),
+        keep_logs_in: Path | None = None,
     ) -> None:
         """Prepare (but do not start) an instance.
 
@@ -101,6 +115,8 @@ class StandaloneAirflow(Service):
         :param startup_timeout: seconds for PostgreSQL, ``airflow db migrate`` and all components to be healthy.
         :param config: extra ``AIRFLOW__SECTION__KEY`` overrides, applied after the harness defaults.
         :param dag_ids: DAGs that ``start()`` waits for (parsed and visible in the API) before returning.
+        :param keep_logs_in: where ``stop()`` copies ``<home>/logs``; default: a folder named after the home
+            in the run's log folder, when there is one (``tests/conftest.py:run_logs_dir``).
         """
         self.dag_ids = tuple(dag_ids)
         self.home = Path(home).resolve()
@@ -110,6 +126,7 @@ class StandaloneAirflow(Service):
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_dir = self.home / "logs" / "components"
         self.postgres = PostgresCluster(log_copy=self.log_dir / "postgres.log")
+        self.keep_logs_in = keep_logs_in or _default_logs_copy(self.home)
         self._password = secrets.token_urlsafe(16)
         self._components: list[_Component] = []
         self._client: httpx.Client | None = None
@@ -300,6 +317,16 @@ class StandaloneAirflow(Service):
             if self.postgres.directory is not None:
                 self.postgres.stop()
                 self.timings["postgres_stop"] = self.postgres.timings["stop"]
+            self._keep_logs()
+
+    def _keep_logs(self) -> None:
+        # The task logs are the only record of why a task died (a CI failure's home is gone afterwards).
+        # Only logs/: the home also holds the admin's password file.
+        source = self.home / "logs"
+        if self.keep_logs_in is None or not source.is_dir():
+            return
+        with contextlib.suppress(OSError):
+            shutil.copytree(source, self.keep_logs_in, dirs_exist_ok=True)
 
     def _stop_components(self, grace: float) -> None:
         if not self._components:
@@ -627,6 +654,8 @@ class StandaloneAirflow(Service):
                         events.append(_format_log_event(item))
             if events:
                 parts.append(f"{path.relative_to(self.home / 'logs')}:\n" + "\n".join(events[-per_file:]))
+        if parts and self.keep_logs_in is not None:
+            parts.append(f"(every component and task log is copied to {self.keep_logs_in} when this Airflow stops)")
         return "\n\n".join(parts)
 
 
