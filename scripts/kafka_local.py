@@ -53,7 +53,7 @@ KAFKA_VERSION = os.environ.get("KAFKA2PC_KAFKA_VERSION", "4.4.0")
 # protocol to the broker, so the newest release that has them is used.
 TOOLS_VERSION = os.environ.get("KAFKA2PC_KAFKA_TOOLS_VERSION", "4.3.1")
 
-HOST = "127.0.0.1"
+HOST = os.environ.get("KAFKA2PC_KAFKA_HOST", "127.0.0.1")  # scripts/cluster-local: its bridge address
 DEFAULT_TXN_MAX_TIMEOUT_MS = 900_000
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
