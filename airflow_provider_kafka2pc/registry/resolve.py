@@ -4,11 +4,17 @@ The order of questions, and what each answer means:
 
 1. ``version=`` given: the subject's schema at that version is read; a missing subject or version is
    an error (nothing is registered).
-2. Otherwise the schema (given, or derived from the DataFrame) is looked up under the subject. Found:
+2. Otherwise the schema (given, or derived from the DataFrame) has its Avro names checked here first
+   (a name Avro forbids, a record name defined twice: named with the column and the fix, where a
+   registry would answer with a 422 of its own words), then is looked up under the subject. Found:
    its id and version are used as they are.
 3. Not found and ``auto_register=False``: an error naming the subject.
 4. Not found and registration allowed: when the subject has versions, the registry's compatibility
    answer is asked and logged, and an incompatible schema is an error; then the schema is registered.
+   A refusal names the field: from the registry's words when they name one (Confluent's verbose
+   compatibility answer, a 409 on registration), else from comparing the new Avro schema with the
+   latest version here (``registry/avro_compat.py``; Apicurio's compatibility answer says no more
+   than "incompatible").
 
 Each step's answer is logged, so the task log says which schema id the records carry and why.
 """
@@ -19,7 +25,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from airflow_provider_kafka2pc.registry import errors
+from airflow_provider_kafka2pc.registry import avro_compat, avro_names, errors
 from airflow_provider_kafka2pc.registry.client import RegistryClient
 from airflow_provider_kafka2pc.registry.formats import RegistryFormat, SubjectStrategy, subject_name
 
@@ -82,6 +88,8 @@ def resolve(
         return _said(ResolvedSchema(role, subject, found.id, found.version, found.schema, kind, answer))
     if text is None:
         raise ValueError(f"{type(fmt).__name__} for the {role}: no schema given and none derived")
+    if kind == "AVRO":
+        _check_names(text, role, subject, given=fmt.schema is not None)
     found = client.lookup(subject, text, kind)
     if found is not None:
         answer = f"already registered as version {found.version} (id {found.id})"
@@ -99,14 +107,53 @@ def resolve(
         )
         log.info("schema registry: subject %r: %s", subject, said)
         if not compat.compatible:
-            raise errors.incompatible(subject, compat.level, "; ".join(compat.messages))
+            reasons = _reasons(client, role, subject, text, kind, compat.level, "; ".join(compat.messages))
+            raise errors.incompatible(subject, compat.level, reasons)
     else:
         said = "a new subject (no earlier version to be compatible with)"
-    schema_id = client.register(subject, text, kind)
+    try:
+        schema_id = client.register(subject, text, kind)
+    except errors.IncompatibleSchemaError as e:  # a 409: the registry's words, and the field if they lack it
+        level = client.compatibility_level(subject)
+        raise errors.incompatible(
+            subject, level, _reasons(client, role, subject, text, kind, level, e.details)
+        ) from None
     registered = client.lookup(subject, text, kind)
     version = registered.version if registered is not None else None
     answer = f"{said}; registered as version {version} (id {schema_id})"
     return _said(ResolvedSchema(role, subject, schema_id, version, text, kind, answer))
+
+
+def _check_names(text: str, role: str, subject: str, given: bool) -> None:
+    try:
+        schema = json.loads(text)
+    except ValueError:  # a bare type name ("string") has no names; other text is the registry's to refuse
+        return
+    problems = avro_names.problems(schema, role)
+    if problems:
+        raise errors.bad_names(role, subject, problems, given)
+
+
+def _reasons(
+    client: RegistryClient, role: str, subject: str, text: str, kind: str, level: str, registry_said: str
+) -> str:
+    """Why the schema cannot follow the latest version: the registry's words when they name a field
+    (Confluent's do: "... at path '/fields/3' ..."), else a comparison with the latest version."""
+    latest = client.version(subject, "latest")
+    if kind != "AVRO" or latest is None or latest.schema_type != "AVRO":
+        return registry_said
+    try:
+        new, old = json.loads(text), json.loads(latest.schema)
+    except ValueError:
+        return registry_said
+    found = avro_compat.differences(old, new, level, role)
+    if registry_said and (not found or all(_leaf(d.path) in registry_said for d in found)):
+        return registry_said
+    return errors.compared(latest.version, found, registry_said)
+
+
+def _leaf(path: str) -> str:
+    return path.rpartition(".")[2]
 
 
 def _said(resolved: ResolvedSchema) -> ResolvedSchema:

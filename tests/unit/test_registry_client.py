@@ -1,12 +1,16 @@
 """The registry client and the driver-side resolution against a fake Confluent-compatible registry
-(an HTTP server on loopback that keeps subjects in memory), and the connection's settings."""
+(an HTTP server on loopback that keeps subjects in memory), and the connection's settings; and the
+registry's misbehaviours (a slow drip, a proxy's page, a wrong base path, a malformed answer, a
+refusal without a reason), each named within the connection's timeout before anything is sent on."""
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -38,17 +42,26 @@ class FakeRegistry:
     fail_with: int | None = None  # answer every request with this status
     seen: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, Authorization
     next_id: int = 7
+    messages: list[str] = field(default_factory=list)  # the compatibility answer's reasons (Apicurio: none)
+    # (method, path after the API's base) -> (status, answer); bytes are sent as an HTML page
+    canned: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    api_only: bool = False  # only /apis/ccompat/v7 is the API; anything else is a 404 page, as Apicurio's
 
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if self.fail_with:
             return self.fail_with, {"error_code": self.fail_with, "message": "no"}
-        parts = path.split("?")[0].removeprefix("/apis/ccompat/v7").strip("/").split("/")
+        if self.api_only and not path.startswith("/apis/ccompat/v7/"):
+            return 404, b"<html><body><h1>Resource not found</h1></body></html>"
+        route = path.split("?")[0].removeprefix("/apis/ccompat/v7").strip("/")
+        if (method, route) in self.canned:
+            return self.canned[method, route]
+        parts = route.split("/")
         if parts == ["config"]:
             return 200, {"compatibilityLevel": self.level}
         if parts[0] == "config":
             return 404, {"error_code": 40408, "message": "no subject config"}
         if parts[0] == "compatibility":
-            return 200, {"is_compatible": self.compatible, "messages": [] if self.compatible else ["field removed"]}
+            return 200, {"is_compatible": self.compatible, "messages": [] if self.compatible else self.messages}
         if parts == ["subjects"]:
             return 200, list(self.subjects)
         subject = parts[1]
@@ -87,9 +100,12 @@ def _serve(registry: FakeRegistry, tls: ssl.SSLContext | None = None) -> Iterato
             body = json.loads(self.rfile.read(length)) if length else None
             registry.seen.append((self.command, self.path, self.headers.get("Authorization")))
             status, payload = registry.answer(self.command, self.path, body)
-            data = json.dumps(payload).encode()
+            page = isinstance(payload, bytes)
+            data = payload if page else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            self.send_header(
+                "Content-Type", "text/html; charset=utf-8" if page else "application/vnd.schemaregistry.v1+json"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -193,8 +209,14 @@ def test_a_changed_schema_is_checked_for_compatibility_first(fake: tuple[FakeReg
     client = RegistryClient(RegistrySettings(url))
     resolve(client, AvroFormat(), "value", "orders", SCHEMA)
     changed = SCHEMA.replace('"long"', '"string"')
-    registry.compatible = False
-    with pytest.raises(errors.IncompatibleSchemaError, match=r"BACKWARD compatibility: field removed; no transaction"):
+    registry.compatible, registry.messages = (
+        False,
+        ["{errorType:'TYPE_MISMATCH', description:'The type at path '/fields/0/type' ...', additionalInfo:'id'}"],
+    )
+    with pytest.raises(
+        errors.IncompatibleSchemaError,
+        match=r"BACKWARD compatibility: \{errorType:'TYPE_MISMATCH'.*'id'\}; no transaction",
+    ):
         resolve(client, AvroFormat(), "value", "orders", changed)
     registry.compatible = True
     resolved = resolve(client, AvroFormat(), "value", "orders", changed)
@@ -251,3 +273,186 @@ def test_connection_settings_from_the_form() -> None:
         registry_settings(f"https://exporter:{PASSWORD}@r.example.com", None, None, None, {})
     with pytest.raises(Kafka2PCConfigError, match="Timeout"):
         registry_settings("https://r.example.com", None, None, None, {"timeout_s": "soon"})
+
+
+# -- a misbehaving registry: each named within the connection's timeout, nothing registered ----------
+
+
+def _drip(part: str) -> Iterator[str]:
+    """A server on loopback that answers every request slowly, a line every 2 s: its headers
+    (``part="headers"``) or, after prompt headers, its body (``"body"``); yields its URL."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            lines = [b"HTTP/1.1 200 OK\r\n", *[f"X-Slow-{n}: 1\r\n".encode() for n in range(30)]]
+            if part == "body":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 90\r\n\r\n")
+                lines = [b'["orders-value",' for _ in range(30)]
+            for n, line in enumerate(lines):
+                if n and stop.wait(2.0):
+                    return
+                try:
+                    conn.sendall(line)
+                except OSError:
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/apis/ccompat/v7"
+    finally:
+        stop.set()
+        server.close()
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_registry_that_drips_its_answer_is_given_one_timeout_for_the_whole_request(part: str) -> None:
+    for url in _drip(part):
+        client = RegistryClient(RegistrySettings(url, "exporter", PASSWORD, timeout_s=3))
+        started = time.monotonic()
+        with pytest.raises(errors.RegistryUnreachableError) as raised:
+            resolve(client, AvroFormat(), "value", "orders", SCHEMA)
+        took = time.monotonic() - started
+        assert 2.9 < took < 3.5, took  # a header every 2 s held urllib's per-read timeout for 40 s
+        message = str(raised.value)
+        assert "did not answer POST /subjects/orders-value within the registry connection's timeout of 3 s" in message
+        assert errors.NOTHING_WRITTEN in message and PASSWORD not in message
+
+
+def test_a_proxy_login_page_answered_with_200_is_named_with_its_first_bytes(fake: tuple[FakeRegistry, str]) -> None:
+    registry, url = fake
+    page = f"<html>\n<head><title>Sign in</title></head><body>token {PASSWORD}</body></html>".encode()
+    registry.canned[("POST", "subjects/orders-value")] = (200, page)
+    with pytest.raises(errors.RegistryAnswerError) as raised:
+        resolve(RegistryClient(RegistrySettings(url, "exporter", PASSWORD)), AvroFormat(), "value", "orders", SCHEMA)
+    message = str(raised.value)
+    assert f"the schema registry at {url} answered POST /subjects/orders-value with HTTP 200 (text/html" in message
+    assert "that is not JSON" in message and "'<html> <head><title>Sign in</title>" in message, message
+    assert "token ***" in message and PASSWORD not in message and errors.NOTHING_WRITTEN in message
+    assert not any(path.endswith("/versions") for _, path, _ in registry.seen)  # nothing registered
+
+
+def test_a_base_url_without_the_ccompat_path_is_told_which_url_to_use(fake: tuple[FakeRegistry, str]) -> None:
+    registry, url = fake
+    registry.api_only = True
+    root = url.removesuffix("/apis/ccompat/v7")
+    with pytest.raises(errors.RegistryAnswerError) as raised:
+        resolve(RegistryClient(RegistrySettings(root)), AvroFormat(), "value", "orders", SCHEMA)
+    message = str(raised.value)
+    assert f"POST /subjects/orders-value answered HTTP 404 (text/html; charset=utf-8), while {url}/subjects" in message
+    assert f"Use {url} as the registry connection's URL" in message and errors.NOTHING_WRITTEN in message
+    # Where no registry answers under the path either, the URL is said not to be one.
+    with pytest.raises(errors.RegistryAnswerError, match=r"does not look like a Confluent-compatible schema registry"):
+        RegistryClient(RegistrySettings(root + "/other")).subjects()
+    assert [path for method, path, _ in registry.seen if method == "POST"] == ["/subjects/orders-value"]
+
+
+def test_an_answer_without_the_field_asked_for_is_named_as_malformed(fake: tuple[FakeRegistry, str]) -> None:
+    registry, url = fake
+    registry.canned[("POST", "subjects/orders-value/versions")] = (200, {"identifier": 3})
+    with pytest.raises(errors.RegistryAnswerError) as raised:
+        resolve(RegistryClient(RegistrySettings(url)), AvroFormat(), "value", "orders", SCHEMA)
+    message = str(raised.value)
+    assert "answered POST /subjects/orders-value/versions with HTTP 200" in message
+    assert "without its 'id' field" in message and '{"identifier": 3}' in message, message
+
+
+def test_a_409_on_registration_is_refused_with_the_registrys_words(fake: tuple[FakeRegistry, str]) -> None:
+    registry, url = fake
+    client = RegistryClient(RegistrySettings(url))
+    resolve(client, AvroFormat(), "value", "orders", SCHEMA)
+    said = "Incompatible artifact: READER_FIELD_MISSING_DEFAULT_VALUE at /fields/1 (field 'code')"
+    registry.canned[("POST", "subjects/orders-value/versions")] = (409, {"error_code": 409, "message": said})
+    added = json.loads(SCHEMA)
+    added["fields"].append({"name": "code", "type": "string"})
+    with pytest.raises(errors.IncompatibleSchemaError) as raised:
+        resolve(client, AvroFormat(), "value", "orders", json.dumps(added))
+    assert f"under the registry's BACKWARD compatibility: {said}; {errors.NOTHING_WRITTEN}" in str(raised.value)
+
+
+def test_a_registry_409_without_a_field_gets_the_local_comparison(fake: tuple[FakeRegistry, str]) -> None:
+    registry, url = fake
+    client = RegistryClient(RegistrySettings(url))
+    resolve(client, AvroFormat(), "value", "orders", SCHEMA)
+    said = "Schema being registered is incompatible with an earlier schema"
+    registry.canned[("POST", "subjects/orders-value/versions")] = (409, {"error_code": 409, "message": said})
+    added = json.loads(SCHEMA)
+    added["fields"].append({"name": "code", "type": "string"})
+    with pytest.raises(errors.IncompatibleSchemaError) as raised:
+        resolve(client, AvroFormat(), "value", "orders", json.dumps(added))
+    message = str(raised.value)
+    assert (
+        f"the registry said {said!r}; compared with version 1: field 'value.code' is new and has no default" in message
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "change", "words"),
+    [
+        ("FULL", "added", "field 'value.code' is new and has no default"),
+        ("FULL", "removed", "field 'value.name' is gone, and the latest version gives it no default"),
+        ("FULL", "retyped", "field 'value.id' changes type from long to string"),
+        ("BACKWARD", "removed", None),  # BACKWARD lets a field go: the registry refused for a reason of its own
+    ],
+)
+def test_a_refusal_without_a_reason_names_the_field_by_a_local_comparison(
+    fake: tuple[FakeRegistry, str], level: str, change: str, words: str | None
+) -> None:
+    registry, url = fake
+    latest = json.loads(SCHEMA)
+    latest["fields"].append({"name": "name", "type": "string"})
+    registry.subjects["orders-value"] = [(3, json.dumps(latest))]
+    registry.compatible, registry.level = False, level  # Apicurio: is_compatible false, no messages
+    new = json.loads(json.dumps(latest))
+    if change == "added":
+        new["fields"].append({"name": "code", "type": "string"})
+    elif change == "removed":
+        new["fields"].pop()
+    else:
+        new["fields"][0]["type"] = "string"
+    with pytest.raises(errors.IncompatibleSchemaError) as raised:
+        resolve(RegistryClient(RegistrySettings(url)), AvroFormat(), "value", "orders", json.dumps(new))
+    message = str(raised.value)
+    assert f"under the registry's {level} compatibility: the registry gave no reason; " in message
+    assert (words or "none of the common causes (a field added or removed without a default") in message, message
+    assert errors.NOTHING_WRITTEN in message
+    assert not any(method == "POST" and path.endswith("/versions") for method, path, _ in registry.seen)
+
+
+def test_avro_names_are_checked_before_the_registry_is_asked(fake: tuple[FakeRegistry, str]) -> None:
+    from pyspark.sql import types as T
+
+    from airflow_provider_kafka2pc.spark import avro_schema
+
+    registry, url = fake
+    client = RegistryClient(RegistrySettings(url))
+    inner = T.StructType([T.StructField("x", T.LongType(), False)])
+    struct = T.StructType(
+        [
+            T.StructField("order-id", T.LongType(), False),
+            T.StructField("a", T.StructType([T.StructField("b", inner, False)]), False),
+            T.StructField("a_b", inner, False),
+        ]
+    )
+    derived = json.dumps(avro_schema.derive(struct, "orders_value"))
+    with pytest.raises(errors.SchemaMismatchError) as raised:
+        resolve(client, AvroFormat(), "value", "orders", derived)
+    message = str(raised.value)
+    assert "field 'value.order-id': 'order-id' is not a valid Avro name" in message
+    assert "rename the column with an alias, e.g. F.col('`order-id`').alias('order_id')" in message
+    assert "fields 'value.a.b' and 'value.a_b' are both the Avro type 'orders_value_a_b'" in message
+    assert errors.NOTHING_WRITTEN in message
+    given = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "order-id", "type": "long"}]})
+    with pytest.raises(errors.SchemaMismatchError, match=r"rename it in the schema \(and the column\).*'order_id'"):
+        resolve(client, AvroFormat(schema=given), "value", "orders", None)
+    assert registry.seen == []  # nothing was sent
