@@ -40,6 +40,7 @@ from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
 from packaging.requirements import Requirement
 
 from airflow_provider_kafka2pc.txn.kafka import wire
+from airflow_provider_kafka2pc.txn.kafka.broker_support import UnsupportedBrokerError
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
 from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient, kafka_python_config
 
@@ -48,6 +49,8 @@ DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 # What a Kafka 4.x broker advertises for the APIs the adapter uses.
 REPO = Path(__file__).resolve().parents[2]
 MODERN_BROKER = {END_TXN: (0, 5), FIND_COORDINATOR: (0, 6), DESCRIBE_TRANSACTIONS: (0, 0), LIST_TRANSACTIONS: (0, 2)}
+# ... and for the writers' APIs, which the wire client checks too (broker_support.NEEDS).
+MODERN_BROKER |= {INIT_PRODUCER_ID: (0, 5), 24: (0, 5), 25: (0, 4), 28: (0, 5)}
 
 
 # --- the private surface ------------------------------------------------------------------------
@@ -265,6 +268,7 @@ class FakeAdmin(TransactionsAdminMixin):
 
     # kafka-python's own coordinator lookup, which the public describe_transactions calls
     _find_coordinator_ids = kafka.KafkaAdminClient._find_coordinator_ids
+    api_versions = kafka.KafkaAdminClient.api_versions  # public: what the broker check reads
     next_manager: ProtocolManager
 
 
@@ -331,10 +335,19 @@ def test_find_coordinators_batched_and_per_key_errors(monkeypatch: pytest.Monkey
     assert len(m.sent) == 1
 
 
-def test_find_coordinators_refuses_a_broker_without_batched_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
-    c, _ = client(monkeypatch, {**MODERN_BROKER, FIND_COORDINATOR: (0, 3)})
-    with pytest.raises(kafka.errors.IncompatibleBrokerVersion):
-        c.find_transaction_coordinators(["orders-0"])
+def test_a_broker_without_batched_lookup_is_refused_when_the_client_connects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka 2.8's API versions: refused with the versions found and needed, before any request."""
+    kafka_2_8 = {**MODERN_BROKER, FIND_COORDINATOR: (0, 3), END_TXN: (0, 3)}
+    del kafka_2_8[DESCRIBE_TRANSACTIONS], kafka_2_8[LIST_TRANSACTIONS]
+    with pytest.raises(UnsupportedBrokerError) as refused:
+        client(monkeypatch, kafka_2_8)
+    assert str(refused.value).startswith(
+        "the Kafka broker at b1:9092 answers FindCoordinator up to v3 (v4 needed), DescribeTransactions and "
+        "ListTransactions not at all: Kafka "
+    )
+    assert "needs Kafka 3.0 or newer" in str(refused.value)
+    assert "nothing was written" in str(refused.value)
+    assert FakeAdmin.next_manager.sent == []
 
 
 def coordinators_on(nodes: dict[str, int]) -> Handler:

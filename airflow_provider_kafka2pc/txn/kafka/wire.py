@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.kafka.broker_support import check_api_versions
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
 from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, check_reachable
@@ -137,6 +138,11 @@ class WireClient:
         finally:
             protect_kafka_python_logs(cfg)  # again, for loggers of modules imported while connecting
         self._manager = self._admin._manager  # private: the async connection manager
+        try:
+            self.check_broker()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         try:
@@ -311,6 +317,15 @@ class WireClient:
         versions = self._manager.broker_version_data.api_versions or {}
         entry = versions.get(api_key)
         return int(entry[1]) if entry else -1
+
+    def check_broker(self) -> None:
+        """Refuse a broker without the transaction APIs kafka2pc needs (Kafka < 3.0), before this
+        client or any writer opens or ends a transaction: ``broker_support.UnsupportedBrokerError``.
+        Reads the ApiVersions answer kafka-python got when it connected: no request of its own."""
+        data = self._manager.broker_version_data
+        versions = {int(k): (int(v[0]), int(v[1])) for k, v in self._admin.api_versions().items()}
+        version = getattr(data, "broker_version_str", None)  # kafka-python's reading of the versions
+        check_api_versions(self.bootstrap, versions, str(version) if version else None)
 
     def supports_list_pattern(self) -> bool:
         from kafka.protocol.admin.transactions import ListTransactionsRequest
