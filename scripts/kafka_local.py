@@ -59,6 +59,11 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 STATE_FILE = "cluster.json"
 STARTED_MESSAGE = "Kafka Server started"
+# What a ZooKeeper-mode broker (Kafka before 3.3, see uses_zookeeper) logs instead.
+ZK_STARTED_MESSAGE = "] started (kafka.server.KafkaServer)"
+# KRaft is production-ready from Kafka 3.3 (KIP-833); older lines run on a ZooKeeper of their
+# own jars' classpath, started and stopped with the brokers.
+FIRST_KRAFT_VERSION = (3, 3)
 
 # C1 only: on 2 cores three JVMs starting at once spend their time in the C2
 # compiler; without it a 3-node cluster is up in ~7 s instead of ~10 s, and test
@@ -181,6 +186,7 @@ class ClusterState(TypedDict):
     java: str
     nodes: list[NodeState]
     security: NotRequired[Security]
+    zookeeper: NotRequired[NodeState]  # Kafka before 3.3 (uses_zookeeper): its ZooKeeper, id 0
 
 
 class ClusterStatus(ClusterState):
@@ -253,7 +259,9 @@ def fetch(kafka_version: str = KAFKA_VERSION, tools_version: str = TOOLS_VERSION
         tools=cache_dir() / f"kafka-tools-{tools_version}" / "libs",
     )
     _fetch_profile("broker", libs.broker, common)
-    _fetch_profile("tools", libs.tools, common)
+    # The tools' jars do not depend on the broker's release: their marker names the tools' only,
+    # or every start of another broker release would fetch them again.
+    _fetch_profile("tools", libs.tools, {"kafka.tools.version": tools_version})
     return libs
 
 
@@ -271,7 +279,19 @@ def _java() -> str:
 
 
 def _classpath(libs: str | Path) -> str:
-    return f"{libs}/*"
+    """kafka-clients first: a broker names its version from the first kafka/kafka-version.properties
+    on the class path, and other Kafka jars (kafka-tools-api at another release) carry one too."""
+    clients = sorted(Path(libs).glob("kafka-clients-*.jar"))
+    return os.pathsep.join([*(str(c) for c in clients), f"{libs}/*"])
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def uses_zookeeper(kafka_version: str) -> bool:
+    """Kafka before 3.3 runs in ZooKeeper mode here (KRaft was a preview until 3.3)."""
+    return version_tuple(kafka_version)[:2] < FIRST_KRAFT_VERSION
 
 
 def _proc_info(pid: int) -> tuple[int, bool] | None:
@@ -402,6 +422,29 @@ def _broker_properties(
     }
     props.update(extra)
     return props
+
+
+def _zookeeper_mode_properties(node: NodeState, zookeeper: NodeState) -> dict[str, str]:
+    """What a ZooKeeper-mode broker takes instead of the KRaft settings (``_broker_properties``)."""
+    return {
+        "broker.id": str(node["id"]),
+        "zookeeper.connect": f"{HOST}:{zookeeper['port']}",
+        "listeners": f"PLAINTEXT://{HOST}:{node['port']}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT",
+    }
+
+
+_KRAFT_ONLY = ("process.roles", "node.id", "controller.quorum.voters", "controller.listener.names")
+
+
+def _zookeeper_properties(zookeeper: NodeState) -> dict[str, str]:
+    return {
+        "dataDir": zookeeper["data_dir"],
+        "clientPort": str(zookeeper["port"]),
+        "clientPortAddress": HOST,
+        "admin.enableServer": "false",
+        "maxClientCnxns": "0",
+    }
 
 
 def _sasl_ssl_properties(
@@ -595,8 +638,8 @@ def _stdout_log(node: NodeState) -> Path:
     return Path(node["log_dir"]) / "stdout.log"
 
 
-def _launch(state: ClusterState, node: NodeState) -> None:
-    """Start the node's JVM detached and record its pid in ``node``."""
+def _launch(state: ClusterState, node: NodeState, main_class: str = "kafka.Kafka") -> None:
+    """Start the node's JVM (a broker, or ``main_class``) detached and record its pid in ``node``."""
     log_dir = Path(node["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
     jwks = state.get("security", {}).get("oauth_jwks_url")
@@ -608,7 +651,7 @@ def _launch(state: ClusterState, node: NodeState) -> None:
         f"-Dlog4j2.configurationFile={node['log4j_config']}",
         "-cp",
         _classpath(state["libs_dir"]),
-        "kafka.Kafka",
+        main_class,
         node["config"],
     ]
     with _stdout_log(node).open("ab") as out:
@@ -678,15 +721,17 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def metadata_broker_ids(port: int, timeout: float = 5.0) -> set[int]:
-    """Ids of the brokers that the broker on ``port`` reports, via a Metadata v12 request.
+    """Ids of the brokers that the broker on ``port`` reports, via a Metadata v9 request.
 
-    Kafka's own tools would need a JVM start per check; this is a few bytes instead.
+    Kafka's own tools would need a JVM start per check; this is a few bytes instead. v9, the first
+    flexible version (Kafka 2.4), is answered by every broker kafka-local runs (2.8 to 4.x: Kafka 4
+    dropped v0-v3 only); v12 is unknown before Kafka 3.1. Its brokers come first, laid out as in v12.
     """
     client_id = b"kafka-local"
-    body = struct.pack(">hhih", 3, 12, 1, len(client_id)) + client_id
-    # header tagged fields; topics = empty compact array; no auto-create; no authz ops;
-    # body tagged fields
-    body += bytes([0, 1, 0, 0, 0])
+    body = struct.pack(">hhih", 3, 9, 1, len(client_id)) + client_id
+    # header tagged fields; topics = empty compact array; no auto-create; no cluster authz ops;
+    # no topic authz ops; body tagged fields
+    body += bytes([0, 1, 0, 0, 0, 0])
     with socket.create_connection((HOST, port), timeout=timeout) as sock:
         sock.sendall(struct.pack(">i", len(body)) + body)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
@@ -718,7 +763,8 @@ def _log_has_started(node: NodeState, offset: int) -> bool:
     try:
         with _server_log(node).open("rb") as handle:
             handle.seek(offset)
-            return STARTED_MESSAGE.encode() in handle.read()
+            text = handle.read()
+            return STARTED_MESSAGE.encode() in text or ZK_STARTED_MESSAGE.encode() in text
     except FileNotFoundError:
         return False
 
@@ -763,10 +809,10 @@ def _prepare_dir(directory: Path) -> None:
     state_path = directory / STATE_FILE
     if state_path.exists():
         old = load_state(directory)
-        alive = [n["id"] for n in old["nodes"] if _alive(n)]
+        alive = [n["id"] for n in _processes(old) if _alive(n)]
         if alive:
             raise KafkaLocalError(f"{directory} still runs nodes {alive}; stop it first")
-        for node in old["nodes"]:
+        for node in _processes(old):
             shutil.rmtree(node["dir"], ignore_errors=True)
         state_path.unlink()
     elif any(p for p in directory.iterdir() if p.name != ".kafka-local.lock"):
@@ -785,8 +831,12 @@ def start_cluster(
     scram_users: Mapping[str, str] | None = None,
     oauth_jwks_url: str | None = None,
     oauth_issuer: str | None = None,
+    kafka_version: str | None = None,
 ) -> ClusterState:
-    """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``.
+    """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``: Kafka
+    ``kafka_version`` (default: ``KAFKA2PC_KAFKA_VERSION``, else 4.4.0). A version before 3.3
+    (``uses_zookeeper``) runs in ZooKeeper mode instead, plaintext only, with one ZooKeeper (node 0,
+    ``state["zookeeper"]``) from the same jars, stopped with the brokers.
 
     ``security="sasl_ssl"`` (one broker): SASL_SSL with SCRAM-SHA-512, TLS from a CA made here,
     StandardAuthorizer denying whatever no ACL allows, super user ``admin`` (random password)
@@ -809,12 +859,17 @@ def start_cluster(
         raise KafkaLocalError("OAUTHBEARER needs both the JWKS URL and the issuer")
     if ADMIN_USER in (scram_users or {}):
         raise KafkaLocalError(f"{ADMIN_USER!r} is the super user made by kafka-local; pick another name")
+    version = kafka_version or KAFKA_VERSION
+    zookeeper_mode = uses_zookeeper(version)
+    if zookeeper_mode and security != "plaintext":
+        raise KafkaLocalError(f"Kafka {version} runs in ZooKeeper mode here, which kafka-local runs plaintext only")
     started_at = time.monotonic()
-    libs = fetch()
+    libs = fetch(version)
     root = Path(directory).resolve()
     with _locked(root / ".kafka-local.lock"):
         _prepare_dir(root)
-        count = 2 * brokers + (1 if security == "sasl_ssl" else 0)  # the mTLS listener's port last
+        # The mTLS listener's port, or ZooKeeper's, last.
+        count = 2 * brokers + (1 if security == "sasl_ssl" or zookeeper_mode else 0)
         if base_port is None:
             ports = _free_ports(count)
         else:
@@ -839,7 +894,7 @@ def start_cluster(
                 )
             )
         state = ClusterState(
-            kafka_version=KAFKA_VERSION,
+            kafka_version=version,
             tools_version=TOOLS_VERSION,
             cluster_id=_random_cluster_id(),
             bootstrap_servers=",".join(f"{HOST}:{n['port']}" for n in nodes),
@@ -851,6 +906,20 @@ def start_cluster(
             java=_java(),
             nodes=nodes,
         )
+        if zookeeper_mode:
+            zk_dir = root / "zookeeper"
+            state["zookeeper"] = NodeState(
+                id=0,
+                port=ports[-1],
+                controller_port=ports[-1],
+                pid=None,
+                pid_start_ticks=None,
+                dir=str(zk_dir),
+                log_dir=str(zk_dir / "logs"),
+                data_dir=str(zk_dir / "data"),
+                config=str(zk_dir / "zookeeper.properties"),
+                log4j_config=str(zk_dir / "log4j2.properties"),
+            )
         # Written before anything can fail, so a retry recognises and clears the dir.
         _write_json(root / STATE_FILE, state)
         Path(state["tools_log4j_config"]).write_text(TOOLS_LOG4J2)
@@ -880,27 +949,57 @@ def start_cluster(
             )
             secured = _sasl_ssl_properties(nodes[0], state["security"], keystore, keystore_password, ports[-1])
             _write_json(root / STATE_FILE, state)
+        zookeeper = state.get("zookeeper")
         for node in nodes:
             Path(node["log_dir"]).mkdir(parents=True)
             props = _broker_properties(node, nodes, txn_max_timeout_ms, {**secured, **(extra or {})})
+            if zookeeper is not None:
+                props = {k: v for k, v in props.items() if k not in _KRAFT_ONLY}
+                props.update({**_zookeeper_mode_properties(node, zookeeper), **(extra or {})})
             _write_properties(Path(node["config"]), props)
             log_file = _server_log(node)
             Path(node["log4j_config"]).write_text(BROKER_LOG4J2.format(log_file=log_file))
-        _format_storage(state)
+        if zookeeper is None:
+            _format_storage(state)
+        else:
+            Path(zookeeper["log_dir"]).mkdir(parents=True)
+            _write_properties(Path(zookeeper["config"]), _zookeeper_properties(zookeeper))
+            Path(zookeeper["log4j_config"]).write_text(BROKER_LOG4J2.format(log_file=_server_log(zookeeper)))
         try:
+            if zookeeper is not None:
+                _start_zookeeper(state, zookeeper, timeout)
             for node in nodes:
                 _launch(state, node)
             _write_json(root / STATE_FILE, state)
             _wait_ready(state, {n["id"]: 0 for n in nodes}, timeout)
         except BaseException:
             _stop_nodes(state, nodes, timeout=5.0)
+            _stop_nodes(state, [zookeeper] if zookeeper is not None else [], timeout=5.0)
             _write_json(root / STATE_FILE, state)
             raise
     _log(
-        f"{brokers}-node Kafka {KAFKA_VERSION} ready in "
+        f"{brokers}-node Kafka {version}{' (ZooKeeper mode)' if zookeeper_mode else ''} ready in "
         f"{time.monotonic() - started_at:.1f}s at {state['bootstrap_servers']}"
     )
     return state
+
+
+def _processes(state: ClusterState) -> list[NodeState]:
+    """Every JVM of the cluster: its nodes, then its ZooKeeper if it has one."""
+    zookeeper = state.get("zookeeper")
+    return [*state["nodes"], *([zookeeper] if zookeeper is not None else [])]
+
+
+def _start_zookeeper(state: ClusterState, zookeeper: NodeState, timeout: float) -> None:
+    """Launch the ZooKeeper of a ZooKeeper-mode cluster and wait until it takes connections."""
+    _launch(state, zookeeper, "org.apache.zookeeper.server.ZooKeeperServerMain")
+    deadline = time.monotonic() + timeout
+    while not _accepts_tcp(zookeeper["port"]):
+        if not _alive(zookeeper):
+            raise KafkaLocalError(f"ZooKeeper exited while starting\n{_logs_tail([zookeeper])}")
+        if time.monotonic() > deadline:
+            raise KafkaLocalError(f"ZooKeeper not ready after {timeout:.0f}s\n{_logs_tail([zookeeper])}")
+        time.sleep(0.1)
 
 
 def _format_storage(state: ClusterState) -> None:
@@ -976,6 +1075,9 @@ def stop_cluster(directory: str | Path, timeout: float = STOP_TIMEOUT_S) -> None
     with _locked(root / ".kafka-local.lock"):
         state = load_state(root)
         _stop_nodes(state, state["nodes"], timeout)
+        zookeeper = state.get("zookeeper")
+        if zookeeper is not None:  # after the brokers, whose controlled shutdown needs it
+            _stop_nodes(state, [zookeeper], timeout)
         _write_json(root / STATE_FILE, state)
 
 
@@ -1077,7 +1179,8 @@ def _key_value(text: str) -> tuple[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kafka-local",
-        description=f"Run Apache Kafka {KAFKA_VERSION} (KRaft) on 127.0.0.1 from Maven Central jars.",
+        description=f"Run Apache Kafka {KAFKA_VERSION} (KRaft; before 3.3 ZooKeeper mode) on 127.0.0.1 from "
+        "Maven Central jars (KAFKA2PC_KAFKA_VERSION or --kafka-version picks another release).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -1099,6 +1202,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         start.add_argument(flag, type=_key_value, nargs="+", action="extend", default=[], metavar=metavar, help=text)
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+    start.add_argument("--kafka-version", default=None, help=f"the Kafka release (default: {KAFKA_VERSION})")
     start.add_argument(
         "--security",
         choices=SECURITY_MODES,
@@ -1148,6 +1252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 security=args.security,
                 scram_users=dict(args.scram_user),
+                kafka_version=args.kafka_version,
             )
             print(state["bootstrap_servers"])
         elif args.command == "stop":

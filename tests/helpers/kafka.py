@@ -286,3 +286,21 @@ def wait_in_sync(env: KafkaEnv, topics: list[str], timeout_s: float = 60.0) -> f
             return time.monotonic() - started
         assert time.monotonic() - started < timeout_s, f"replicas not in sync after {timeout_s:g} s: {lagging}"
         time.sleep(0.1)
+
+
+# The broker line below the supported ones (Kafka 3.0+): tests/integration/test_old_broker.py
+# starts it (ZooKeeper mode) to prove kafka2pc refuses it before writing anything.
+OLD_KAFKA_VERSION = "2.8.2"
+
+
+def partition_ends(env: KafkaEnv, topic: str) -> dict[int, int]:
+    """The high watermark of each partition of ``topic``: what a read_uncommitted consumer could read
+    there, aborted and still-open transactions' records included."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**env.config, "group.id": f"ends-{uuid.uuid4().hex[:6]}", "isolation.level": "read_uncommitted"})
+    try:
+        partitions = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        c.close()
