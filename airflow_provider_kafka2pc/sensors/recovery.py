@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 
 # What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
 
+# Airflow 3.3's scheduler fails a deferred task whose trigger fired before it read the executor's
+# report of the deferring process's exit ("state mismatch ... the task instance's state attribute
+# is queued|running", apache/airflow#67287 and #72716; seen here under load). A recovery pass is
+# idempotent, so the sensor retries by default: the retry defers again and resumes.
+RESUME_RETRIES = 2
+RESUME_RETRY_DELAY = timedelta(seconds=5)
+
 
 class Kafka2PCRecoverySensor(BaseSensorOperator):
     """Wait until no transaction of the exporter is open, resolving each one by the decision log.
@@ -29,7 +36,8 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
     (transactional id, producer id, epoch) commits it (a commit task died after deciding);
     anything else is aborted (a prepare or a commit died before deciding). Transactions the
     broker is still completing are polled again. Deferrable (default: ``[operators]
-    default_deferrable``) or poking.
+    default_deferrable``) or poking. ``retries`` and ``retry_delay`` default to 2 and 5 s (given
+    ones, ``default_args`` included, win): see ``RESUME_RETRIES``.
     """
 
     template_fields: Sequence[str] = ("transactional_id_prefix",)
@@ -43,9 +51,17 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float = 5.0,
+        retries: int | None = None,
+        retry_delay: timedelta | float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=poke_interval, **kwargs)
+        # Named here so that Airflow fills them from default_args before this default applies.
+        super().__init__(
+            poke_interval=poke_interval,
+            retries=RESUME_RETRIES if retries is None else retries,
+            retry_delay=RESUME_RETRY_DELAY if retry_delay is None else retry_delay,
+            **kwargs,
+        )
         self.transactional_id_prefix = transactional_id_prefix
         self.kafka2pc_conn_id = kafka2pc_conn_id
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
