@@ -85,7 +85,8 @@ def _named(
     # A nested struct's record name comes from its field's name: one problem per field is enough.
     if not valid(short) and not any(p.path == path for p in found):
         found.append(NameProblem(path, short, kind))
-    if own and not all(valid(part) for part in own.split(".")):
+    declared = "." in name or given_ns is not None  # an inherited namespace was checked where declared
+    if declared and own and not all(valid(part) for part in own.split(".")):
         found.append(NameProblem(path, own, "namespace"))
     full = f"{own}.{short}" if own else short
     if full in defined:
