@@ -1,4 +1,5 @@
-"""Real Spark processes on loopback for tests: a standalone master with workers, and a Connect server.
+"""Real Spark processes for tests: a standalone master with workers, on loopback or on the hosts of
+an emulated cluster (tests/helpers/netns.py), and a Connect server.
 
 Everything is started from the scripts that ship with the pip-installed pyspark (``bin/spark-class``,
 ``bin/spark-submit``), each process in its own process group so that stopping it also stops the
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import netns
 from tests.helpers.kafka import REPO
 
 START_TIMEOUT_S = 120.0
@@ -204,6 +206,100 @@ def _start_master(group: _Group, home: Path, directory: Path, workers: int, atte
                 raise
             group.processes.remove(p)  # it exited (a port was taken): try new ports
     raise AssertionError("unreachable")
+
+
+# Inside its own namespace a host has every port to itself: the master's can be fixed.
+MASTER_PORT, MASTER_UI_PORT = 7077, 8080
+
+
+def _on_host(network: netns.Network, name: str) -> dict[str, str]:
+    """The environment of a Spark daemon on a host, and of the executors and Python workers it starts."""
+    h = network.host(name)
+    return {"SPARK_LOCAL_IP": h.address, "SPARK_LOCAL_HOSTNAME": h.address, "SPARK_LOCAL_DIRS": str(h.local_dir)}
+
+
+def start_on_hosts(
+    group: _Group, network: netns.Network, master: str, workers: tuple[str, ...], cores: int = 1, memory: str = "1g"
+) -> StandaloneCluster:
+    """A master on host ``master`` and a worker on each of ``workers``; returns once every worker is
+    ALIVE at the master. The processes stay in ``group`` (and in their hosts' namespaces)."""
+    home = spark_home()
+    address = network.host(master).address
+    cluster = StandaloneCluster(
+        f"spark://{address}:{MASTER_PORT}",
+        f"http://{address}:{MASTER_UI_PORT}",
+        tuple(group.directory / f"worker-{w}" for w in workers),  # outside the private dirs: logs stay readable
+        group.directory,
+    )
+    cmd = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
+    cmd += ["--host", address, "--port", str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT)]
+    group.spawn(f"master-{master}", network.command(master, cmd), env=_on_host(network, master))
+    group.wait_until("the master", cluster.is_answering)
+    for name, work_dir in zip(workers, cluster.worker_dirs, strict=True):
+        work_dir.mkdir(exist_ok=True)
+        cmd = [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker"]
+        cmd += ["--host", network.host(name).address, "--port", "0", "--webui-port", "0"]
+        cmd += ["--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir), cluster.master_url]
+        group.spawn(f"worker-{name}", network.command(name, cmd), env=_on_host(network, name))
+    group.wait_until(
+        f"{len(workers)} alive workers",
+        lambda: sum(w["state"] == "ALIVE" for w in cluster.state()["workers"]) == len(workers),
+    )
+    return cluster
+
+
+@dataclass(frozen=True)
+class NetnsSparkCluster:
+    """A standalone cluster whose master and workers are hosts of ``network``; the driver runs in
+    the root namespace and reaches them (and they it) at ``network.gateway``."""
+
+    spark: StandaloneCluster
+    network: netns.Network
+    master: str
+    workers: tuple[str, ...]
+
+    @property
+    def master_url(self) -> str:
+        return self.spark.master_url
+
+    @property
+    def driver_host(self) -> str:
+        return self.network.gateway
+
+    def kill_host(self, name: str) -> int:
+        return self.network.kill_host(name)
+
+    def cut_link(self, name: str) -> None:
+        self.network.cut_link(name)
+
+    def restore_link(self, name: str) -> None:
+        self.network.restore_link(name)
+
+
+@contextmanager
+def netns_spark_cluster(
+    directory: Path,
+    prefix: str,
+    workers: tuple[str, ...] = ("spark1", "spark2"),
+    master: str = "sparkm",
+    cores: int = 1,
+    memory: str = "1g",
+) -> Iterator[NetnsSparkCluster]:
+    """A network of hosts (``master`` and ``workers``) owned by this process, with Spark on it;
+    everything is destroyed on exit, and what would remain is an error."""
+    netns.reap_orphans()  # a run killed before its finalizer left its namespaces behind
+    network = netns.create(prefix, (master, *workers), directory / "hosts", owner_pid=os.getpid())
+    group = _Group(directory)
+    try:
+        cluster = start_on_hosts(group, network, master, workers, cores, memory)
+        yield NetnsSparkCluster(cluster, network, master, workers)
+    finally:
+        try:
+            group.stop()
+        finally:
+            network.destroy()
+        left = netns.leftovers(prefix, network.directory)
+        assert not left, f"left behind by the emulated cluster {prefix}: {left}"
 
 
 @dataclass(frozen=True)

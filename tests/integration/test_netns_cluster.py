@@ -1,0 +1,221 @@
+"""The emulated cluster of issue 38: hosts as Linux network namespaces (tests/helpers/netns.py).
+
+A Spark standalone master and two workers each run on a host of their own; the driver (this test
+process) and a Kafka broker run in the root namespace on the bridge's address. The tests prove what
+the emulation promises: executors on two hosts with their own addresses and private local
+directories, blocks fetched from one host by another, every host reaching the broker, and nothing
+left behind once a network is destroyed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import netns
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.helpers.spark_cluster import NetnsSparkCluster, netns_spark_cluster
+
+pytestmark = pytest.mark.kafka
+
+WORKERS = ("spark1", "spark2")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSparkCluster]:
+    # A prefix of its own: another run's network on this machine is not ours to touch.
+    with netns_spark_cluster(tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def bridge_kafka(cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """One broker on the bridge's address: the root namespace and every host reach it there."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAFKA2PC_KAFKA_HOST", cluster.network.gateway)
+        kl = kafka_local()  # a fresh import reads HOST; the session's other brokers stay on loopback
+    directory = tmp_path_factory.mktemp("kafka-bridge")
+    state = kl.start_cluster(directory, brokers=1)
+    env = KafkaEnv(directory, state["bootstrap_servers"], 1)
+    try:
+        yield env
+    finally:
+        env.close()
+        kl.stop_cluster(directory)
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: NetnsSparkCluster) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYSPARK_PYTHON", sys.executable)  # read once, when the context starts
+        session = (
+            SparkSession.builder.master(cluster.master_url)
+            .appName("kafka2pc-netns-tests")
+            .config("spark.driver.host", cluster.driver_host)
+            .config("spark.driver.bindAddress", cluster.driver_host)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executor.cores", "1")
+            .config("spark.executor.memory", "512m")
+            .config("spark.cores.max", str(len(WORKERS)))
+            .config("spark.executorEnv.PYTHONPATH", str(REPO))
+            .getOrCreate()
+        )
+    try:
+        assert session.sparkContext.master == cluster.master_url, (
+            f"another SparkSession ({session.sparkContext.master}) is still active in this process"
+        )
+        yield session
+    finally:
+        session.stop()
+
+
+def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
+    cluster: NetnsSparkCluster, spark: Any, bridge_kafka: KafkaEnv
+) -> None:
+    local_dir = str(cluster.network.host(WORKERS[0]).local_dir)  # the same path on every host
+    topic = bridge_kafka.topic(partitions=len(WORKERS))
+    bootstrap = bridge_kafka.bootstrap
+
+    def on_host(index: int, _: Iterator[int]) -> Iterator[dict[str, Any]]:
+        import socket
+
+        from confluent_kafka import Consumer, Producer, TopicPartition
+        from pyspark import BarrierTaskContext
+
+        name = socket.gethostname()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((bootstrap.split(":")[0], 9))  # no packet: the route's source address
+            address = s.getsockname()[0]
+        Path(local_dir, f"marker-{name}").write_text(name)
+        BarrierTaskContext.get().barrier()  # every host has written its marker before any lists
+        listing = sorted(os.listdir(local_dir))
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce(topic, key=name.encode(), value=address.encode(), partition=index)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{name}", "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, index, 0)])
+        message = consumer.poll(30)
+        consumer.close()
+        read = None if message is None or message.error() else (message.key() or b"").decode()
+        yield {
+            "host": name,
+            "address": address,
+            "env_ip": os.environ.get("SPARK_LOCAL_IP"),
+            "listing": listing,
+            "read": read,
+        }
+
+    started = time.monotonic()
+    rdd = spark.sparkContext.parallelize(range(len(WORKERS)), len(WORKERS))
+    rows = rdd.barrier().mapPartitionsWithIndex(on_host).collect()
+    print(f"barrier job on {len(WORKERS)} hosts: {time.monotonic() - started:.1f}s")
+
+    # A barrier stage runs its tasks at once: with one core per executor, one task on each host.
+    assert sorted(r["host"] for r in rows) == sorted(WORKERS)
+    for r in rows:
+        host = cluster.network.host(r["host"])
+        assert r["address"] == host.address and r["env_ip"] == host.address, r
+        # Its own marker only, next to the executor's spark-* dir (SPARK_LOCAL_DIRS is the private dir).
+        assert [f for f in r["listing"] if f.startswith("marker-")] == [f"marker-{r['host']}"], r
+        assert any(f.startswith("spark-") for f in r["listing"]), r
+        assert r["read"] == r["host"], r
+    assert os.listdir(local_dir) == []  # the root namespace sees no host's files
+    # And the root namespace reads both records at the same address, read_committed.
+    records = bridge_kafka.read_committed(topic)
+    assert sorted((rec.key, rec.value) for rec in records) == sorted(
+        (w.encode(), cluster.network.host(w).address.encode()) for w in WORKERS
+    )
+
+
+def test_shuffle_blocks_are_fetched_from_the_other_host(cluster: NetnsSparkCluster, spark: Any) -> None:
+    def map_side(_: Iterator[int]) -> Iterator[tuple[int, frozenset[str]]]:
+        import socket
+
+        name = socket.gethostname()
+        return iter([(key, frozenset([name])) for key in range(4)])
+
+    def reduce_side(pairs: Iterator[tuple[int, frozenset[str]]]) -> Iterator[tuple[int, list[str], str]]:
+        import socket
+
+        return iter([(key, sorted(hosts), socket.gethostname()) for key, hosts in pairs])
+
+    started = time.monotonic()
+    rdd = spark.sparkContext.parallelize(range(len(WORKERS)), len(WORKERS))
+    rows = (
+        rdd.barrier()
+        .mapPartitions(map_side)  # one map task on each host
+        .reduceByKey(lambda a, b: a | b, len(WORKERS))
+        .mapPartitions(reduce_side)
+        .collect()
+    )
+    print(f"shuffle between hosts: {time.monotonic() - started:.1f}s")
+    # Every key's blocks came from both hosts: each reduce task read one block from a host it is not on.
+    assert sorted(key for key, _, _ in rows) == [0, 1, 2, 3]
+    for _, hosts, reducer in rows:
+        assert hosts == sorted(WORKERS) and reducer in WORKERS
+
+
+def test_host_faults_and_stop_leave_nothing_behind(tmp_path: Path) -> None:
+    """Without Spark: a host killed, a link cut and restored, a network destroyed twice, and one whose
+    owner died reaped, each checked with ip and /proc."""
+    prefix = f"k2t{secrets.token_hex(2)}"
+    network = netns.create(prefix, ("h1", "h2"), tmp_path, owner_pid=os.getpid())
+    try:
+        h1 = network.host("h1")
+        server = subprocess.Popen(
+            network.command("h1", [sys.executable, "-m", "http.server", "--bind", h1.address, "8000"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        # A second process that forks a child of its own: killing the host takes the whole tree.
+        sleeper = subprocess.Popen(network.command("h1", ["sh", "-c", "sleep 600 & sleep 600"]), start_new_session=True)
+        fetch = f"import socket; socket.create_connection(('{h1.address}', 8000), timeout=2).close()"
+        deadline = time.monotonic() + 20
+        while True:  # from the other host, through the bridge
+            try:
+                network.run("h2", [sys.executable, "-c", fetch])
+                break
+            except netns.NetnsError:
+                assert time.monotonic() < deadline, "h2 never reached h1's server"
+                time.sleep(0.2)
+
+        network.cut_link("h1")
+        with pytest.raises(OSError):
+            socket.create_connection((h1.address, 8000), timeout=1).close()
+        network.restore_link("h1")
+        socket.create_connection((h1.address, 8000), timeout=5).close()
+
+        running = network.pids("h1")
+        assert server.pid in running and sleeper.pid in running and len(running) >= 3, running
+        assert network.kill_host("h1") == len(running)
+        assert server.wait(5) == -9 and sleeper.wait(5) == -9
+        assert network.pids("h1") == []
+        network.run("h2", ["true"])  # the other host lives on
+    finally:
+        network.destroy()
+        network.destroy()  # idempotent
+    assert netns.leftovers(prefix, tmp_path) == []
+    assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+
+    # A creator that died before its finalizer: its network is an orphan, reaped by the next one.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = netns.create(prefix, ("h1",), tmp_path / "orphan", owner_pid=dead.pid)
+    orphan_sleep = subprocess.Popen(orphan.command("h1", ["sleep", "600"]), start_new_session=True)
+    assert prefix in netns.reap_orphans()
+    assert orphan_sleep.wait(5) == -9
+    assert netns.leftovers(prefix, tmp_path / "orphan") == []
