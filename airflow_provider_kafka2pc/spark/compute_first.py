@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_kafka2pc.spark.staging import STAGING_UNUSABLE
+from airflow_provider_kafka2pc.spark.staging import OTHER_HOSTS, STAGING_UNUSABLE
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
@@ -26,6 +26,7 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
     """Materialize (unless turned off) and check the budget, all before any transaction opens."""
     from airflow_provider_kafka2pc.spark.window import task_slots
     from airflow_provider_kafka2pc.txn.protocol.window import (
+        NO_RATE,
         NOT_MATERIALIZED,
         WindowBudget,
         WriteEstimate,
@@ -51,7 +52,9 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
         if rate is not None and stored.sizes is not None:
             estimate = WriteEstimate.of(stored.sizes, task_slots(df.sparkSession), rate)
         elif rate is None:
-            unknown = "no write rate stated, and none shown by an earlier run of this exporter"
+            unknown = NO_RATE
+        elif _is_barrier(stored):
+            unknown = "sized by the write job's own tasks: they check this budget with the sizes before any opens"
         else:
             unknown = f"{stored.where}, not sized before writing: only a rate you state pays a pass over the files"
     else:
@@ -113,6 +116,8 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
         return Materialized(df, sizes, time.monotonic() - started, where, scan.partitions)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
+    if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):
+        return _barrier_or_raise(df, window, why_not or "store='barrier'")
     if why_not is None:
         try:
             staged = stage(df)
@@ -126,10 +131,31 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
         else:
             if isinstance(staged, StagedFrame):
                 return staged
+            if window.store == "auto" and staged.startswith(OTHER_HOSTS):
+                return _barrier_or_raise(df, window, staged)
             why_not = staged
     if window.store == "arrow":
         raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'") from refused
     log.info("kafka2pc stores the frame with a checkpoint instead of staging Arrow files: %s", why_not)
+    return materialize(df, window)
+
+
+def _barrier_or_raise(df: Any, window: WindowSettings, why_not_staged: str) -> Any:
+    """The barrier plan where staging cannot serve because the executors are elsewhere (DESIGN §13:
+    never silently the slower checkpoint); else the checkpoint, or for ``store='barrier'`` an error."""
+    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, plan_barrier
+    from airflow_provider_kafka2pc.spark.window import materialize
+
+    plan = plan_barrier(df, why_not_staged)
+    if isinstance(plan, BarrierPlan):
+        log.info(
+            "kafka2pc computes the frame in the write job's barrier stage, before any transaction opens, on %s",
+            plan.where,
+        )
+        return plan
+    if window.store == "barrier":
+        raise Kafka2PCError(f"store='barrier' cannot be used: {plan}; use store='auto' or 'checkpoint'")
+    log.info("kafka2pc stores the frame with a checkpoint instead: %s", plan)
     return materialize(df, window)
 
 
@@ -142,6 +168,12 @@ def _staging_directory_refused(error: BaseException) -> str | None:
         return None
     said = text[at:].splitlines()[0]
     return f"the staging tasks could not write it: {said}"
+
+
+def _is_barrier(stored: Any) -> bool:
+    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan
+
+    return isinstance(stored, BarrierPlan)
 
 
 def partition_count(df: Any) -> int:

@@ -25,6 +25,7 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuar
 from airflow_provider_kafka2pc.txn.two_phase.partition_writer import choose_writer
 
 if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.barrier_job import BudgetTerms
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
 
@@ -95,6 +96,7 @@ def export_dataframe(
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
     stored, budget = prepare_window(df, settings, window) if transactional else (None, None)
     staged = stored if isinstance(stored, StagedFrame) else None
+    barrier = _budget_terms(stored, settings, window)
     staged_bytes = 0
     try:
         if staged is not None:
@@ -102,7 +104,7 @@ def export_dataframe(
         elif stored is not None:
             df = stored.df
         rows, write_s, write_started_ms = run_write_job(
-            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged
+            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged, barrier
         )
     finally:
         if stored is not None:
@@ -127,6 +129,23 @@ def export_dataframe(
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
     return result
+
+
+def _budget_terms(stored: Any, settings: ExportSettings, window: WindowSettings) -> BudgetTerms | None:
+    """What the tasks of a barrier job decide the budget with; None for any other way."""
+    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, BudgetTerms
+
+    if not isinstance(stored, BarrierPlan):
+        return None
+    assert settings.transaction_timeout_ms is not None
+    rate = window.rate()
+    return BudgetTerms(
+        settings.transaction_timeout_ms,
+        window.commit_headroom_ms,
+        window.handover_ms,
+        stored.slots,
+        rate.to_json() if rate is not None else None,
+    )
 
 
 def _check_staged_counts(rows: list[Any], staged: Any, abort_opened: Callable[[], bool] | None) -> None:

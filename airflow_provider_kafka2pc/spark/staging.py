@@ -30,7 +30,7 @@ from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize
 
 log = logging.getLogger(__name__)
 
-STORES = ("auto", "arrow", "checkpoint")
+STORES = ("auto", "arrow", "barrier", "checkpoint")
 
 
 def validate_store(store: str) -> str:
@@ -83,10 +83,12 @@ def staging_unavailable(spark: Any, store: str, checkpoint_dir: str | None) -> s
         return f"the executors' hosts are unknown ({e!r})"
     elsewhere = sorted(h for h in hosts if not _is_this_machine(h))
     if elsewhere:
-        return f"executors run on other hosts than the driver ({', '.join(elsewhere)})"
+        return f"{OTHER_HOSTS} ({', '.join(elsewhere)})"
     return None
 
 
+# Why staging cannot serve a cluster, where a barrier stage can (``spark/barrier_job.py``).
+OTHER_HOSTS = "executors run on other hosts than the driver"
 # Written in front of an executor's own file error, so that the driver tells a staging directory the
 # executors cannot use (it falls back to a checkpoint) from any failure of the source itself.
 STAGING_UNUSABLE = "kafka2pc staging directory unusable"
@@ -277,7 +279,7 @@ def stage(df: Any) -> StagedFrame | str:
     machines = {str(r["machine"]) for r in rows}
     if not machines <= {machine_id()}:
         shutil.rmtree(directory, ignore_errors=True)  # this host's files; another host's stay in its temp dir
-        return f"staging tasks ran on {len(machines)} machine(s), not only the driver's"
+        return f"{OTHER_HOSTS}: staging tasks ran on {len(machines)} machine(s), not only the driver's"
     # Every task reports, empty or not: their number is the frame's partition count, read without
     # df.rdd (which, with adaptive execution, would run the source's shuffles once more).
     sizes = sorted(
@@ -289,6 +291,7 @@ def stage(df: Any) -> StagedFrame | str:
 
 
 __all__ = [
+    "OTHER_HOSTS",
     "STAGING_UNUSABLE",
     "STORES",
     "StagedFrame",

@@ -35,8 +35,9 @@ class WindowSettings:
 
     :param materialize: compute and store the DataFrame before any transaction opens.
     :param store: how: ``auto`` stages Arrow files on the executors' host where the driver and the
-        executors share one (``spark/staging.py``), else a checkpoint; ``arrow`` or ``checkpoint``
-        force one (``arrow`` fails where it cannot).
+        executors share one (``spark/staging.py``), a barrier stage where they do not
+        (``spark/barrier_job.py``), else a checkpoint; ``arrow``, ``barrier`` or ``checkpoint``
+        force one (``arrow`` and ``barrier`` fail where they cannot).
     :param checkpoint_dir: store it there (a reliable checkpoint: survives a lost executor) instead
         of on the executors (a local checkpoint). Its files are deleted after the export.
     :param commit_headroom_ms: what the commit keeps before the broker deadline; derived when None.

@@ -19,6 +19,7 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettin
 from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema, write_partition
 
 if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.barrier_job import BudgetTerms
     from airflow_provider_kafka2pc.spark.export_result import ExportResult
     from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
@@ -71,11 +72,14 @@ def run_write_job(
     progress_interval_s: float,
     abort_opened: Callable[[], bool] | None,
     staged: StagedFrame | None = None,
+    barrier: BudgetTerms | None = None,
 ) -> tuple[list[Any], float, int]:
     """The write job, watched against the budget; on failure what it opened is aborted at once.
     With ``staged``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its input
-    rows, checked against what staging counted. Returns its rows, its duration and its start
-    (wall-clock ms on the driver)."""
+    rows, checked against what staging counted. With ``barrier``, the job is a barrier stage whose
+    tasks compute, agree on the budget and then write (``spark/barrier_job.py``): they watch the
+    budget themselves, from the moment they open. Returns its rows, its duration and its start
+    (wall-clock ms on the driver; with ``barrier``, when the first transaction opened)."""
     from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
@@ -108,13 +112,23 @@ def run_write_job(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
-    watch = WriteWatch(df.sparkSession, budget.write_ms) if budget is not None else None
+    # A barrier job computes before it opens anything: its tasks watch the write's budget, the
+    # driver's watch only holds the job's tag (to wait for its tasks after a failure).
+    watch_ms = _COMPUTING_MS if barrier is not None else budget.write_ms if budget is not None else None
+    watch = WriteWatch(df.sparkSession, watch_ms) if watch_ms is not None else None
     started, started_ms = time.monotonic(), int(time.time() * 1000)
     try:
         with reporter or contextlib.nullcontext(), watch or contextlib.nullcontext():
-            if watch is not None:
-                log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
-            rows = df.mapInArrow(run, from_arrow_schema(result_schema())).collect()
+            if barrier is not None:
+                from airflow_provider_kafka2pc.spark.barrier_job import barrier_function, barrier_schema
+
+                log.info("kafka2pc barrier job started: its tasks compute first, then open their transactions")
+                fn = barrier_function(payload, barrier)
+                rows = df.mapInArrow(fn, from_arrow_schema(barrier_schema()), barrier=True).collect()
+            else:
+                if watch is not None:
+                    log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
+                rows = df.mapInArrow(run, from_arrow_schema(result_schema())).collect()
     except Exception as e:
         if watch is None:
             raise
@@ -137,7 +151,39 @@ def run_write_job(
                 "checkpoint_dir (HDFS, S3, a shared disk)."
             ) from e
         raise
+    if barrier is not None:
+        return _barrier_outcome(rows, budget, abort_opened, started_ms)
     return rows, time.monotonic() - started, started_ms
+
+
+# The driver's watch over a barrier job never fires: the job computes the source for as long as it
+# takes (a year, in ms), and its tasks stop their own write at the budget.
+_COMPUTING_MS = 365 * 24 * 3600 * 1000
+
+
+def _barrier_outcome(
+    rows: list[Any], budget: WindowBudget | None, abort_opened: Callable[[], bool] | None, started_ms: int
+) -> tuple[list[Any], float, int]:
+    """A barrier job's rows, or the refusal or overrun its tasks reported (what they opened aborted)."""
+    from airflow_provider_kafka2pc.spark.barrier_job import OVERRAN, REFUSED, split_rows
+    from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
+
+    written, opened_ms, said = split_rows(rows)
+    refused = [s for s in said if s.startswith(REFUSED)]
+    if refused:
+        raise WindowRefusedError(refused[0][len(REFUSED) + 2 :])
+    if any(s.startswith(OVERRAN) for s in said):
+        assert budget is not None
+        aborted = abort_now(abort_opened, True)
+        raise WindowExceededError(
+            f"the write phase ran past its budget: a task was {said[0][len(OVERRAN) + 2 :]} (transaction.timeout.ms="
+            f"{budget.timeout_ms}). The tasks stopped writing and {aborted}: nothing of the run is visible. "
+            + _overrun_fix(budget)
+        )
+    first = opened_ms if opened_ms is not None else started_ms
+    if opened_ms is not None:
+        log.info("kafka2pc write phase: transactions open from %s (the barrier passed)", iso(opened_ms))
+    return written, max(time.time() * 1000 - first, 0) / 1000, first
 
 
 def _overrun_fix(budget: WindowBudget) -> str:

@@ -46,6 +46,8 @@ SHORTEST_SHOWING_S = 1.0
 
 # Why a budget has no estimate: the frame was not computed first, so its size is unknown.
 NOT_MATERIALIZED = "the data is not materialized first"
+# Why a budget has no estimate: the size is known, the rate is not.
+NO_RATE = "no write rate stated, and none shown by an earlier run of this exporter"
 
 
 def commit_headroom_ms(
@@ -190,6 +192,23 @@ class WindowBudget:
     estimate: WriteEstimate | None = None  # None: the size or the rate is unknown (``unknown`` says which)
     unknown: str = NOT_MATERIALIZED
 
+    @classmethod
+    def of_sizes(
+        cls,
+        timeout_ms: int,
+        headroom_ms: int | None,
+        handover_ms: int,
+        sizes: list[PartitionSize],
+        slots: int,
+        rate: WriteRate | None,
+    ) -> WindowBudget:
+        """The budget of a run whose partitions' sizes are known: a pure function, so that every task
+        of a barrier stage, given the same sizes, decides alike (``headroom_ms``: an override, or None)."""
+        transactions = sum(1 for s in sizes if s.records > 0)
+        estimate = WriteEstimate.of(sizes, slots, rate) if rate is not None else None
+        headroom = commit_headroom_ms(timeout_ms, transactions, override_ms=headroom_ms)
+        return cls(timeout_ms, headroom, handover_ms, estimate, NO_RATE)
+
     @property
     def write_ms(self) -> int:
         """How long the write job may run, from its start, before its transactions are doomed."""
@@ -239,6 +258,7 @@ class WindowBudget:
 __all__ = [
     "DEFAULT_HANDOVER_MS",
     "NOT_MATERIALIZED",
+    "NO_RATE",
     "PartitionSize",
     "WindowBudget",
     "WindowError",

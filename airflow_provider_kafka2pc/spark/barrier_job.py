@@ -1,0 +1,209 @@
+"""One pass where executors run on other hosts than the driver: a barrier stage (DESIGN §3b.6, §13).
+
+Staging (``spark/staging.py``) writes each partition into an Arrow file on the executor that
+computed it, then a second job writes the files: that needs every write task on the host of its
+file, which Spark prefers but does not enforce, so staging serves one host only. A barrier stage
+removes the hand-over: the task that computes a partition also writes it.
+
+1. Every task computes its partition into an Arrow file in its own executor's local directory
+   (spilled to disk, never held in memory) and counts its records and bytes. No transaction is open.
+2. ``allGather``: every task learns every partition's size, and decides the run's budget for itself
+   (``txn.protocol.window.WindowBudget.of_sizes``, the same pure function on every task, so all
+   decide alike). A run that cannot fit is refused by every task before any opens a transaction.
+3. Each task then opens its transaction and writes its own file (the window starts here, after all
+   of the source is computed), watching the budget from that moment: a task still writing past it
+   stops, and the driver aborts what the tasks opened.
+
+A barrier stage runs all of its tasks at once, so it has at most as many partitions as the cluster
+has task slots. Spark refuses a barrier stage whose own chain changes the number of partitions
+(``coalesce``: SPARK-24820), so the frame is repartitioned to the slots: the source is computed by
+the shuffle's map tasks, spread over every slot, and each barrier task fetches its share from
+wherever Spark's block manager holds it, then stages it on its own host. A task that fails fails the
+stage, and Spark runs the whole stage again; the new attempts' InitProducerId fences the old ones'
+transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_kafka2pc.spark.window import Materialized, task_slots
+from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WindowBudget, WriteRate
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+log = logging.getLogger(__name__)
+
+# What a task says, in its result row, when it opened nothing because the run does not fit, or when
+# it stopped writing because the write ran past the budget.
+REFUSED, OVERRAN = "refused", "overran"
+
+
+@dataclass
+class BarrierPlan(Materialized):
+    """The source, to be computed by the write job's own tasks: nothing is stored before it runs."""
+
+    slots: int = 0
+
+
+def plan_barrier(df: Any, why_not_staged: str) -> BarrierPlan | str:
+    """The barrier plan for ``df``, or why it cannot serve (Spark Connect, dynamic allocation)."""
+    spark = df.sparkSession
+    try:
+        sc = spark.sparkContext
+    except Exception:
+        return f"{why_not_staged}, and Spark Connect cannot run a barrier stage for it"
+    if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        return f"{why_not_staged}, and with dynamic allocation a barrier stage may wait for executors"
+    slots = task_slots(spark)
+    where = (
+        f"each task's own executor ({why_not_staged}): the source is shuffled into {slots} partition(s), one "
+        f"per task slot; each task stages its partition in an Arrow file on its host, all agree the run fits, "
+        "then each writes the file it staged"
+    )
+    return BarrierPlan(df.repartition(slots), None, 0.0, where, 0, slots=slots)
+
+
+@dataclass(frozen=True)
+class BudgetTerms:
+    """What a task needs to decide the run's budget from the gathered sizes (plain JSON values)."""
+
+    timeout_ms: int
+    headroom_ms: int | None
+    handover_ms: int
+    slots: int
+    rate: dict[str, Any] | None
+
+    def budget(self, sizes: list[PartitionSize]) -> WindowBudget:
+        rate = WriteRate.from_json(self.rate) if self.rate is not None else None
+        return WindowBudget.of_sizes(self.timeout_ms, self.headroom_ms, self.handover_ms, sizes, self.slots, rate)
+
+
+def task_directory() -> str:
+    """A directory of this executor's host for one task's file: the executor's local directories
+    (standalone: SPARK_EXECUTOR_DIRS; local mode: SPARK_LOCAL_DIRS), else the system's temp dir."""
+    dirs = os.environ.get("SPARK_EXECUTOR_DIRS", "").split(os.pathsep)[0]
+    dirs = dirs or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
+    parent = dirs or tempfile.gettempdir()
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix="kafka2pc-barrier-", dir=parent)
+
+
+class _Overran(Exception):
+    pass
+
+
+def _until(deadline: float, batches: Iterator[Any]) -> Iterator[Any]:
+    for batch in batches:
+        if time.monotonic() > deadline:
+            raise _Overran()
+        yield batch
+
+
+def barrier_task(
+    payload: str, terms: BudgetTerms, ctx: Any, batches: Iterator[Any], gather: Callable[[str], list[str]]
+) -> Iterator[Any]:
+    """The body of one barrier task: stage, agree, write. ``gather`` is the barrier's ``allGather``
+    (all tasks exchange one message each). Yields result rows with ``opened_ms`` and ``outcome``."""
+    import shutil
+
+    from airflow_provider_kafka2pc.spark.staging import stage_partition, staged_batches
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
+
+    partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+    directory = task_directory()
+    try:
+        summary = next(stage_partition(directory, partition, ctx.taskAttemptId(), batches)).to_pylist()[0]
+        mine = {"partition": partition, "records": summary["records"], "bytes": summary["bytes"]}
+        told = [json.loads(m) for m in gather(json.dumps(mine))]
+        sizes = [PartitionSize(int(m["partition"]), int(m["records"]), int(m["bytes"])) for m in told]
+        budget = terms.budget(sizes)
+        if not budget.fits:
+            yield _row(partition, attempt, 0, REFUSED + ": " + str(budget.refusal()))
+            return
+        opened_ms = int(time.time() * 1000)
+        staged = staged_batches(directory, partition, summary["file"], summary["records"], summary["machine"])
+        deadline = time.monotonic() + budget.write_ms / 1000
+        try:
+            for out in write_partition(ExportSettings.from_json(payload), partition, attempt, _until(deadline, staged)):
+                yield _with(out, opened_ms)
+        except _Overran:
+            # Left open: the driver aborts what the run opened once every task has answered.
+            yield _row(partition, attempt, opened_ms, f"{OVERRAN}: still writing {budget.write_ms} ms after it opened")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def barrier_schema() -> Any:
+    import pyarrow as pa
+
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema
+
+    return result_schema().append(pa.field("opened_ms", pa.int64())).append(pa.field("outcome", pa.string()))
+
+
+def _with(batch: Any, opened_ms: int) -> Any:
+    import pyarrow as pa
+
+    n = batch.num_rows
+    return pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array([opened_ms] * n, pa.int64()), pa.array([None] * n, pa.string())],
+        schema=barrier_schema(),
+    )
+
+
+def _row(partition: int, attempt: int, opened_ms: int, outcome: str) -> Any:
+    import pyarrow as pa
+
+    row = {
+        "slot": partition,
+        "attempt": attempt,
+        "records": 0,
+        "bytes": 0,
+        "counts": "{}",
+        "committable": None,
+        "opened_ms": opened_ms,
+        "outcome": outcome,
+    }
+    return pa.RecordBatch.from_pylist([row], schema=barrier_schema())
+
+
+def barrier_function(payload: str, terms: BudgetTerms) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function ``mapInArrow(..., barrier=True)`` runs in each task."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        yield from barrier_task(payload, terms, ctx, batches, ctx.allGather)
+
+    return run
+
+
+def split_rows(rows: list[Any]) -> tuple[list[Any], int | None, list[str]]:
+    """The write rows, the earliest time a transaction opened (executors' clocks), and what the
+    tasks that opened nothing or stopped said."""
+    said = sorted({str(r["outcome"]) for r in rows if r["outcome"]})
+    written = [r for r in rows if not r["outcome"] and r["records"] > 0]
+    opened = [int(r["opened_ms"]) for r in rows if int(r["opened_ms"] or 0) > 0]
+    return written, min(opened) if opened else None, said
+
+
+__all__ = [
+    "OVERRAN",
+    "REFUSED",
+    "BarrierPlan",
+    "BudgetTerms",
+    "barrier_function",
+    "barrier_schema",
+    "barrier_task",
+    "plan_barrier",
+    "split_rows",
+    "task_directory",
+]
