@@ -101,7 +101,7 @@ def test_a_staging_directory_the_tasks_cannot_write_is_named_as_such(tmp_path: P
 
 def test_the_store_is_checked_when_the_dag_is_parsed() -> None:
     assert validate_store("auto") == "auto"
-    with pytest.raises(ValueError, match=r"store='disk': choose one of \['auto', 'arrow', 'checkpoint'\]"):
+    with pytest.raises(ValueError, match=r"store='disk': choose one of \['auto', 'arrow', 'barrier', 'checkpoint'\]"):
         WindowSettings(store="disk")
 
 
