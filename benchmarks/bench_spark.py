@@ -57,8 +57,11 @@ def _fetch(libs: Path) -> None:
 
 
 @contextlib.contextmanager
-def session(jars: list[Path], driver_memory: str = "4g", conf: Mapping[str, str] | None = None) -> Iterator[Any]:
-    """One ``local[2]`` SparkSession with the sink's jars and ``conf``; Python workers run this interpreter.
+def session(
+    jars: list[Path], driver_memory: str = "4g", conf: Mapping[str, str] | None = None, master: str = "local[2]"
+) -> Iterator[Any]:
+    """One SparkSession (``local[2]``, or ``master``: e.g. the emulated cluster's standalone master) with
+    the sink's jars and ``conf``; Python workers run this interpreter.
 
     The JVM is started from an empty temporary directory: Spark's Python workers run with the
     JVM's working directory first on ``sys.path``, and from the repository root that would
@@ -76,7 +79,7 @@ def session(jars: list[Path], driver_memory: str = "4g", conf: Mapping[str, str]
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
         spark = (
-            builder.master("local[2]")
+            builder.master(master)
             .appName("kafka2pc-benchmark")
             .config("spark.jars", ",".join(str(j) for j in jars))
             .config("spark.driver.memory", driver_memory)

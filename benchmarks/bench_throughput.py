@@ -33,10 +33,12 @@ LABELS: dict[str, str] = {
     "n": "(n)  kafka2pc EXACTLY_ONCE, native writer",
     "n+": "(n+) (n), Spark's Arrow byte check off",
     "n0": "(n0) (n), not materialized first",
+    "nc": "(nc) (n), store=checkpoint (a cluster before)",
+    "nb": "(nb) (n), store=barrier (a cluster now)",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "nc", "nb", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class Runner:
             "n": lambda t: self._exactly_once(t, "native"),
             "n+": lambda t: self._exactly_once(t, "native", arrow_bytes_unchecked=True),
             "n0": lambda t: self._exactly_once(t, "native", materialize=False),
+            "nc": lambda t: self._exactly_once(t, "native", store="checkpoint"),
+            "nb": lambda t: self._exactly_once(t, "native", store="barrier"),
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
@@ -172,7 +176,12 @@ class Runner:
 
     # (c) ---------------------------------------------------------------------------------
     def _exactly_once(
-        self, topic: str, writer: str, arrow_bytes_unchecked: bool = False, materialize: bool = True
+        self,
+        topic: str,
+        writer: str,
+        arrow_bytes_unchecked: bool = False,
+        materialize: bool = True,
+        store: str = "auto",
     ) -> dict[str, float]:
         from airflow_provider_kafka2pc.spark.job import export_dataframe
         from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -194,7 +203,9 @@ class Runner:
                 conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
             try:
                 started = time.perf_counter()
-                result = export_dataframe(self.df, settings, window=WindowSettings(materialize=materialize))
+                result = export_dataframe(
+                    self.df, settings, window=WindowSettings(materialize=materialize, store=store)
+                )
                 prepared = time.perf_counter()
             finally:
                 if arrow_bytes_unchecked and before is None:

@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,n,n+,n0,d,s,commit,recovery,log,window (default: all)",
+        help="comma-separated subset of: a,b,b',c,n,n+,n0,nc,nb,d,s,commit,recovery,log,window (default: all)",
     )
     p.add_argument(
         "--source",
@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         default="cached",
         help="the Spark modes read a cached frame (default), Parquet files written once, not cached, or rows "
         "computed from spark.range by every run",
+    )
+    p.add_argument(
+        "--master",
+        default="local[2]",
+        help="Spark master URL (e.g. the emulated cluster's spark://…, with --spark-conf spark.driver.host=…)",
     )
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (the cached DataFrame lives there)")
     p.add_argument(
@@ -92,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     samples: list[Sample] = []
     txn: dict[str, dict[str, Any]] = {}
-    spark_modes = {"b", "b'", "c", "n", "n+", "n0", "d", "s"} & set(modes) or {"window"} & set(selected)
+    spark_modes = {"b", "b'", "c", "n", "n+", "n0", "nc", "nb", "d", "s"} & set(modes) or {"window"} & set(selected)
     jars = bench_spark.sink_jars() if spark_modes else []
     with broker(args.bootstrap) as bootstrap:
         env["bootstrap"] = bootstrap
@@ -100,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         decisions = f"kafka2pc_bench_decisions_{uuid.uuid4().hex[:8]}"
         with contextlib.ExitStack() as stack:
             spark = (
-                stack.enter_context(bench_spark.session(jars, args.driver_memory, env["spark_conf"])) if jars else None
+                stack.enter_context(bench_spark.session(jars, args.driver_memory, env["spark_conf"], args.master))
+                if jars
+                else None
             )
             stack.callback(kafka.close)
             env["package"] = package_dir()
@@ -402,7 +409,7 @@ def _environment(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         "librdkafka": confluent_kafka.libversion()[0],
         "kafka_python": kafka_python.__version__,
         "broker": "external" if args.bootstrap else f"kafka-local {kafka_local().KAFKA_VERSION}, 1 broker",
-        "spark_master": "local[2]",
+        "spark_master": args.master,
         "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "source": args.source,
         "spark_kafka_sink": f"spark-sql-kafka-0-10_2.13 {bench_spark.SPARK_VERSION}",
@@ -414,7 +421,7 @@ def _banner(env: dict[str, Any]) -> str:
         f"kafka2pc benchmark ({env['mode']}): {env['rows']:,} records, {env['value_bytes']} B values "
         f"({env['payload']}), {env['cores']} cores, Python {env['python']}, pyspark {env['pyspark']}, "
         f"confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), {env['broker']}, git {env['git']}"
-        + f", source: {env['source']}"
+        + f", master {env['spark_master']}, source: {env['source']}"
         + "".join(f", {k}={v}" for k, v in env["spark_conf"].items())
     )
 
