@@ -159,6 +159,10 @@ class StandaloneAirflow(Service):
             "CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "CORE__DAGBAG_IMPORT_TIMEOUT": "120",
             "CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            # A fresh api-server answers the first task start (PATCH /execution/task-instances/…/run)
+            # after 13-16 s on a loaded machine, 64 s at load 20, and nothing else meanwhile; the
+            # workers' default (5 s per try, 5 tries: ~35 s) then fails the first task (issue 37).
+            "WORKERS__EXECUTION_API_TIMEOUT": "60",
             # The async engine (api-server) gets postgresql+asyncpg, derived by Airflow from this URL.
             "DATABASE__SQL_ALCHEMY_CONN": self.postgres.url("psycopg2"),
             "API__HOST": "127.0.0.1",
