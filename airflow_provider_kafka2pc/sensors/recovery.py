@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 
 # What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
 
-# Airflow 3.3's scheduler fails a deferred task whose trigger fired before it read the executor's
-# report of the deferring process's exit ("state mismatch ... the task instance's state attribute
-# is queued|running", apache/airflow#67287 and #72716; seen here under load). A recovery pass is
-# idempotent, so the sensor retries by default: the retry defers again and resumes.
+# Airflow 3.3 fails this task with nothing wrong on a loaded machine ("... but the task instance's
+# state attribute is queued|running" in the scheduler's log): a worker whose task start the
+# api-server answered too late, or a trigger that resumed the task before the scheduler read the
+# executor's report of the deferring process (apache/airflow#67287, #72716). A recovery pass is
+# idempotent, so the sensor retries by default (docs/runbook.md, issue 37).
 RESUME_RETRIES = 2
 RESUME_RETRY_DELAY = timedelta(seconds=5)
 

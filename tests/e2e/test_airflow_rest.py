@@ -91,7 +91,7 @@ class Instance:
         """The recover try's log (trigger part merged in by Airflow) shows passes run by the triggerer.
 
         ``try_number`` is the run's first try here; the last one is read. A later one means the
-        sensor retried: Airflow 3.3's scheduler can fail a task resumed from its trigger (issue 37).
+        sensor retried: Airflow 3.3 can fail a try with nothing wrong (issue 37, docs/runbook.md).
         """
         self.saw_deferred[f"{run_id}#{try_number}"] = "deferred" in seen.get("recover", set())
         last = int(self.af.task_instance(DAG_ID, run_id, "recover")["try_number"])

@@ -1,6 +1,7 @@
-"""The recovery sensor retries by default (issue 37): Airflow 3.3's scheduler can fail a deferred
-task whose trigger fired before the executor's report of the deferring process was read, and a
-recovery pass is idempotent. A user's retries, given or from default_args, win."""
+"""The recovery sensor retries by default (issue 37): Airflow 3.3 can fail it with nothing wrong (a
+task start the api-server answered too late, a trigger that resumed it before the scheduler read
+how the deferring process ended), and a recovery pass is idempotent. A user's retries, given or
+from default_args, win."""
 
 from __future__ import annotations
 
