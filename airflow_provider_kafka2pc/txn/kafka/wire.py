@@ -323,7 +323,9 @@ class WireClient:
         client or any writer opens or ends a transaction: ``broker_support.UnsupportedBrokerError``.
         Reads the ApiVersions answer kafka-python got when it connected: no request of its own."""
         data = self._manager.broker_version_data
-        versions = {int(k): (int(v[0]), int(v[1])) for k, v in self._admin.api_versions().items()}
+        # The raw answer, keyed by number: kafka-python's public api_versions() turns each key into its
+        # ApiKey enum and raises on one it does not know (Kafka 4.4 answers key 93).
+        versions = {int(k): (int(v[0]), int(v[1])) for k, v in (data.api_versions or {}).items()}
         version = getattr(data, "broker_version_str", None)  # kafka-python's reading of the versions
         check_api_versions(self.bootstrap, versions, str(version) if version else None)
 
