@@ -84,3 +84,29 @@ def test_a_run_the_tasks_find_too_big_for_the_budget_opens_nothing(spark: Any, k
         s.transactional_id(0): None,
         s.transactional_id(1): None,
     }  # never initialised
+
+
+def test_a_failed_barrier_task_fails_the_job_at_once_and_what_it_opened_is_aborted(spark: Any, kafka: KafkaEnv) -> None:
+    """Spark does not run a failed barrier result stage again ("Could not recover from a failed
+    barrier ResultStage"): the job fails at the first failed task, with its error, and what the
+    tasks opened is aborted at once. Nothing visible, nothing open."""
+    from dataclasses import replace
+
+    from tests.helpers.kafka import abort_open_now
+
+    topic = kafka.topic(2)
+    df = spark.range(20_000, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+    s = replace(_settings(kafka, topic), fail_first_attempt=(0, 3_000))  # slot 0 fails after 3,000 records
+    log = DecisionLog(kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
+    aborted: list[bool] = []
+
+    def abort_opened() -> bool:
+        done, _ = abort_open_now(kafka, s.transactional_id_prefix, log)
+        aborted.append(done)
+        return done
+
+    with pytest.raises(Exception, match=r"injected failure in partition 0, attempt 0"):
+        export_dataframe(df, s, window=WindowSettings(store="barrier"), abort_opened=abort_opened)
+    assert aborted == [True]
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+    assert kafka.count_committed(topic, timeout_s=10) == (0, 0)
