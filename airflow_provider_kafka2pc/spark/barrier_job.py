@@ -18,9 +18,10 @@ A barrier stage runs all of its tasks at once, so it has at most as many partiti
 has task slots. Spark refuses a barrier stage whose own chain changes the number of partitions
 (``coalesce``: SPARK-24820), so the frame is repartitioned to the slots: the source is computed by
 the shuffle's map tasks, spread over every slot, and each barrier task fetches its share from
-wherever Spark's block manager holds it, then stages it on its own host. A task that fails fails the
-stage, and Spark runs the whole stage again; the new attempts' InitProducerId fences the old ones'
-transactions.
+wherever Spark's block manager holds it, then stages it on its own host. A task that fails (its
+source, its broker, its lost host) fails the job at once: Spark does not run a failed barrier result
+stage again ("Could not recover from a failed barrier ResultStage"), and the driver aborts what the
+tasks opened, as after any failed write job.
 """
 
 from __future__ import annotations
