@@ -89,22 +89,15 @@ class _WatchedHTTP(http.client.HTTPConnection):
         self._deadline = deadline
 
     def connect(self) -> None:
-        self.timeout = self._deadline.remaining()
-        super().connect()
-        self._deadline.adopt(self.sock)
-
-
-class _WatchedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, *, deadline: Deadline, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
-        self._deadline = deadline
-
-    def connect(self) -> None:
-        # The TLS handshake's reads are bounded by the time left at connect; the watchdog takes
+        # Over TLS the handshake's reads are bounded by the time left at connect; the watchdog takes
         # over once the socket is wrapped.
         self.timeout = self._deadline.remaining()
         super().connect()
         self._deadline.adopt(self.sock)
+
+
+class _WatchedHTTPS(_WatchedHTTP, http.client.HTTPSConnection):
+    """``_WatchedHTTP.connect`` around ``HTTPSConnection.connect`` (the TCP connect, then TLS)."""
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):
