@@ -219,10 +219,22 @@ def _on_host(network: netns.Network, name: str) -> dict[str, str]:
 
 
 def start_on_hosts(
-    group: _Group, network: netns.Network, master: str, workers: tuple[str, ...], cores: int = 1, memory: str = "1g"
+    directory: Path, network: netns.Network, master: str, workers: tuple[str, ...], cores: int = 1, memory: str = "1g"
+) -> tuple[StandaloneCluster, Callable[[], None]]:
+    """A master on host ``master`` and a worker on each of ``workers``, logs in ``directory``; returns
+    once every worker is ALIVE at the master, with the function that stops them (destroying the
+    network stops them too: a process cannot leave its host's namespace)."""
+    group = _Group(directory)
+    try:
+        return _start_on_hosts(group, network, master, workers, cores, memory), group.stop
+    except BaseException:
+        group.stop()
+        raise
+
+
+def _start_on_hosts(
+    group: _Group, network: netns.Network, master: str, workers: tuple[str, ...], cores: int, memory: str
 ) -> StandaloneCluster:
-    """A master on host ``master`` and a worker on each of ``workers``; returns once every worker is
-    ALIVE at the master. The processes stay in ``group`` (and in their hosts' namespaces)."""
     home = spark_home()
     address = network.host(master).address
     cluster = StandaloneCluster(
@@ -289,16 +301,15 @@ def netns_spark_cluster(
     everything is destroyed on exit, and what would remain is an error."""
     netns.reap_orphans()  # a run killed before its finalizer left its namespaces behind
     network = netns.create(prefix, (master, *workers), directory / "hosts", owner_pid=os.getpid())
-    group = _Group(directory)
     try:
-        cluster = start_on_hosts(group, network, master, workers, cores, memory)
-        yield NetnsSparkCluster(cluster, network, master, workers)
-    finally:
+        cluster, stop = start_on_hosts(directory, network, master, workers, cores, memory)
         try:
-            group.stop()
+            yield NetnsSparkCluster(cluster, network, master, workers)
         finally:
-            network.destroy()
-        left = netns.leftovers(prefix, network.directory)
+            stop()
+    finally:
+        network.destroy()
+        left = netns.leftovers(prefix, directory)
         assert not left, f"left behind by the emulated cluster {prefix}: {left}"
 
 
