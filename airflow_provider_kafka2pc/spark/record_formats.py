@@ -90,13 +90,13 @@ def apply_formats(
             )
         subject_hint = fmt.subject or role
         if fmt.schema is not None:  # a given text: check the frame before asking the registry anything
-            _check(column.dataType, fmt, fmt.schema, role, subject_hint)
+            _check(df, fmt, fmt.schema, role, subject_hint)
         derived = None
         if fmt.schema is None and fmt.version is None:
             derived = _derive(column.dataType, fmt, topic, role)
         schema = resolve(client, fmt, role, topic, derived)
         if fmt.version is not None:
-            _check(column.dataType, fmt, schema.schema, role, schema.subject)
+            _check(df, fmt, schema.schema, role, schema.subject)
         resolved.append(schema)
         encoded[role] = _framed(df[role], schema)
     if not encoded:
@@ -137,7 +137,8 @@ def _derive(data_type: Any, fmt: RegistryFormat, topic: str | None, role: str) -
         ) from None
 
 
-def _check(data_type: Any, fmt: RegistryFormat, text: str, role: str, subject: str) -> None:
+def _check(df: Any, fmt: RegistryFormat, text: str, role: str, subject: str) -> None:
+    data_type = df.schema[role].dataType
     try:
         schema = json.loads(text)
     except ValueError:
@@ -145,10 +146,27 @@ def _check(data_type: Any, fmt: RegistryFormat, text: str, role: str, subject: s
         schema = text.strip()
         if not isinstance(fmt, AvroFormat):
             raise errors.mismatch(role, subject, [f"the schema is not JSON: {text[:80]!r}"]) from None
-    checker = avro_schema.check if isinstance(fmt, AvroFormat) else json_schema.check
-    problems = checker(data_type, schema, role)
+    if not isinstance(fmt, AvroFormat):
+        _check_json(df, schema, role, subject)
+        return
+    problems = avro_schema.check(data_type, schema, role)
     if problems:
         raise errors.mismatch(role, subject, problems)
+
+
+def _check_json(df: Any, schema: Any, role: str, subject: str) -> None:
+    """The column's type against the schema, then, only where the schema takes numbers but not
+    "NaN"/"Infinity"/"-Infinity", the rows (one aggregation over the source)."""
+    fit = json_schema.fit(df.schema[role].dataType, schema, role)
+    if fit.problems:
+        raise errors.mismatch(role, subject, fit.problems)
+    if fit.finite_only:
+        from airflow_provider_kafka2pc.spark.non_finite import count_rows
+
+        counts, total = count_rows(df, role, fit.finite_only)
+        problems = [json_schema.non_finite_problem(path, n, total) for path, n in counts.items() if n]
+        if problems:
+            raise errors.mismatch(role, subject, problems)
 
 
 def _framed(column: Any, schema: ResolvedSchema) -> Any:
@@ -159,8 +177,8 @@ def _framed(column: Any, schema: ResolvedSchema) -> Any:
 
         body = to_avro(column, schema.schema)
     else:
-        # Null fields left out, whatever the session's default: the derived schema makes them optional.
-        body = F.to_json(column, {"ignoreNullFields": "true"}).cast("binary")
+        # Null fields left out; timestamps in UTC with microseconds (json_schema.TO_JSON_OPTIONS).
+        body = F.to_json(column, json_schema.TO_JSON_OPTIONS).cast("binary")
     framed = F.concat(F.lit(bytearray(header(schema.id))), body)
     return F.when(column.isNull(), F.lit(None).cast("binary")).otherwise(framed)
 

@@ -145,3 +145,152 @@ def test_default_record_names_are_valid_avro_names_and_the_package_is_added_once
     assert default_record_name("1orders", "key") == "_1orders_key"
     assert needs_avro_package({"spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"})
     assert not needs_avro_package({"spark.jars": "/jars/spark-avro_2.13-4.2.0.jar"})
+
+
+VALUES = _struct(
+    d=(T.DoubleType(), False),
+    f=(T.FloatType(), True),
+    ds=(T.ArrayType(T.DoubleType(), True), False),
+    ts=(T.TimestampType(), False),
+    ntz=(T.TimestampNTZType(), False),
+    b=(T.BinaryType(), False),
+    day=(T.DateType(), False),
+)
+# What to_json writes for VALUES with TO_JSON_OPTIONS, as Spark 4.2 wrote it (session time zone
+# Asia/Kolkata): the non-finite doubles as strings, the instant in UTC with its microseconds.
+WRITTEN = [
+    '{"d":"NaN","f":"-Infinity","ds":["Infinity",null,1.0E300],"ts":"2026-01-31T18:29:59.123456Z",'
+    '"ntz":"2026-01-31T23:59:59.123456","b":"AAH/","day":"2026-01-31"}',
+    '{"d":-2.5,"ds":[],"ts":"0001-01-01T00:00:00.000001Z","ntz":"0001-01-01T00:00:00.000000","b":"","day":"0001-01-01"}',
+]
+
+
+def test_a_derived_json_schema_takes_what_to_json_writes_non_finite_doubles_timestamps_and_binary() -> None:
+    import jsonschema
+
+    schema = json_schema.derive(VALUES, "Values")
+    validator = jsonschema.Draft7Validator(schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+    for text in WRITTEN:
+        validator.validate(json.loads(text))  # raises on a record the schema does not take
+    numbers = {"anyOf": [{"type": "number"}, {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}]}
+    properties = schema["properties"]
+    assert properties["d"] == properties["f"] == numbers
+    assert properties["ds"]["items"] == {"anyOf": [*numbers["anyOf"], {"type": "null"}]}
+    assert properties["ts"] == {"type": "string", "format": "date-time"}
+    assert properties["ntz"] == {"type": "string", "pattern": json_schema.NTZ_PATTERN}  # no date-time: no offset
+    assert properties["b"] == {"type": "string", "contentEncoding": "base64"}
+    assert not validator.is_valid({**json.loads(WRITTEN[0]), "d": "nan"})
+    assert not validator.is_valid({**json.loads(WRITTEN[0]), "ntz": "2026-01-31T23:59:59.123+05:30"})
+    assert json_schema.fit(VALUES, schema, "value") == json_schema.Fit()  # a derived schema fits its frame
+    assert json_schema.TO_JSON_OPTIONS["timestampFormat"] == "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
+
+
+NON_FINITE = ("NaN", "Infinity", "-Infinity")
+OK = "fits"
+ROWS_DECIDE = "the rows decide"
+
+
+@pytest.mark.parametrize(
+    ("column", "given", "said"),
+    [
+        (T.TimestampType(), {"type": "string", "format": "date-time"}, OK),
+        (
+            T.TimestampType(),
+            {"type": "number"},
+            "field 'value.x' is timestamp but to_json writes it as '2026-01-31T18:29:59.123456Z' (an instant, in "
+            "UTC), and the schema says ['number']: cast it",
+        ),
+        (T.TimestampType(), {"type": "string", "format": "date"}, "field 'value.x' is timestamp but to_json writes"),
+        (
+            T.TimestampNTZType(),
+            {"type": "string", "format": "date-time"},
+            "field 'value.x' is timestamp_ntz but to_json writes it as '2026-01-31T23:59:59.123456' (a local "
+            "date-time, without offset), not format 'date-time': drop or fix the schema's format, or cast the column",
+        ),
+        (
+            T.TimestampNTZType(),
+            {"type": "string", "pattern": "Z$"},
+            "field 'value.x' is timestamp_ntz but to_json writes it as '2026-01-31T23:59:59.123456' (a local "
+            "date-time, without offset), and the schema's pattern 'Z$' does not match '2026-01-31T23:59:59.123456'",
+        ),
+        (T.TimestampNTZType(), {"type": "string"}, OK),
+        (T.BinaryType(), {"type": "string"}, OK),
+        (T.BinaryType(), {"type": "string", "contentEncoding": "base64"}, OK),
+        (T.BinaryType(), {"type": "string", "contentEncoding": "base16"}, "field 'value.x' is binary but to_json"),
+        (T.BinaryType(), {"type": "integer"}, "field 'value.x' is binary but to_json writes it as base64 text"),
+        (T.DateType(), {"type": "string", "format": "date"}, OK),
+        (T.DoubleType(), {"type": "number"}, ROWS_DECIDE),
+        (T.FloatType(), {"type": "number"}, ROWS_DECIDE),
+        (T.DoubleType(), {"type": ["number", "string"]}, OK),
+        (T.DoubleType(), {"oneOf": [{"type": "number"}, {"enum": ["NaN", "Infinity", "-Infinity"]}]}, OK),
+        (T.DoubleType(), {"oneOf": [{"type": "number"}, {"enum": ["NaN"]}]}, ROWS_DECIDE),  # Infinity missing
+        (T.DoubleType(), {"oneOf": [{"type": "number"}, {"type": "string"}, {"enum": list(NON_FINITE)}]}, ROWS_DECIDE),
+        (
+            T.LongType(),
+            {"oneOf": [{"type": "integer"}, {"enum": [1, "a"]}]},
+            "field 'value.x' is bigint but the schema lists its values (enum), which kafka2pc cannot check",
+        ),
+        (
+            T.DoubleType(),
+            {"type": "string"},
+            "field 'value.x' is double but the schema says ['string']: cast it",
+        ),
+        (
+            T.LongType(),
+            {"oneOf": [{"type": "number"}, {"type": "integer"}]},
+            "field 'value.x' is bigint but 2 branches of the schema's oneOf take it, where oneOf takes a value only "
+            "one does: use anyOf",
+        ),
+        (T.LongType(), {"type": "number"}, OK),
+        (T.BooleanType(), {"enum": [True]}, "field 'value.x' is boolean but the schema's enum lacks [False]: add them"),
+        (T.StringType(), {"type": "string", "format": "email"}, OK),  # a string column's text is the user's
+        (
+            T.StringType(),
+            {"type": "string", "pattern": "^a"},
+            "field 'value.x' is string but the schema gives a pattern, which kafka2pc cannot check",
+        ),
+        (
+            T.DoubleType(),
+            {"type": "number", "minimum": 0},
+            "field 'value.x': the schema uses ['minimum'], which kafka2pc cannot check against a DataFrame",
+        ),
+    ],
+)
+def test_a_value_is_checked_against_a_given_json_schema_by_what_to_json_writes(
+    column: Any, given: dict[str, Any], said: str
+) -> None:
+    schema = {"type": "object", "properties": {"x": given}, "required": ["x"]}
+    found = json_schema.fit(_struct(x=(column, False)), schema, "value")
+    if said == OK:
+        assert found == json_schema.Fit()
+    elif said == ROWS_DECIDE:
+        assert found == json_schema.Fit(finite_only=[("value.x", ("x",))])
+    else:
+        [problem] = found.problems
+        assert problem.startswith(said), problem
+
+
+def test_non_finite_values_inside_arrays_and_maps_are_found_by_their_steps() -> None:
+    frame = _struct(
+        xs=(T.ArrayType(T.DoubleType(), True), False),
+        m=(T.MapType(T.StringType(), _struct(y=(T.FloatType(), False)), False), False),
+    )
+    given = {
+        "type": "object",
+        "properties": {
+            "xs": {"type": "array", "items": {"type": "number"}},
+            "m": {
+                "type": "object",
+                "additionalProperties": {"type": "object", "properties": {"y": {"type": "number"}}},
+            },
+        },
+    }
+    found = json_schema.fit(frame, given, "value")
+    assert found.finite_only == [("value.xs[]", ("xs", None)), ("value.m{}.y", ("m", None, "y"))]
+    assert found.problems == [
+        "field 'value.xs[]' may hold nulls but the schema does not allow null there: make the column non-null "
+        "(F.coalesce(col, default), or df.where(col.isNotNull()) before the struct), or drop it from the schema's "
+        '"required"'
+    ]
+    said = json_schema.non_finite_problem("value.xs[]", 3, 300)
+    assert said.startswith("field 'value.xs[]' holds NaN, Infinity or -Infinity in 3 of 300 rows"), said
