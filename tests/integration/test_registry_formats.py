@@ -381,3 +381,35 @@ def test_the_connection_test_button_against_the_registry(schema_registry: Regist
     wrong = uuid.uuid4().hex
     ok, said = button(wrong)
     assert not ok and "refused the credentials (HTTP 401" in said and wrong not in said, said
+
+
+def test_a_wrong_base_path_and_a_refusal_without_reasons_are_named_on_the_real_registry(
+    spark: Any, kafka: KafkaEnv, schema_registry: RegistryEnv, bad_topic: str
+) -> None:
+    """Apicurio serves the API under /apis/ccompat/v7, and its compatibility answer gives no reason:
+    the first says which URL to use, the second names the field (compared here); neither writes."""
+    root = schema_registry.url.removesuffix("/apis/ccompat/v7")
+    subject = f"{bad_topic}-{uuid.uuid4().hex[:6]}"
+    latest = {
+        "type": "record",
+        "name": default_record_name(bad_topic, "value"),
+        "fields": [{"name": n, "type": t} for n, t in (("id", "long"), ("name", "string"), ("amount", "double"))],
+    }
+    client = schema_registry.client()
+    client.register(subject, json.dumps(latest), "AVRO")
+    client.set_compatibility_level("FULL", subject)
+    cases = [
+        (schema_registry.settings(url=root), errors.RegistryAnswerError, f"Use {schema_registry.url} as the registry"),
+        (schema_registry.settings(), errors.IncompatibleSchemaError, "field 'value.code' is new and has no default"),
+    ]
+    for registry, kind, words in cases:
+        settings = ExportSettings(f"w{uuid.uuid4().hex[:8]}", kafka.config, bad_topic)
+        formats = RecordFormats(registry, value=AvroFormat(subject=subject))
+        with pytest.raises(kind) as raised:  # the frame adds a field "code" without a default
+            export_dataframe(_bad_frame(spark, "incompatible schema"), settings, formats=formats)
+        message = str(raised.value)
+        assert words in message and errors.NOTHING_WRITTEN in message, message
+        assert schema_registry.password not in message
+        assert kafka.open_transactions(settings.transactional_id_prefix, settle_s=0) == []
+    assert kafka.read_committed(bad_topic, timeout_s=10) == []
+    assert [v.version for v in [client.version(subject)] if v is not None] == [1]  # nothing registered
