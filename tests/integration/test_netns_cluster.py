@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import netns
+from tests.helpers import netns, spark_cluster
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
-from tests.helpers.spark_cluster import NetnsSparkCluster, netns_spark_cluster
+from tests.helpers.spark_cluster import NetnsSparkCluster
 
 pytestmark = pytest.mark.kafka
 
@@ -31,17 +31,22 @@ WORKERS = ("spark1", "spark2")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSparkCluster]:
-    # A prefix of its own: another run's network on this machine is not ours to touch.
-    with netns_spark_cluster(tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS) as c:
+def netns_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSparkCluster]:
+    """The master URL (``.master_url``), the hosts (``.network.hosts``) and kill_host, cut_link,
+    restore_link. A prefix of its own: another run's network on this machine is not ours to touch."""
+    with spark_cluster.netns_spark_cluster(
+        tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS
+    ) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def bridge_kafka(cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+def bridge_kafka(
+    netns_spark_cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaEnv]:
     """One broker on the bridge's address: the root namespace and every host reach it there."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KAFKA2PC_KAFKA_HOST", cluster.network.gateway)
+        mp.setenv("KAFKA2PC_KAFKA_HOST", netns_spark_cluster.network.gateway)
         kl = kafka_local()  # a fresh import reads HOST; the session's other brokers stay on loopback
     directory = tmp_path_factory.mktemp("kafka-bridge")
     state = kl.start_cluster(directory, brokers=1)
@@ -54,16 +59,16 @@ def bridge_kafka(cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.fixture(scope="module")
-def spark(cluster: NetnsSparkCluster) -> Iterator[Any]:
+def spark(netns_spark_cluster: NetnsSparkCluster) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYSPARK_PYTHON", sys.executable)  # read once, when the context starts
         session = (
-            SparkSession.builder.master(cluster.master_url)
+            SparkSession.builder.master(netns_spark_cluster.master_url)
             .appName("kafka2pc-netns-tests")
-            .config("spark.driver.host", cluster.driver_host)
-            .config("spark.driver.bindAddress", cluster.driver_host)
+            .config("spark.driver.host", netns_spark_cluster.driver_host)
+            .config("spark.driver.bindAddress", netns_spark_cluster.driver_host)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.executor.cores", "1")
@@ -73,7 +78,7 @@ def spark(cluster: NetnsSparkCluster) -> Iterator[Any]:
             .getOrCreate()
         )
     try:
-        assert session.sparkContext.master == cluster.master_url, (
+        assert session.sparkContext.master == netns_spark_cluster.master_url, (
             f"another SparkSession ({session.sparkContext.master}) is still active in this process"
         )
         yield session
@@ -82,9 +87,9 @@ def spark(cluster: NetnsSparkCluster) -> Iterator[Any]:
 
 
 def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
-    cluster: NetnsSparkCluster, spark: Any, bridge_kafka: KafkaEnv
+    netns_spark_cluster: NetnsSparkCluster, spark: Any, bridge_kafka: KafkaEnv
 ) -> None:
-    local_dir = str(cluster.network.host(WORKERS[0]).local_dir)  # the same path on every host
+    local_dir = str(netns_spark_cluster.network.host(WORKERS[0]).local_dir)  # the same path on every host
     topic = bridge_kafka.topic(partitions=len(WORKERS))
     bootstrap = bridge_kafka.bootstrap
 
@@ -125,7 +130,7 @@ def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
     # A barrier stage runs its tasks at once: with one core per executor, one task on each host.
     assert sorted(r["host"] for r in rows) == sorted(WORKERS)
     for r in rows:
-        host = cluster.network.host(r["host"])
+        host = netns_spark_cluster.network.host(r["host"])
         assert r["address"] == host.address and r["env_ip"] == host.address, r
         # Its own marker only, next to the executor's spark-* dir (SPARK_LOCAL_DIRS is the private dir).
         assert [f for f in r["listing"] if f.startswith("marker-")] == [f"marker-{r['host']}"], r
@@ -135,11 +140,11 @@ def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
     # And the root namespace reads both records at the same address, read_committed.
     records = bridge_kafka.read_committed(topic)
     assert sorted((rec.key, rec.value) for rec in records) == sorted(
-        (w.encode(), cluster.network.host(w).address.encode()) for w in WORKERS
+        (w.encode(), netns_spark_cluster.network.host(w).address.encode()) for w in WORKERS
     )
 
 
-def test_shuffle_blocks_are_fetched_from_the_other_host(cluster: NetnsSparkCluster, spark: Any) -> None:
+def test_shuffle_blocks_are_fetched_from_the_other_host(netns_spark_cluster: NetnsSparkCluster, spark: Any) -> None:
     def map_side(_: Iterator[int]) -> Iterator[tuple[int, frozenset[str]]]:
         import socket
 
