@@ -224,3 +224,96 @@ def test_host_faults_and_stop_leave_nothing_behind(tmp_path: Path) -> None:
     assert prefix in netns.reap_orphans()
     assert orphan_sleep.wait(5) == -9
     assert netns.leftovers(prefix, tmp_path / "orphan") == []
+
+
+# The export itself on the emulated cluster: the executors run on other hosts than the driver, so
+# the default way is the barrier stage (spark/barrier_job.py), never the slower checkpoint.
+
+
+def _export_settings(env: KafkaEnv, topic: str, **producer: Any) -> Any:
+    import uuid
+
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+    return ExportSettings(f"x{uuid.uuid4().hex[:8]}", {**env.config, **producer}, topic)
+
+
+def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_commits_exactly_once(
+    spark: Any, bridge_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import uuid
+
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+    topic = bridge_kafka.topic(4)
+    df = spark.range(60_000, numPartitions=6).selectExpr(
+        "concat('h-', CAST(id AS STRING)) AS key", "CAST(id * 3 AS STRING) AS value"
+    )
+    s = _export_settings(bridge_kafka, topic)
+    result = export_dataframe(df, s)  # the defaults: store="auto"
+    assert "executors run on other hosts than the driver" in caplog.text, caplog.text
+    assert "barrier stage, before any transaction opens" in caplog.text
+    assert "checkpoint" not in caplog.text.split("barrier stage")[0].split("writer:")[-1]
+    assert result.records == 60_000 and len(result.committables) == len(WORKERS)  # one per task slot
+    assert bridge_kafka.read_committed(topic, timeout_s=5) == []
+    log = DecisionLog(bridge_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
+    commit_prepared(result.committables, bridge_kafka.wire, log, run="netns-1")
+    assert bridge_kafka.count_committed(topic, b"h-") == (60_000, 60_000)
+    assert bridge_kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_open(
+    spark: Any, netns_spark_cluster: NetnsSparkCluster, bridge_kafka: KafkaEnv
+) -> None:
+    """Every process of one worker host SIGKILLed while its transaction is open (the writers are
+    throttled by a broker quota so that the kill lands in the write): the barrier job fails at once,
+    the driver aborts what the tasks opened, nothing of the run is visible. Last in the module: the
+    host stays dead."""
+    import threading
+    import uuid
+
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from tests.helpers.kafka import abort_open_now
+
+    topic = bridge_kafka.topic(2)
+    client_id = f"slow-{uuid.uuid4().hex[:6]}"
+    bridge_kafka.set_producer_byte_rate(client_id, 200_000)  # ~2 MB per writer takes ~10 s
+    df = spark.range(40_000, numPartitions=2).selectExpr(
+        "concat('z-', CAST(id AS STRING)) AS key", "repeat('v', 100) AS value"
+    )
+    s = _export_settings(bridge_kafka, topic, **{"client.id": client_id})
+    log = DecisionLog(bridge_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
+    aborted: list[bool] = []
+
+    def abort_opened() -> bool:
+        done, _ = abort_open_now(bridge_kafka, s.transactional_id_prefix, log)
+        aborted.append(done)
+        return done
+
+    failure: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            export_dataframe(df, s, window=WindowSettings(store="barrier"), abort_opened=abort_opened)
+        except BaseException as e:
+            failure.append(e)
+
+    worker = threading.Thread(target=export)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while len(bridge_kafka.open_transactions(s.transactional_id_prefix, settle_s=0)) < len(WORKERS):
+        assert time.monotonic() < deadline and worker.is_alive(), f"the write never opened both: {failure}"
+        time.sleep(0.2)
+    killed = netns_spark_cluster.kill_host(WORKERS[1])
+    assert killed > 0
+    worker.join(180)
+    assert not worker.is_alive() and failure, "the export did not fail after its host was killed"
+    assert aborted == [True]
+    assert bridge_kafka.open_transactions(s.transactional_id_prefix) == []
+    assert bridge_kafka.count_committed(topic, b"z-", timeout_s=10) == (0, 0)
