@@ -89,6 +89,8 @@ def source_behind(out: TextIO, report: Mapping[str, Any]) -> None:
     """A Kafka source group a visible run did not move (``survey.source_report``), with its commands."""
     if report.get("source_behind"):
         out.write(f"SOURCE GROUP BEHIND: {report['source_behind']}\n")
+    elif report.get("source_unread"):
+        out.write(f"note: {report['source_unread']}\n")
 
 
 def _lost_table(lost: Sequence[Mapping[str, Any]]) -> str:

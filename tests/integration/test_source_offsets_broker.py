@@ -327,8 +327,8 @@ def test_a_same_value_commit_after_the_resend_is_said_with_the_reset_commands_an
     read, committables = _sourced_run(kafka, topic, group, prefix, out)
 
     class LateCommit(SourceGuard):
-        def before_decision(self, wire: Any) -> dict[str, str]:
-            found = super().before_decision(wire)
+        def before_decision(self, wire: Any, resend_s: float = 15.0) -> tuple[dict[str, str], bool]:
+            found = super().before_decision(wire, resend_s)
             _reset_to_current(kafka, group, topic)  # after the resend, before the decision and EndTxn
             return found
 

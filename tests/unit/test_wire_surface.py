@@ -553,3 +553,14 @@ def test_a_broker_answering_api_keys_kafka_python_does_not_know_is_checked_by_nu
         kafka_python.protocol.api_key.ApiKey(93)  # still unknown to the pinned kafka-python
     c, _ = client(monkeypatch, {**MODERN_BROKER, 93: (0, 1)})
     c.close()
+
+
+@pytest.mark.parametrize(("fetch_max", "verifies"), [(15, False), (16, True), (17, True)])
+def test_brokers_that_verify_transactional_offset_commits_are_told_by_their_fetch_version(
+    monkeypatch: pytest.MonkeyPatch, fetch_max: int, verifies: bool
+) -> None:
+    """Kafka 3.7 verifies a TxnOffsetCommit against its transaction (KAFKA-15449) and is the first
+    with Fetch v16: only there does the commit send a Kafka source's offsets again."""
+    c, _ = client(monkeypatch, {**MODERN_BROKER, 1: (0, fetch_max)})
+    assert c.verifies_txn_offset_commits() is verifies
+    c.close()

@@ -39,6 +39,8 @@ END_TXN_MAX_VERSION = 4
 _TRANSACTION_COORDINATOR = 1  # CoordinatorType.TRANSACTION on the wire
 _GROUP_COORDINATOR = 0  # CoordinatorType.GROUP
 _INIT_PRODUCER_ID_KEY = 22
+_FETCH_KEY = 1
+_FETCH_VERSION_OF_KAFKA_3_7 = 16  # the Kafka line that verifies transactional offset commits
 _KIP939_INIT_PRODUCER_ID_VERSION = 6  # InitProducerId v6 carries Enable2Pc / KeepPreparedTxn
 
 
@@ -333,6 +335,12 @@ class WireClient:
         from kafka.protocol.admin.transactions import ListTransactionsRequest
 
         return self._api_max_version(ListTransactionsRequest.API_KEY) >= 2
+
+    def verifies_txn_offset_commits(self) -> bool:
+        """Whether the broker checks a TxnOffsetCommit against the transaction it claims (KAFKA-15449,
+        Kafka 3.7, read from ApiVersions: 3.7 is the first with Fetch v16, KIP-951). An older one takes
+        it for a transaction already ended and keeps a pending offset commit no coordinator will end."""
+        return self._api_max_version(_FETCH_KEY) >= _FETCH_VERSION_OF_KAFKA_3_7
 
     def supports_kip939(self) -> bool:
         """True when the broker advertises 2PC participation (KIP-939); we do not depend on it."""

@@ -178,6 +178,8 @@ def decide_commit(
         observed = resolver.observe_all(refs)
         second = [r for r in refs if observed[r.transactional_id][0] is Observation.OPEN]
         if not second:
+            if guard is not None:  # a retry or clear stays red while the run's group is behind
+                guard.still_behind(run)
             return answer_from_run_records(run, finished)
         _abort_run(decision_log, resolver, second, observed, run, by_tid)
         raise _second_export(run, finished[0], len(second))
@@ -197,17 +199,19 @@ def decide_commit(
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
         # An append waits out a leader change for up to the log's budget (not just its request timeout).
         worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
-        doomed = doomed_of(
-            refs,
-            observed,
-            lambda timeout_ms: commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms),
-        )
-        moved = guard.before_decision(wire) if guard is not None and not doomed else {}
+
+        def headroom(timeout_ms: int) -> int:
+            return commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms)
+
+        doomed = doomed_of(refs, observed, headroom)
+        moved, group_moved = guard.before_decision(wire) if guard is not None and not doomed else ({}, False)
+        if guard is not None and not doomed and not moved:
+            doomed = doomed_of(refs, observed, headroom)  # the guard's own time counts against the deadline
         if doomed or moved:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed or moved))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.
             _abort_run(decision_log, resolver, refs, observed, run, by_tid, name_earlier=True)
-            raise aborted_whole(run, by_tid, doomed or moved, observed, moved=bool(moved))
+            raise aborted_whole(run, by_tid, doomed or moved, observed, moved=group_moved)
         decision = new_decision(
             Kind.COMMIT,
             (covered(c, observed[c.transactional_id][1]) for c in committables),

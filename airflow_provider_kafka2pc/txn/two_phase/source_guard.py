@@ -20,23 +20,35 @@ the decision:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
-from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError
+from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError, RetriableCoordinatorError
 from airflow_provider_kafka2pc.txn.kafka.source_snapshot import (
     group_offsets,
     offsets_not_moved_sentence,
     settled_group_offsets,
 )
 from airflow_provider_kafka2pc.txn.kafka.transactions import coordinator_error, retry
-from airflow_provider_kafka2pc.txn.kafka.wire import WireClient, error_name
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient, error_name, is_connection_error
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, OffsetsNotMovedError
-from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange, moved_elsewhere, offset_text
+from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, Kafka2PCError, OffsetsNotMovedError
+from airflow_provider_kafka2pc.txn.protocol.source_range import (
+    SourceRange,
+    at_start,
+    moved_elsewhere,
+    not_at_end,
+    offset_text,
+)
+
+log = logging.getLogger(__name__)
 
 _SHOWN = 5
+# How long the resend may wait out a coordinator: within the commit's headroom, which the coordinator
+# checks again after the guard.
+_RESEND_BUDGET_S = 15.0
 
 
 class SourceGuard:
@@ -47,34 +59,74 @@ class SourceGuard:
         self.config = config
         self.sources = tuple(sources)
 
-    def before_decision(self, wire: WireClient) -> dict[str, str]:
-        """``{offsets participant: why}`` for each source whose group moved since its run's snapshot,
-        or whose offsets could not be sent into its transaction again; empty when the run may commit,
-        every group's offsets then being the latest write to it."""
+    def before_decision(self, wire: WireClient, resend_s: float = _RESEND_BUDGET_S) -> tuple[dict[str, str], bool]:
+        """``({offsets participant: why}, whether a group moved)``: each source whose group moved since
+        its run's snapshot, or whose offsets the broker refused to take into its transaction again;
+        empty when the run may commit, every group's offsets then being the latest write to it.
+
+        The resend is made only where the broker verifies it against the transaction (Kafka 3.7+): an
+        older one would take it for a transaction another actor just ended and keep a pending offset
+        commit no coordinator ever ends. There the after-commit check alone says what happened. A
+        coordinator that does not answer within ``resend_s`` raises (nothing decided yet: the task's
+        retry tries again); it never aborts a prepared run."""
         found = self._moved()
         if found:
-            return found
+            return found, True
+        if not wire.verifies_txn_offset_commits():
+            log.info("the broker does not verify transactional offset commits (Kafka < 3.7): offsets not sent again")
+            return {}, False
         for source, c in self.sources:
-            why = self._send_again(wire, source, c)
+            why = self._send_again(wire, source, c, resend_s)
             if why:
                 found[c.transactional_id] = why
-        return found
+        return found, False
 
     def after_commit(self, run: str, committed: Iterable[str]) -> None:
         """Raise ``OffsetsNotMovedError`` for each source whose offsets participant committed
-        (``committed``: transactional ids) while its group is not at the run's ends."""
+        (``committed``: transactional ids) while its group is not at the run's ends. The run is
+        committed whatever this finds: a group that cannot be read is logged, not raised as a failure
+        of the commit."""
         done = set(committed)
         for source, c in self.sources:
             if c.transactional_id not in done:
                 continue
             partitions = [(p.topic, p.partition) for p in source.partitions]
-            now = settled_group_offsets(self.config, source.group_id, partitions)
-            at = [(p, now[(p.topic, p.partition)]) for p in source.partitions]
-            behind = [(p, offset) for p, offset in at if offset != p.end]
-            if behind:
-                raise OffsetsNotMovedError(
-                    offsets_not_moved_sentence(run, source, behind, str(self.config.get("bootstrap.servers", "")))
+            try:
+                now = settled_group_offsets(self.config, source.group_id, partitions)
+            except Kafka2PCError as e:
+                log.warning(
+                    "run %s committed; consumer group %r could not be read to check that it moved with the output "
+                    "(%s): kafka2pc describe shows where it stands",
+                    run,
+                    source.group_id,
+                    e,
                 )
+                continue
+            behind = [(p, now.get((p.topic, p.partition))) for p in source.partitions]
+            self._raise_if_behind(run, source, [(p, offset) for p, offset in behind if offset != p.end])
+
+    def still_behind(self, run: str) -> None:
+        """For a commit that finds its run already final: raise ``OffsetsNotMovedError`` while a
+        source's group stands at the run's start (a retry or a clear of the commit task must not turn
+        green while the group is behind); a group a later run moved on is fine."""
+        for source, _ in self.sources:
+            partitions = [(p.topic, p.partition) for p in source.partitions]
+            try:
+                off = not_at_end(source, group_offsets(self.config, source.group_id, partitions, stable=False))
+            except Kafka2PCError as e:
+                log.warning(
+                    "consumer group %r could not be read (%s): kafka2pc describe shows where it stands",
+                    source.group_id,
+                    e,
+                )
+                continue
+            if at_start(off):
+                self._raise_if_behind(run, source, off)
+
+    def _raise_if_behind(self, run: str, source: SourceRange, behind: Sequence[tuple[Any, int | None]]) -> None:
+        if behind:
+            bootstrap = str(self.config.get("bootstrap.servers", ""))
+            raise OffsetsNotMovedError(offsets_not_moved_sentence(run, source, behind, bootstrap))
 
     def _moved(self) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -92,8 +144,9 @@ class SourceGuard:
                 )
         return found
 
-    def _send_again(self, wire: WireClient, source: SourceRange, c: Committable) -> str | None:
-        """TxnOffsetCommit of the range's ends into ``c``'s open transaction; why it could not be, or None."""
+    def _send_again(self, wire: WireClient, source: SourceRange, c: Committable, budget_s: float) -> str | None:
+        """TxnOffsetCommit of the range's ends into ``c``'s open transaction; why the broker refused
+        it (the transaction ended, was fenced or aborted on timeout), or None."""
         what = f"TxnOffsetCommit({c.transactional_id!r}, group {source.group_id!r})"
 
         def go() -> None:
@@ -102,17 +155,28 @@ class SourceGuard:
             )
             code = next((code for code in codes.values() if code), 0)
             if code:
-                named = authorization_error_of(error_name(code), self.config, source.group_id, "Read")
+                named = self._not_allowed(error_name(code), source, c)
                 if named is not None:
                     raise named
                 raise coordinator_error(code, what)  # retriable codes are waited out by retry
 
         try:
-            retry(what, go)
+            retry(what, go, budget_s)
         except KafkaAuthorizationError:
             raise  # nothing decided yet: the fix is an ACL, and the run can still commit after it
-        except Kafka2PCError as e:
-            # The transaction can no longer take its offsets (aborted on timeout, fenced, ...): doomed,
-            # decided by the DescribeTransactions the abort that follows makes, not guessed from a code.
-            return f"its offsets could not be sent into its transaction again before the decision: {e}"
+        except CoordinatorError as e:
+            if isinstance(e.__cause__, RetriableCoordinatorError) or is_connection_error(e.__cause__ or e):
+                raise  # not answered in time: nothing decided, the task's retry asks again
+            # Refused: the transaction cannot take its offsets any more. The abort that follows
+            # describes it and says what it is, not this code.
+            return f"the broker refused its offsets into its transaction again before the decision: {e}"
         return None
+
+    def _not_allowed(self, name: str, source: SourceRange, c: Committable) -> KafkaAuthorizationError | None:
+        """The ACL a TxnOffsetCommit refusal names: Read on the group or the source topic, Write on the
+        transactional id."""
+        if name == "TOPIC_AUTHORIZATION_FAILED":
+            return authorization_error_of(name, self.config, source.topics[0], "Read")
+        if name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
+            return authorization_error_of(name, self.config, c.transactional_id, "Write")
+        return authorization_error_of(name, self.config, source.group_id, "Read")

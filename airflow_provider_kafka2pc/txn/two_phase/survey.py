@@ -17,7 +17,7 @@ from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspecto
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
-from airflow_provider_kafka2pc.txn.protocol.errors import acknowledge_command
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, acknowledge_command
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import DecisionRecord, LostTxn, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase import visibility
@@ -64,7 +64,10 @@ def source_report(config: Mapping[str, Any], state: LogState, prefix: str) -> di
     """``source_behind``: for an exporter whose latest committed run's output is visible while its
     Kafka source group stands at that run's start (a regular offset commit replaced the run's own),
     the sentence with the commands that move the group; None otherwise (or without a source)."""
-    return {"source_behind": group_left_behind(config, state.last_source(prefix))}
+    try:
+        return {"source_behind": group_left_behind(config, state.last_source(prefix)), "source_unread": None}
+    except Kafka2PCError as e:  # the rest of the report stands without it
+        return {"source_behind": None, "source_unread": f"the Kafka source's consumer group could not be read: {e}"}
 
 
 def touches(prefix: str) -> Callable[[str], bool]:
