@@ -53,6 +53,21 @@ class BarrierPlan(Materialized):
     slots: int = 0
 
 
+def barrier_slots(spark: Any) -> int:
+    """The tasks a barrier stage can run at once: what Spark's own slot check counts (its executors'
+    cores over the default profile's task cpus; private to Spark, read through the JVM), never more
+    than the default parallelism; the default parallelism alone where that cannot be read (no
+    executor registered yet)."""
+    slots = task_slots(spark)
+    try:
+        jsc = spark.sparkContext._jsc.sc()
+        concurrent = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception as e:  # a courtesy: Spark's check still refuses too many tasks, by waiting
+        log.debug("Spark's concurrent task slots unavailable: %r", e)
+        return slots
+    return min(slots, concurrent) if concurrent > 0 else slots
+
+
 def plan_barrier(df: Any, why_not_staged: str) -> BarrierPlan | str:
     """The barrier plan for ``df``, or why it cannot serve (Spark Connect, dynamic allocation)."""
     spark = df.sparkSession
@@ -62,7 +77,7 @@ def plan_barrier(df: Any, why_not_staged: str) -> BarrierPlan | str:
         return f"{why_not_staged}, and Spark Connect cannot run a barrier stage for it"
     if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         return f"{why_not_staged}, and with dynamic allocation a barrier stage may wait for executors"
-    slots = task_slots(spark)
+    slots = barrier_slots(spark)
     where = (
         f"each task's own executor ({why_not_staged}): the source is shuffled into {slots} partition(s), one "
         f"per task slot; each task stages its partition in an Arrow file on its host, all agree the run fits, "
@@ -108,10 +123,17 @@ def _until(deadline: float, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def barrier_task(
-    payload: str, terms: BudgetTerms, ctx: Any, batches: Iterator[Any], gather: Callable[[str], list[str]]
+    payload: str,
+    terms: BudgetTerms,
+    ctx: Any,
+    batches: Iterator[Any],
+    gather: Callable[[str], list[str]],
+    written: Any = None,
 ) -> Iterator[Any]:
     """The body of one barrier task: stage, agree, write. ``gather`` is the barrier's ``allGather``
-    (all tasks exchange one message each). Yields result rows with ``opened_ms`` and ``outcome``."""
+    (all tasks exchange one message each). Yields result rows with ``open_for_ms`` (how long its
+    transaction had been open when the row was made: a duration, free of the executors' clock skew)
+    and ``outcome``; ``written`` (an accumulator) counts the records for the progress lines."""
     import shutil
 
     from airflow_provider_kafka2pc.spark.staging import stage_partition, staged_batches
@@ -128,15 +150,19 @@ def barrier_task(
         if not budget.fits:
             yield _row(partition, attempt, 0, REFUSED + ": " + str(budget.refusal()))
             return
-        opened_ms = int(time.time() * 1000)
+        opened = time.monotonic()
         staged = staged_batches(directory, partition, summary["file"], summary["records"], summary["machine"])
         deadline = time.monotonic() + budget.write_ms / 1000
         try:
             for out in write_partition(ExportSettings.from_json(payload), partition, attempt, _until(deadline, staged)):
-                yield _with(out, opened_ms)
+                if written is not None:
+                    written.add(sum(out.column("records").to_pylist()))
+                yield _with(out, _since(opened))
         except _Overran:
             # Left open: the driver aborts what the run opened once every task has answered.
-            yield _row(partition, attempt, opened_ms, f"{OVERRAN}: still writing {budget.write_ms} ms after it opened")
+            yield _row(
+                partition, attempt, _since(opened), f"{OVERRAN}: still writing {budget.write_ms} ms after it opened"
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -146,20 +172,24 @@ def barrier_schema() -> Any:
 
     from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema
 
-    return result_schema().append(pa.field("opened_ms", pa.int64())).append(pa.field("outcome", pa.string()))
+    return result_schema().append(pa.field("open_for_ms", pa.int64())).append(pa.field("outcome", pa.string()))
 
 
-def _with(batch: Any, opened_ms: int) -> Any:
+def _since(opened: float) -> int:
+    return max(int((time.monotonic() - opened) * 1000), 1)
+
+
+def _with(batch: Any, open_for_ms: int) -> Any:
     import pyarrow as pa
 
     n = batch.num_rows
     return pa.RecordBatch.from_arrays(
-        [*batch.columns, pa.array([opened_ms] * n, pa.int64()), pa.array([None] * n, pa.string())],
+        [*batch.columns, pa.array([open_for_ms] * n, pa.int64()), pa.array([None] * n, pa.string())],
         schema=barrier_schema(),
     )
 
 
-def _row(partition: int, attempt: int, opened_ms: int, outcome: str) -> Any:
+def _row(partition: int, attempt: int, open_for_ms: int, outcome: str) -> Any:
     import pyarrow as pa
 
     row = {
@@ -169,31 +199,32 @@ def _row(partition: int, attempt: int, opened_ms: int, outcome: str) -> Any:
         "bytes": 0,
         "counts": "{}",
         "committable": None,
-        "opened_ms": opened_ms,
+        "open_for_ms": open_for_ms,
         "outcome": outcome,
     }
     return pa.RecordBatch.from_pylist([row], schema=barrier_schema())
 
 
-def barrier_function(payload: str, terms: BudgetTerms) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def barrier_function(payload: str, terms: BudgetTerms, written: Any = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function ``mapInArrow(..., barrier=True)`` runs in each task."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        yield from barrier_task(payload, terms, ctx, batches, ctx.allGather)
+        yield from barrier_task(payload, terms, ctx, batches, ctx.allGather, written)
 
     return run
 
 
-def split_rows(rows: list[Any]) -> tuple[list[Any], int | None, list[str]]:
-    """The write rows, the earliest time a transaction opened (executors' clocks), and what the
-    tasks that opened nothing or stopped said."""
+def split_rows(rows: list[Any], collected_ms: int) -> tuple[list[Any], int | None, list[str]]:
+    """The write rows, when the first transaction opened (on the driver's clock: the rows were
+    ``collected_ms``, each says how long its transaction had been open), and what the tasks that
+    opened nothing or stopped said."""
     said = sorted({str(r["outcome"]) for r in rows if r["outcome"]})
     written = [r for r in rows if not r["outcome"] and r["records"] > 0]
-    opened = [int(r["opened_ms"]) for r in rows if int(r["opened_ms"] or 0) > 0]
-    return written, min(opened) if opened else None, said
+    open_for = [int(r["open_for_ms"]) for r in rows if int(r["open_for_ms"] or 0) > 0]
+    return written, collected_ms - max(open_for) if open_for else None, said
 
 
 __all__ = [

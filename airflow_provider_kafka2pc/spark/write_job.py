@@ -123,7 +123,7 @@ def run_write_job(
                 from airflow_provider_kafka2pc.spark.barrier_job import barrier_function, barrier_schema
 
                 log.info("kafka2pc barrier job started: its tasks compute first, then open their transactions")
-                fn = barrier_function(payload, barrier)
+                fn = barrier_function(payload, barrier, written)
                 rows = df.mapInArrow(fn, from_arrow_schema(barrier_schema()), barrier=True).collect()
             else:
                 if watch is not None:
@@ -152,7 +152,7 @@ def run_write_job(
             ) from e
         raise
     if barrier is not None:
-        return _barrier_outcome(rows, budget, abort_opened, started_ms)
+        return _barrier_outcome(rows, budget, abort_opened, started_ms, int(time.time() * 1000))
     return rows, time.monotonic() - started, started_ms
 
 
@@ -162,15 +162,20 @@ _COMPUTING_MS = 365 * 24 * 3600 * 1000
 
 
 def _barrier_outcome(
-    rows: list[Any], budget: WindowBudget | None, abort_opened: Callable[[], bool] | None, started_ms: int
+    rows: list[Any],
+    budget: WindowBudget | None,
+    abort_opened: Callable[[], bool] | None,
+    started_ms: int,
+    collected_ms: int,
 ) -> tuple[list[Any], float, int]:
     """A barrier job's rows, or the refusal or overrun its tasks reported (what they opened aborted)."""
     from airflow_provider_kafka2pc.spark.barrier_job import OVERRAN, REFUSED, split_rows
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
 
-    written, opened_ms, said = split_rows(rows)
+    written, opened_ms, said = split_rows(rows, collected_ms)
     refused = [s for s in said if s.startswith(REFUSED)]
     if refused:
+        abort_now(abort_opened, True)  # nothing was opened; the failure line then says so too
         raise WindowRefusedError(refused[0][len(REFUSED) + 2 :])
     if any(s.startswith(OVERRAN) for s in said):
         assert budget is not None
@@ -183,7 +188,7 @@ def _barrier_outcome(
     first = opened_ms if opened_ms is not None else started_ms
     if opened_ms is not None:
         log.info("kafka2pc write phase: transactions open from %s (the barrier passed)", iso(opened_ms))
-    return written, max(time.time() * 1000 - first, 0) / 1000, first
+    return written, max(collected_ms - first, 0) / 1000, first
 
 
 def _overrun_fix(budget: WindowBudget) -> str:
