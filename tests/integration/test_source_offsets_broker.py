@@ -162,13 +162,7 @@ def test_offsets_deleted_by_retention_are_counted_and_refused_unless_accepted(
 
     topic, _ = source
     group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
-    first = snapshot_source(kafka.config, KafkaSourceSpec(group, topics=(topic,), max_offsets_per_run=4))
-    commit_prepared(
-        [prepare_offsets(kafka.config, naming.transactional_id(prefix, naming.OFFSETS_SLOT), first)],
-        kafka.wire,
-        _log(kafka),
-        run="r1",
-    )
+    _commit_a_run(kafka, topic, group, prefix, 4, "r1")
     admin = AdminClient(kafka.config)
     for f in admin.delete_records([TopicPartition(topic, 0, 12)]).values():  # offsets 2..11 of p0 unread
         f.result(30)
@@ -257,6 +251,15 @@ def test_latest_pins_a_new_group_where_it_starts_and_the_next_run_reads_what_cam
     other.begin_transaction()  # the fixture's teardown aborts an open one
 
 
+def _commit_a_run(env: KafkaEnv, topic: str, group: str, prefix: str, offsets: int, run: str) -> Any:
+    """A sourced run of at most ``offsets`` offsets, its offsets participant prepared and committed;
+    its range."""
+    read = snapshot_source(env.config, KafkaSourceSpec(group, topics=(topic,), max_offsets_per_run=offsets))
+    tid = naming.transactional_id(prefix, naming.OFFSETS_SLOT)
+    commit_prepared([prepare_offsets(env.config, tid, read)], env.wire, _log(env), run=run)
+    return read
+
+
 def _reset_to_current(env: KafkaEnv, group: str, topic: str) -> str:
     """Kafka's own tool commits the value the group already has, as a regular (not transactional)
     offset commit: the move issue 37 found replacing a prepared run's offsets at its commit."""
@@ -274,13 +277,7 @@ def _sourced_run(env: KafkaEnv, topic: str, group: str, prefix: str, out: str) -
     data transaction, the range's ends in the offsets participant; (range, committables)."""
     from tests.helpers.kafka import generate, prepare_in_subprocess
 
-    first = snapshot_source(env.config, KafkaSourceSpec(group, topics=(topic,), max_offsets_per_run=6))
-    commit_prepared(
-        [prepare_offsets(env.config, naming.transactional_id(prefix, naming.OFFSETS_SLOT), first)],
-        env.wire,
-        _log(env),
-        run="before",
-    )  # the group has offsets (3, 3): a same-value commit then has a value to write
+    _commit_a_run(env, topic, group, prefix, 6, "before")  # the group has (3, 3): a same-value commit writes that
     read = snapshot_source(env.config, KafkaSourceSpec(group, topics=(topic,)))
     data = prepare_in_subprocess(env, naming.transactional_id(prefix, 0), generate(out, 5, key_prefix=prefix))
     offsets = prepare_offsets(env.config, naming.transactional_id(prefix, naming.OFFSETS_SLOT), read)
