@@ -32,3 +32,7 @@ def test_kafka_2_8_is_refused_naming_what_it_lacks_its_version_and_the_version_n
 def test_a_broker_that_dropped_the_pinned_end_txn_versions_is_refused_too() -> None:
     assert gaps(KAFKA_3_0 | {26: (5, 5)}) == ["EndTxn from v5 only (v4 or lower needed)"]
     assert gaps({k: v for k, v in KAFKA_3_0.items() if k != 22}) == ["InitProducerId not at all"]
+
+
+def test_no_api_versions_read_yet_is_not_an_old_broker() -> None:
+    check_api_versions("b1:9092", {}, None)  # kafka-python had no answer yet: nothing is refused

@@ -81,7 +81,11 @@ def unsupported_message(bootstrap: str, lacking: Sequence[str], version: str | N
 
 
 def check_api_versions(bootstrap: str, api_versions: Mapping[int, tuple[int, int]], version: str | None) -> None:
-    """Raise ``UnsupportedBrokerError`` unless the broker serves every API of ``NEEDS``."""
+    """Raise ``UnsupportedBrokerError`` unless the broker serves every API of ``NEEDS``. No answer at
+    all is not an old broker (every broker since 0.10 answers ApiVersions): kafka-python has not read
+    one yet, and the requests themselves tell later."""
+    if not api_versions:
+        return
     lacking = gaps(api_versions)
     if lacking:
         raise UnsupportedBrokerError(unsupported_message(bootstrap, lacking, version))
