@@ -95,7 +95,29 @@ def test_a_secret_value_anywhere_in_a_kafka_record_is_replaced(everything_at_deb
     messages = [r.getMessage() for r in everything_at_debug.records]
     assert "login as exporter with ***" in messages
     assert "nested {'outer': {'ssl_password': '***', 'client_id': 'me'}}" in messages
-    assert "auth failed for ***" in everything_at_debug.records[-1].exc_text  # type: ignore[operator]
+    last = everything_at_debug.records[-1]
+    assert last.getMessage().startswith("failed\nTraceback") and "auth failed for ***" in last.getMessage()
+    assert last.exc_info is None  # nothing left that a handler could render the secret from
+
+
+def test_a_handler_that_renders_the_exception_object_sees_no_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    """Airflow's structlog handler renders a foreign record's exception from ``exc_info``, not ``exc_text``."""
+    import structlog
+
+    logger = logging.getLogger("kafka.net.manager")
+    protect_kafka_python_logs({"sasl_plain_password": PASSWORD})
+    handler = logging.StreamHandler()
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=structlog.dev.ConsoleRenderer(colors=False)))
+    logger.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError(f"auth failed for {PASSWORD}")
+        except RuntimeError:
+            logger.error("failed", exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    shown = capsys.readouterr().err
+    assert "auth failed for ***" in shown and PASSWORD not in shown
 
 
 def test_filter_does_not_touch_the_clients_own_config(everything_at_debug: Capture) -> None:

@@ -101,12 +101,16 @@ class SecretRedactingFilter(logging.Filter):
             message = str(record.msg)
         if any(s in message for s in self._secrets):
             record.msg, record.args = self._scrub(message), None
-        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
-            text = logging.Formatter().formatException(record.exc_info)
-            if any(s in text for s in self._secrets):
-                record.exc_text = self._scrub(text)
-        if record.exc_text and any(s in record.exc_text for s in self._secrets):
-            record.exc_text = self._scrub(record.exc_text)
+        traceback = record.exc_text
+        if not traceback and record.exc_info and record.exc_info[1] is not None:
+            traceback = logging.Formatter().formatException(record.exc_info)
+        if traceback and any(s in traceback for s in self._secrets):
+            # Handlers that render the exception object itself (structlog's, in every Airflow process)
+            # would show the secret whatever exc_text says: the scrubbed traceback joins the message
+            # and the exception leaves the record.
+            record.msg = f"{record.getMessage()}\n{self._scrub(traceback)}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+            record.kafka2pc_traceback = True  # still a record with a traceback (ConnectionNoiseFilter)
         return True
 
 
@@ -130,6 +134,8 @@ class ConnectionNoiseFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not (logging.DEBUG < record.levelno < logging.CRITICAL) or record.exc_info:
+            return True
+        if getattr(record, "kafka2pc_traceback", False):  # its traceback moved into the message
             return True
         if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
             return False
