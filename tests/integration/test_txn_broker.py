@@ -136,7 +136,7 @@ def test_c_committable_outliving_the_transaction_timeout_aborts_the_run_whole_lo
     time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 3)
     fresh = prepare_in_subprocess(env, f"{prefix}-1", generate(topic, 200, "fresh"))
 
-    # The commit's own worst case must fit in the 6 s cap: a 1 s decision write, 2 s of EndTxn retries.
+    # The commit's own worst case must fit in the short cap: a 1 s decision write, 2 s of EndTxn retries.
     log = DecisionLog(env.config, topic=f"decisions_{uuid.uuid4().hex[:8]}", timeout_s=1)
     with pytest.raises(RunAbortedError) as e:
         commit_prepared([late, fresh], env.wire, log, run="c", end_txn_timeout_s=2)

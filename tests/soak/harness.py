@@ -586,8 +586,13 @@ class Soak:
         # A short transaction timeout where the broker is to expire the transaction before the commit.
         timeout_ms = TIMEOUT_MS.get(plan.commit_end)
         lines, ok = self.prepare_once(r, plan, timeout_ms, faults=True)
-        if plan.kill_prepare == "retry":  # the task's retry: same ids, the killed attempt fenced
-            lines, ok = self.prepare_once(r, Plan(), timeout_ms, faults=False)
+        # A prepare failed by a leader kill (a loaded machine stretches the election past its budgets)
+        # is retried as Airflow's task retry would, so that the plan's commit faults still strike.
+        failed_by_leader_kill = not ok and "prepare" in plan.leader_kill.split(",") and not plan.kill_prepare
+        if failed_by_leader_kill:
+            r.notes.append("the prepare failed under the leader kill; its task's retry")
+        if plan.kill_prepare == "retry" or failed_by_leader_kill:  # the task's retry: same ids, the first fenced
+            lines, ok = self.prepare_once(r, Plan(spark=plan.spark), timeout_ms, faults=False)
         file = self.dir / f"{r.tag}.jsonl"
         file.write_text("".join(f"{line}\n" for line in lines))
         if ok:
