@@ -99,6 +99,24 @@ def test_at_debug_the_connection_lines_are_still_there_as_debug(caplog: pytest.L
     assert refused and all(r.levelno == logging.DEBUG for r in refused)
 
 
+def test_the_io_loops_slow_step_warning_of_a_busy_host_is_debug_detail(caplog: pytest.LogCaptureFixture) -> None:
+    """kafka-python's selector warns when one step of its IO loop took over 0.1 s of wall time; on a
+    loaded Airflow worker that is common and says nothing about the transaction (CI saw it in a
+    commit task's log)."""
+    from airflow_provider_kafka2pc.txn.kafka.config import protect_kafka_python_logs
+
+    logger = logging.getLogger("kafka.net.selector")
+    protect_kafka_python_logs({})
+    caplog.set_level(logging.INFO)
+    slow = "Task %r ran for %.3fs (>%.3fs threshold). It is blocking the event loop"
+    logger.warning(slow, "<Task>", 0.132, 0.1)
+    assert [r for r in caplog.records if r.name == "kafka.net.selector"] == []
+    caplog.set_level(logging.DEBUG, logger="kafka")
+    logger.warning(slow, "<Task>", 0.132, 0.1)
+    [shown] = [r for r in caplog.records if r.name == "kafka.net.selector"]
+    assert shown.levelno == logging.DEBUG
+
+
 # --- the abort task -----------------------------------------------------------------------------
 
 

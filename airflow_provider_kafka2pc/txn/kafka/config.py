@@ -118,9 +118,12 @@ SECRET_FILTER = SecretRedactingFilter()
 
 # kafka-python's connection life cycle: ~4 WARNING/ERROR lines per failed attempt ("Connection
 # failed: 111 ECONNREFUSED", "Bootstrap ... not ready"), 18 in a 30 s outage. kafka2pc reports the
-# failure itself, once, so these are DEBUG detail.
+# failure itself, once, so these are DEBUG detail. Its IO loop's selector also warns whenever one
+# step took more than 0.1 s of wall time ("blocking the event loop"), which a busy host (an Airflow
+# worker beside a Spark job) makes common and which says nothing about the transaction.
 _CONNECTION_LOGGERS = (
     "kafka.net.manager",
+    "kafka.net.selector",
     "kafka.net.connection",
     "kafka.net.transport",
     "kafka.net.inet",
