@@ -283,7 +283,9 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
 
     topic = bridge_kafka.topic(2)
     client_id = f"slow-{uuid.uuid4().hex[:6]}"
-    bridge_kafka.set_producer_byte_rate(client_id, 200_000)  # ~2 MB per writer takes ~10 s
+    # ~2.2 MB per writer takes ~45 s: the kill lands in the write even on a loaded machine (at
+    # 200 KB/s, CI's load let a write finish before the host was killed)
+    bridge_kafka.set_producer_byte_rate(client_id, 50_000)
     df = spark.range(40_000, numPartitions=2).selectExpr(
         "concat('z-', CAST(id AS STRING)) AS key", "repeat('v', 100) AS value"
     )
