@@ -138,45 +138,38 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
 
 
-# The files by the seconds they took in a full run (2026-11-28, a slow day: 47:58 in all; this
-# 2-core machine, three workers; their junit times, setup included), heaviest first. scripts/test
-# hands whole files to its workers in this order (pytest-xdist --dist loadfile
-# --no-loadscope-reorder): the long ones start first, the short ones fill in at the end. A file not
-# listed runs after these, in collection order.
+# The files by the seconds they took in a full run (2026-11-27, this 2-core machine, three workers;
+# their junit times, setup included), heaviest first. scripts/test hands whole files to its
+# workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long ones start
+# first, the short ones fill in at the end. A file not listed runs after these, in collection order.
 HEAVIEST_FIRST = (
-    "tests/e2e/test_kafka_source_dag.py",  # 1164 s
-    "tests/e2e/test_airflow_rest.py",  # 1086 s
-    "tests/soak/test_soak.py",  # 941 s
-    "tests/integration/test_leader_kill.py",  # 640 s
-    "tests/e2e/test_ui_browser.py",  # 621 s
-    "tests/e2e/test_dag_runs.py",  # 593 s
-    "tests/integration/test_decisions_broker.py",  # 475 s
-    "tests/integration/test_window_broker.py",  # 314 s
-    "tests/integration/test_security_broker.py",  # 236 s
-    "tests/e2e/test_security_standalone.py",  # 210 s
-    "tests/e2e/test_security_dag.py",  # 207 s
-    "tests/e2e/test_window_dag.py",  # 205 s
-    "tests/integration/test_spark_export.py",  # 198 s
-    "tests/integration/test_spark_cluster.py",  # 156 s
-    "tests/e2e/test_airflow_standalone_smoke.py",  # 151 s
-    "tests/integration/test_txn_broker.py",  # 144 s
-    "tests/integration/test_registry_formats.py",  # 126 s
-    "tests/integration/test_netns_cluster.py",  # 126 s
-    "tests/e2e/test_lineage_dag.py",  # 117 s
-    "tests/e2e/test_failure_lines_dag.py",  # 107 s
-    "tests/integration/test_spark_connect.py",  # 90 s
-    "tests/integration/test_txn_cluster.py",  # 66 s
-    "tests/integration/test_native_broker.py",  # 61 s
-    "tests/integration/test_source_offsets_broker.py",  # 59 s
-    "tests/packaging/test_install_beside_others.py",  # 57 s
-    "tests/integration/test_failure_lines.py",  # 46 s
-    "tests/e2e/test_provider_registration.py",  # 45 s
-    "tests/e2e/test_cli_connection.py",  # 35 s
-    "tests/integration/test_cli.py",  # 35 s
-    "tests/integration/test_partitioning.py",  # 31 s
-    "tests/integration/test_security_visibility.py",  # 30 s
-    "tests/integration/test_kafka_source_spark.py",  # 23 s
-    "tests/unit/test_registry_client.py",  # 23 s; the rest take seconds
+    "tests/e2e/test_airflow_rest.py",  # 504 s
+    "tests/soak/test_soak.py",  # 417 s
+    "tests/e2e/test_kafka_source_dag.py",  # 415 s
+    "tests/integration/test_leader_kill.py",  # 393 s
+    "tests/e2e/test_ui_browser.py",  # 285 s
+    "tests/integration/test_decisions_broker.py",  # 259 s
+    "tests/e2e/test_dag_runs.py",  # 220 s
+    "tests/integration/test_window_broker.py",  # 201 s
+    "tests/integration/test_netns_cluster.py",  # 184 s (2026-11-28, alone, at load 4-5)
+    "tests/integration/test_security_broker.py",  # 155 s
+    "tests/e2e/test_security_dag.py",  # 139 s
+    "tests/integration/test_spark_export.py",  # 132 s
+    "tests/integration/test_spark_cluster.py",  # 131 s
+    "tests/e2e/test_window_dag.py",  # 129 s
+    "tests/e2e/test_security_standalone.py",  # 116 s
+    "tests/integration/test_txn_broker.py",  # 113 s
+    "tests/integration/test_txn_cluster.py",  # 75 s
+    "tests/e2e/test_failure_lines_dag.py",  # 66 s
+    "tests/e2e/test_airflow_standalone_smoke.py",  # 58 s
+    "tests/e2e/test_lineage_dag.py",  # 54 s
+    "tests/integration/test_native_broker.py",  # 44 s
+    "tests/integration/test_registry_formats.py",  # 38 s
+    "tests/integration/test_failure_lines.py",  # 35 s
+    "tests/integration/test_spark_connect.py",  # 28 s
+    "tests/integration/test_cli.py",  # 26 s
+    "tests/integration/test_partitioning.py",  # 23 s
+    "tests/integration/test_security_visibility.py",  # 20 s; the rest take seconds
 )
 
 
