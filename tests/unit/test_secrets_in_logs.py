@@ -156,3 +156,15 @@ def test_redact_hides_every_secret_key(key: str) -> None:
 )
 def test_redact_keeps_what_is_not_secret(key: str) -> None:
     assert redact({key: "x"}) == {key: "x"}
+
+
+def test_a_broken_format_string_with_a_secret_traceback_still_logs_scrubbed(everything_at_debug: Capture) -> None:
+    protect_kafka_python_logs({"sasl_plain_password": PASSWORD})
+    logger = logging.getLogger("kafka.net.manager")
+    try:
+        raise RuntimeError(f"auth failed for {PASSWORD}")
+    except RuntimeError:
+        logger.error("failed %s %s", "only one argument", exc_info=True)
+    last = everything_at_debug.records[-1]
+    assert last.getMessage().startswith("failed %s %s\nTraceback") and "auth failed for ***" in last.getMessage()
+    assert not [t for t in everything_at_debug.texts() if PASSWORD in t]

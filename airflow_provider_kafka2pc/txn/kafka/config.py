@@ -108,7 +108,7 @@ class SecretRedactingFilter(logging.Filter):
             # Handlers that render the exception object itself (structlog's, in every Airflow process)
             # would show the secret whatever exc_text says: the scrubbed traceback joins the message
             # and the exception leaves the record.
-            record.msg = f"{record.getMessage()}\n{self._scrub(traceback)}"
+            record.msg = f"{self._scrub(message)}\n{self._scrub(traceback)}"  # message: never raises
             record.args, record.exc_info, record.exc_text = None, None, None
             record.kafka2pc_traceback = True  # still a record with a traceback (ConnectionNoiseFilter)
         return True
