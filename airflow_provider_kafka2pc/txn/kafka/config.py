@@ -101,14 +101,14 @@ class SecretRedactingFilter(logging.Filter):
             message = str(record.msg)
         if any(s in message for s in self._secrets):
             record.msg, record.args = self._scrub(message), None
-        traceback = record.exc_text
-        if not traceback and record.exc_info and record.exc_info[1] is not None:
-            traceback = logging.Formatter().formatException(record.exc_info)
-        if traceback and any(s in traceback for s in self._secrets):
+        trace = record.exc_text
+        if not trace and record.exc_info and record.exc_info[1] is not None:
+            trace = logging.Formatter().formatException(record.exc_info)
+        if trace and any(s in trace for s in self._secrets):
             # Handlers that render the exception object itself (structlog's, in every Airflow process)
             # would show the secret whatever exc_text says: the scrubbed traceback joins the message
             # and the exception leaves the record.
-            record.msg = f"{self._scrub(message)}\n{self._scrub(traceback)}"  # message: never raises
+            record.msg = f"{self._scrub(message)}\n{self._scrub(trace)}"  # message: never raises
             record.args, record.exc_info, record.exc_text = None, None, None
             record.kafka2pc_traceback = True  # still a record with a traceback (ConnectionNoiseFilter)
         return True
@@ -136,9 +136,12 @@ class ConnectionNoiseFilter(logging.Filter):
     DEBUG: dropped unless the logger is enabled for DEBUG, where they then show as DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not (logging.DEBUG < record.levelno < logging.CRITICAL) or record.exc_info:
-            return True
-        if getattr(record, "kafka2pc_traceback", False):  # its traceback moved into the message
+        # kafka2pc_traceback: SECRET_FILTER moved the record's traceback into its message
+        if (
+            not (logging.DEBUG < record.levelno < logging.CRITICAL)
+            or record.exc_info
+            or getattr(record, "kafka2pc_traceback", False)
+        ):
             return True
         if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
             return False
