@@ -12,6 +12,7 @@ is a command that spark-class reads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -97,3 +98,28 @@ def jdk_java_options(archive: Path | None) -> str:
 
 if __name__ == "__main__":
     main()
+
+
+def stop_driver_jvm() -> None:
+    """End this process's Spark driver JVM, so that the next session starts one of its own.
+
+    PySpark starts the JVM once per process, with the settings of the first session as Java system
+    properties, and every later session of the process takes them as defaults. So a session that needs
+    something only a starting JVM reads (``spark.jars`` on the driver) stops it first, and a session
+    whose settings must not outlive it (a driver address in an emulated network that is destroyed
+    afterwards: the next module's local session failed to bind) stops it last."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:  # the JVM ends when its stdin closes
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        proc.wait(timeout=60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None

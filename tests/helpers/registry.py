@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from airflow_provider_kafka2pc.registry.client import RegistryClient, RegistrySettings
+from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import kafka_local, load_script
 
 
@@ -76,28 +77,6 @@ def spark_avro_jar() -> Path:
     return jar
 
 
-def _stop_jvm() -> None:
-    """End this process's Spark JVM, so the next session starts one with its own class path.
-
-    Spark adds ``spark.jars`` to a running driver's executors, not to the driver, where ``to_avro`` is
-    analysed; a pytest worker may already run a JVM that another test module started."""
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return
-    if SparkContext._active_spark_context is not None:
-        SparkContext._active_spark_context.stop()
-    gateway.shutdown()
-    proc = getattr(gateway, "proc", None)
-    if proc is not None:  # the JVM ends when its stdin closes
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        proc.wait(timeout=60)
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-
-
 @contextlib.contextmanager
 def spark_with_avro() -> Iterator[Any]:
     """A local[2, 4] SparkSession in a JVM that has spark-avro, as the export operator's session has."""
@@ -105,7 +84,7 @@ def spark_with_avro() -> Iterator[Any]:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     jar = spark_avro_jar()
-    _stop_jvm()
+    stop_driver_jvm()  # spark.jars reaches the driver only when its JVM starts
     session = (
         SparkSession.builder.master("local[2, 4]")
         .appName("kafka2pc-registry-tests")

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import KafkaEnv
-from tests.helpers.registry import _stop_jvm
 
 pytestmark = pytest.mark.kafka
 
@@ -32,7 +32,7 @@ def spark() -> Iterator[Any]:
     from airflow_provider_kafka2pc.spark.record_formats import avro_package
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    _stop_jvm()
+    stop_driver_jvm()
     session = (
         SparkSession.builder.master("local[2]")
         .appName("kafka2pc-kafka-source-tests")

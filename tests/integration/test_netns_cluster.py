@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import netns, spark_cluster
+from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
 from tests.helpers.spark_cluster import NetnsSparkCluster
 
@@ -84,6 +85,7 @@ def spark(netns_spark_cluster: NetnsSparkCluster) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        stop_driver_jvm()  # its driver address and master must not become the next session's defaults
 
 
 def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
@@ -283,10 +285,11 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
 
     topic = bridge_kafka.topic(2)
     client_id = f"slow-{uuid.uuid4().hex[:6]}"
-    # ~2.2 MB per writer takes ~45 s: the kill lands in the write even on a loaded machine (at
-    # 200 KB/s, CI's load let a write finish before the host was killed)
+    # ~11 MB per writer: the broker throttles each 1 MB produce request for up to its quota window
+    # (11 s), so a write takes minutes and the kill lands in it even when one host's task starts
+    # long after the other's (with 2.2 MB, a CI run saw one writer prepared before the other opened)
     bridge_kafka.set_producer_byte_rate(client_id, 50_000)
-    df = spark.range(40_000, numPartitions=2).selectExpr(
+    df = spark.range(160_000, numPartitions=2).selectExpr(
         "concat('z-', CAST(id AS STRING)) AS key", "repeat('v', 100) AS value"
     )
     s = _export_settings(bridge_kafka, topic, **{"client.id": client_id})

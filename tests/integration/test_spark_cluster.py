@@ -26,6 +26,7 @@ from airflow_provider_kafka2pc.spark.job import ExportResult, export_dataframe
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import REPO, KafkaEnv, abort_open_now
 from tests.helpers.spark_cluster import StandaloneCluster, standalone_cluster
 
@@ -78,6 +79,7 @@ def spark(cluster: StandaloneCluster) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        stop_driver_jvm()  # its driver address and master must not become the next session's defaults
 
 
 def _wait_for_executors(session: Any, n: int, timeout_s: float = 120) -> None:
