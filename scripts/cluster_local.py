@@ -5,10 +5,11 @@
 (``k2pc-sparkm``, ``k2pc-spark1``, ...), each with its own address, hostname and private local
 directory (tests/helpers/netns.py), then a Spark standalone master on ``sparkm`` and a worker on
 each ``sparkN`` host, started from the pip-installed pyspark of this checkout's .venv; ``--kafka``
-adds a broker (scripts/kafka-local) on the bridge's address, which the root namespace and every
-host reach. The driver runs in the root namespace with ``spark.driver.host`` set to that address::
+adds a broker (scripts/kafka-local) on the bridge's address, ``--kafka-hosts`` three brokers on hosts
+``kafka1``..``kafka3`` of their own instead; the root namespace and every host reach them. The driver
+runs in the root namespace with ``spark.driver.host`` set to the bridge's address::
 
-    scripts/cluster-local start --kafka          # prints the master URL, hosts, bootstrap servers
+    scripts/cluster-local start --kafka-hosts    # prints the master URL, hosts, bootstrap servers
     scripts/cluster-local run spark1 -- hostname
     scripts/cluster-local kill-host spark2       # SIGKILL every process of the host
     scripts/cluster-local cut-link spark1        # its veth down; restore-link brings it back
@@ -45,21 +46,25 @@ def _directory(prefix: str, given: Path | None) -> Path:
         return DEFAULT_DIR
 
 
-def _kafka(directory: Path, command: str, gateway: str | None = None) -> str:
+def _kafka(directory: Path, command: str, gateway: str | None = None, *options: str) -> str:
     env = dict(os.environ, KAFKA2PC_KAFKA_HOST=gateway) if gateway else dict(os.environ)
     argv = [sys.executable, str(REPO / "scripts" / "kafka_local.py"), command, "--dir", str(directory / "kafka")]
+    argv += options
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise netns.NetnsError(f"kafka-local {command} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
     return p.stdout.strip()
 
 
-def start(prefix: str, directory: Path, workers: int, kafka: bool) -> dict[str, object]:
+BROKER_HOSTS = ("kafka1", "kafka2", "kafka3")
+
+
+def start(prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: bool = False) -> dict[str, object]:
     from tests.helpers.spark_cluster import start_on_hosts
 
     hosts = tuple(f"spark{i + 1}" for i in range(workers))
     directory.mkdir(parents=True, exist_ok=True)
-    network = netns.create(prefix, ("sparkm", *hosts), directory / "hosts")
+    network = netns.create(prefix, ("sparkm", *hosts, *(BROKER_HOSTS if kafka_hosts else ())), directory / "hosts")
     try:
         cluster, _ = start_on_hosts(directory, network, "sparkm", hosts)  # they run on after we exit
         summary: dict[str, object] = {
@@ -72,7 +77,10 @@ def start(prefix: str, directory: Path, workers: int, kafka: bool) -> dict[str, 
             "local_dir": str(network.hosts[0].local_dir),
             "driver_conf": {"spark.driver.host": network.gateway, "spark.driver.bindAddress": network.gateway},
         }
-        if kafka:
+        if kafka_hosts:
+            on = [f"--host={network.host(h).address}@{network.host(h).netns}" for h in BROKER_HOSTS]
+            summary["bootstrap_servers"] = _kafka(directory, "start", None, "--brokers=3", *on).splitlines()[-1]
+        elif kafka:
             summary["bootstrap_servers"] = _kafka(directory, "start", network.gateway).splitlines()[-1]
     except BaseException:
         stop(prefix, directory)
@@ -109,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="logs and hosts' dirs (default: build/cluster-local)")
     s.add_argument("--workers", type=int, default=2, choices=(1, 2, 3))
     s.add_argument("--kafka", action="store_true", help="a broker on the bridge's address")
+    s.add_argument("--kafka-hosts", action="store_true", help="three brokers, each on a host of its own")
     st = sub.add_parser("stop", help="remove every process, namespace, veth and the bridge (idempotent)")
     st.add_argument("--dir", type=Path, default=None)
     sub.add_parser("status", help="hosts, their processes and links")
@@ -131,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "start":
-            print(json.dumps(start(args.prefix, args.dir.resolve(), args.workers, args.kafka), indent=2))
+            summary = start(args.prefix, args.dir.resolve(), args.workers, args.kafka, args.kafka_hosts)
+            print(json.dumps(summary, indent=2))
         elif args.command == "stop":
             left = stop(args.prefix, _directory(args.prefix, args.dir))
             if left:

@@ -159,6 +159,26 @@ class NodeState(TypedDict):
     data_dir: str
     config: str
     log4j_config: str
+    host: NotRequired[str]  # its own address (a host of an emulated network); else HOST
+    netns: NotRequired[str]  # the network namespace its JVM runs in (``ip netns exec``)
+
+
+class BrokerHost(NamedTuple):
+    """A host of an emulated network (tests/helpers/netns.py) that one broker runs on."""
+
+    address: str
+    netns: str
+
+
+def _broker_host(text: str) -> BrokerHost:
+    address, at, netns = text.partition("@")
+    if not at or not address or not netns:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ADDRESS@NETNS")
+    return BrokerHost(address, netns)
+
+
+def _host(node: NodeState) -> str:
+    return node.get("host", HOST)
 
 
 class Security(TypedDict):
@@ -387,13 +407,14 @@ def _broker_properties(
     count = len(nodes)
     replicas = min(3, count)
     min_isr = "1" if count == 1 else "2"
-    voters = ",".join(f"{n['id']}@{HOST}:{n['controller_port']}" for n in nodes)
+    voters = ",".join(f"{n['id']}@{_host(n)}:{n['controller_port']}" for n in nodes)
+    host = _host(node)
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node["id"]),
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://{HOST}:{node['port']},CONTROLLER://{HOST}:{node['controller_port']}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{node['port']}",
+        "listeners": f"PLAINTEXT://{host}:{node['port']},CONTROLLER://{host}:{node['controller_port']}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{node['port']}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
@@ -644,6 +665,8 @@ def _launch(state: ClusterState, node: NodeState, main_class: str = "kafka.Kafka
     log_dir.mkdir(parents=True, exist_ok=True)
     jwks = state.get("security", {}).get("oauth_jwks_url")
     command = [
+        # ``ip netns exec`` execs the JVM: the pid recorded is the JVM's, on whichever host it runs.
+        *(["ip", "netns", "exec", node["netns"]] if "netns" in node else []),
         state["java"],
         *BROKER_JVM_OPTS,
         # Kafka 4 fetches only the OAuth URLs this system property allows.
@@ -720,7 +743,7 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def metadata_broker_ids(port: int, timeout: float = 5.0) -> set[int]:
+def metadata_broker_ids(port: int, timeout: float = 5.0, host: str = HOST) -> set[int]:
     """Ids of the brokers that the broker on ``port`` reports, via a Metadata v9 request.
 
     Kafka's own tools would need a JVM start per check; this is a few bytes instead. v9, the first
@@ -732,7 +755,7 @@ def metadata_broker_ids(port: int, timeout: float = 5.0) -> set[int]:
     # header tagged fields; topics = empty compact array; no auto-create; no cluster authz ops;
     # no topic authz ops; body tagged fields
     body += bytes([0, 1, 0, 0, 0, 0])
-    with socket.create_connection((HOST, port), timeout=timeout) as sock:
+    with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(struct.pack(">i", len(body)) + body)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
         buf = _recv_exact(sock, size)
@@ -751,9 +774,9 @@ def metadata_broker_ids(port: int, timeout: float = 5.0) -> set[int]:
     return ids
 
 
-def _accepts_tcp(port: int) -> bool:
+def _accepts_tcp(port: int, host: str = HOST) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=1.0):
+        with socket.create_connection((host, port), timeout=1.0):
             return True
     except OSError:
         return False
@@ -779,7 +802,7 @@ def _wait_ready(state: ClusterState, starting: Mapping[int, int], timeout: float
             node = _node(state, node_id)
             if not _alive(node):
                 raise KafkaLocalError(f"node {node_id} exited while starting\n{_logs_tail([node])}")
-            if _accepts_tcp(node["port"]) and _log_has_started(node, pending[node_id]):
+            if _accepts_tcp(node["port"], _host(node)) and _log_has_started(node, pending[node_id]):
                 del pending[node_id]
         if not pending and "security" in state:
             return  # one broker, and the raw Metadata probe below speaks PLAINTEXT only
@@ -787,7 +810,7 @@ def _wait_ready(state: ClusterState, starting: Mapping[int, int], timeout: float
             live = [n for n in state["nodes"] if _alive(n)]
             wanted = {n["id"] for n in live}
             try:
-                if all(metadata_broker_ids(n["port"]) >= wanted for n in live):
+                if all(metadata_broker_ids(n["port"], host=_host(n)) >= wanted for n in live):
                     return
             except (OSError, struct.error, IndexError):
                 pass  # a broker still settling; ask again
@@ -832,6 +855,7 @@ def start_cluster(
     oauth_jwks_url: str | None = None,
     oauth_issuer: str | None = None,
     kafka_version: str | None = None,
+    hosts: Sequence[BrokerHost] = (),
 ) -> ClusterState:
     """Format and start a fresh ``brokers``-node KRaft cluster in ``directory``: Kafka
     ``kafka_version`` (default: ``KAFKA2PC_KAFKA_VERSION``, else 4.4.0). A version before 3.3
@@ -844,6 +868,9 @@ def start_cluster(
     ``oauth_jwks_url`` and ``oauth_issuer`` the listener accepts SASL/OAUTHBEARER too: tokens signed
     by a key of that JWKS, from that issuer, for audience ``OAUTH_AUDIENCE``; principal = ``sub``.
 
+    ``hosts`` (one per broker, KRaft and plaintext only): each node runs on its own host of an
+    emulated network, listening on that host's address (scripts/cluster-local, issue 38).
+
     Returns the state also written to ``directory/cluster.json`` once every node is
     up. On failure the nodes are stopped, their logs kept, and KafkaLocalError raised.
     """
@@ -855,6 +882,8 @@ def start_cluster(
         raise KafkaLocalError(f"--security {security} runs one broker only")
     if (scram_users or oauth_jwks_url) and security == "plaintext":
         raise KafkaLocalError("SCRAM users and OAUTHBEARER need --security sasl_ssl")
+    if hosts and (len(hosts) != brokers or security != "plaintext"):
+        raise KafkaLocalError(f"hosts: one per broker ({brokers}), plaintext only; got {len(hosts)}, {security}")
     if bool(oauth_jwks_url) != bool(oauth_issuer):
         raise KafkaLocalError("OAUTHBEARER needs both the JWKS URL and the issuer")
     if ADMIN_USER in (scram_users or {}):
@@ -863,6 +892,8 @@ def start_cluster(
     zookeeper_mode = uses_zookeeper(version)
     if zookeeper_mode and security != "plaintext":
         raise KafkaLocalError(f"Kafka {version} runs in ZooKeeper mode here, which kafka-local runs plaintext only")
+    if zookeeper_mode and hosts:
+        raise KafkaLocalError(f"Kafka {version} runs in ZooKeeper mode here, which kafka-local runs on this host only")
     started_at = time.monotonic()
     libs = fetch(version)
     root = Path(directory).resolve()
@@ -893,11 +924,13 @@ def start_cluster(
                     log4j_config=str(node_dir / "log4j2.properties"),
                 )
             )
+            if hosts:
+                nodes[-1]["host"], nodes[-1]["netns"] = hosts[index]
         state = ClusterState(
             kafka_version=version,
             tools_version=TOOLS_VERSION,
             cluster_id=_random_cluster_id(),
-            bootstrap_servers=",".join(f"{HOST}:{n['port']}" for n in nodes),
+            bootstrap_servers=",".join(f"{_host(n)}:{n['port']}" for n in nodes),
             brokers=brokers,
             dir=str(root),
             libs_dir=str(libs.broker),
@@ -1202,6 +1235,14 @@ def _parser() -> argparse.ArgumentParser:
     ):
         start.add_argument(flag, type=_key_value, nargs="+", action="extend", default=[], metavar=metavar, help=text)
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+    start.add_argument(
+        "--host",
+        type=_broker_host,
+        action="append",
+        default=[],
+        metavar="ADDRESS@NETNS",
+        help="once per broker: it runs in that network namespace, on that address (scripts/cluster-local)",
+    )
     start.add_argument("--kafka-version", default=None, help=f"the Kafka release (default: {KAFKA_VERSION})")
     start.add_argument(
         "--security",
@@ -1253,6 +1294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 security=args.security,
                 scram_users=dict(args.scram_user),
                 kafka_version=args.kafka_version,
+                hosts=args.host,
             )
             print(state["bootstrap_servers"])
         elif args.command == "stop":

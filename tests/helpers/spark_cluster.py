@@ -296,11 +296,13 @@ def netns_spark_cluster(
     master: str = "sparkm",
     cores: int = 1,
     memory: str = "1g",
+    others: tuple[str, ...] = (),
 ) -> Iterator[NetnsSparkCluster]:
-    """A network of hosts (``master`` and ``workers``) owned by this process, with Spark on it;
-    everything is destroyed on exit, and what would remain is an error."""
+    """A network of hosts (``master``, ``workers`` and ``others``, which run no Spark: a broker's)
+    owned by this process, with Spark on it; everything is destroyed on exit, and what would remain
+    is an error."""
     netns.reap_orphans()  # a run killed before its finalizer left its namespaces behind
-    network = netns.create(prefix, (master, *workers), directory / "hosts", owner_pid=os.getpid())
+    network = netns.create(prefix, (master, *workers, *others), directory / "hosts", owner_pid=os.getpid())
     try:
         cluster, stop = start_on_hosts(directory, network, master, workers, cores, memory)
         try:

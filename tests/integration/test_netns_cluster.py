@@ -1,10 +1,11 @@
 """The emulated cluster of issue 38: hosts as Linux network namespaces (tests/helpers/netns.py).
 
-A Spark standalone master and two workers each run on a host of their own; the driver (this test
-process) and a Kafka broker run in the root namespace on the bridge's address. The tests prove what
-the emulation promises: executors on two hosts with their own addresses and private local
-directories, blocks fetched from one host by another, every host reaching the broker, and nothing
-left behind once a network is destroyed.
+A Spark standalone master, two workers and three Kafka brokers each run on a host of their own; the
+driver (this test process) runs in the root namespace and reaches the hosts through the bridge. The
+tests prove what the emulation promises: executors on two hosts with their own addresses and private
+local directories, blocks fetched from one host by another, every host reaching the brokers, and
+nothing left behind once a network is destroyed; then the export on it, and host faults: a broker
+host cut off the network during the commit, a Spark worker host killed during the write.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.helpers.spark_cluster import NetnsSparkCluster
 pytestmark = pytest.mark.kafka
 
 WORKERS = ("spark1", "spark2")
+BROKERS = ("kafka1", "kafka2", "kafka3")  # node ids 1, 2, 3
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +38,20 @@ def netns_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ne
     """The master URL (``.master_url``), the hosts (``.network.hosts``) and kill_host, cut_link,
     restore_link. A prefix of its own: another run's network on this machine is not ours to touch."""
     with spark_cluster.netns_spark_cluster(
-        tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS
+        tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS, others=BROKERS
     ) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def bridge_kafka(
-    netns_spark_cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KafkaEnv]:
-    """One broker on the bridge's address: the root namespace and every host reach it there."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KAFKA2PC_KAFKA_HOST", netns_spark_cluster.network.gateway)
-        kl = kafka_local()  # a fresh import reads HOST; the session's other brokers stay on loopback
-    directory = tmp_path_factory.mktemp("kafka-bridge")
-    state = kl.start_cluster(directory, brokers=1)
-    env = KafkaEnv(directory, state["bootstrap_servers"], 1)
+def host_kafka(netns_spark_cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    """Three brokers, each on a host of its own (KRaft: each is a controller too); the root namespace
+    and every Spark host reach them through the bridge."""
+    kl = kafka_local()
+    hosts = [netns_spark_cluster.network.host(name) for name in BROKERS]
+    directory = tmp_path_factory.mktemp("kafka-hosts")
+    state = kl.start_cluster(directory, brokers=len(BROKERS), hosts=[kl.BrokerHost(h.address, h.netns) for h in hosts])
+    env = KafkaEnv(directory, state["bootstrap_servers"], len(BROKERS))
     try:
         yield env
     finally:
@@ -89,11 +89,11 @@ def spark(netns_spark_cluster: NetnsSparkCluster) -> Iterator[Any]:
 
 
 def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
-    netns_spark_cluster: NetnsSparkCluster, spark: Any, bridge_kafka: KafkaEnv
+    netns_spark_cluster: NetnsSparkCluster, spark: Any, host_kafka: KafkaEnv
 ) -> None:
     local_dir = str(netns_spark_cluster.network.host(WORKERS[0]).local_dir)  # the same path on every host
-    topic = bridge_kafka.topic(partitions=len(WORKERS))
-    bootstrap = bridge_kafka.bootstrap
+    topic = host_kafka.topic(partitions=len(WORKERS))
+    bootstrap = host_kafka.bootstrap
 
     def on_host(index: int, _: Iterator[int]) -> Iterator[dict[str, Any]]:
         import socket
@@ -140,7 +140,7 @@ def test_executors_run_on_two_hosts_with_private_dirs_and_reach_the_broker(
         assert r["read"] == r["host"], r
     assert os.listdir(local_dir) == []  # the root namespace sees no host's files
     # And the root namespace reads both records at the same address, read_committed.
-    records = bridge_kafka.read_committed(topic)
+    records = host_kafka.read_committed(topic)
     assert sorted((rec.key, rec.value) for rec in records) == sorted(
         (w.encode(), netns_spark_cluster.network.host(w).address.encode()) for w in WORKERS
     )
@@ -241,7 +241,7 @@ def _export_settings(env: KafkaEnv, topic: str, **producer: Any) -> Any:
 
 
 def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_commits_exactly_once(
-    spark: Any, bridge_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+    spark: Any, host_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
 ) -> None:
     import logging
     import uuid
@@ -251,25 +251,119 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
     caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
-    topic = bridge_kafka.topic(4)
+    topic = host_kafka.topic(4)
     df = spark.range(60_000, numPartitions=6).selectExpr(
         "concat('h-', CAST(id AS STRING)) AS key", "CAST(id * 3 AS STRING) AS value"
     )
-    s = _export_settings(bridge_kafka, topic)
+    s = _export_settings(host_kafka, topic)
     result = export_dataframe(df, s)  # the defaults: store="auto"
     assert "executors run on other hosts than the driver" in caplog.text, caplog.text
     assert "barrier stage, before any transaction opens" in caplog.text
     assert "checkpoint" not in caplog.text.split("barrier stage")[0].split("writer:")[-1]
     assert result.records == 60_000 and len(result.committables) == len(WORKERS)  # one per task slot
-    assert bridge_kafka.read_committed(topic, timeout_s=5) == []
-    log = DecisionLog(bridge_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
-    commit_prepared(result.committables, bridge_kafka.wire, log, run="netns-1")
-    assert bridge_kafka.count_committed(topic, b"h-") == (60_000, 60_000)
-    assert bridge_kafka.open_transactions(s.transactional_id_prefix) == []
+    assert host_kafka.read_committed(topic, timeout_s=5) == []
+    log = DecisionLog(host_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
+    commit_prepared(result.committables, host_kafka.wire, log, run="netns-1")
+    assert host_kafka.count_committed(topic, b"h-") == (60_000, 60_000)
+    assert host_kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def _cut_during_commit(
+    cluster: NetnsSparkCluster, env: KafkaEnv, host: str, committables: Any, decisions: str, run: str
+) -> str:
+    """Cut ``host`` off, commit at once, restore the link 20 s later; what the commit did."""
+    import threading
+
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+
+    def commit() -> None:
+        with env.new_wire() as wire:
+            commit_prepared(committables, wire, DecisionLog(env.config, topic=decisions), run=run)
+
+    cluster.cut_link(host)
+    restore = threading.Timer(20, cluster.restore_link, (host,))
+    restore.start()
+    started = time.monotonic()
+    try:
+        try:
+            commit()
+            outcome = "committed while it was cut off"
+        except Kafka2PCError as e:  # named; then the user's next step once the host is back
+            outcome = f"{type(e).__name__} ({e}), then committed by the next try"
+            restore.join()
+            commit()
+    finally:
+        restore.cancel()
+        cluster.restore_link(host)  # idempotent: the link is up whatever happened
+    return f"{outcome} in {time.monotonic() - started:.1f}s"
+
+
+def _wait_rejoined(cluster: NetnsSparkCluster, env: KafkaEnv, host: str) -> None:
+    address = cluster.network.host(host).address
+    port = int(next(b for b in env.bootstrap.split(",") if b.startswith(f"{address}:")).split(":")[1])
+    kl = kafka_local()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if kl.metadata_broker_ids(port, host=address) == {1, 2, 3}:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"the broker on {host} did not rejoin"
+        time.sleep(0.5)
+
+
+def test_a_broker_host_cut_off_as_the_commit_starts_ends_exactly_once(
+    spark: Any, netns_spark_cluster: NetnsSparkCluster, host_kafka: KafkaEnv
+) -> None:
+    """A broker host's link goes down as the commit starts (its connections hang: no reset, unlike a
+    killed process) and comes back 20 s later; twice: the host coordinating the run's first
+    transaction, then the host leading the decision log's protocol partition. Each commit ends exactly
+    once: by itself (two brokers of three still answer, and another takes over the cut one's
+    coordinators once the controller fences it) or with a named failure, after which the user's next
+    step (the commit task again) finishes it. Nothing is left open and the host rejoins."""
+    import uuid
+
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from tests.helpers.kafka import partition_leader
+
+    decisions = f"d{uuid.uuid4().hex[:8]}"
+    DecisionLog(host_kafka.config, topic=decisions).ensure_topic()  # as the export task leaves it
+    for target in ("transaction coordinator", "decision log leader"):
+        topic = host_kafka.topic(4)
+        df = spark.range(20_000, numPartitions=4).selectExpr(
+            "concat('c-', CAST(id AS STRING)) AS key", "CAST(id AS STRING) AS value"
+        )
+        s = _export_settings(host_kafka, topic)
+        result = export_dataframe(df, s)
+        tids = [c.transactional_id for c in result.committables]
+        if target == "transaction coordinator":
+            node = host_kafka.wire.find_transaction_coordinators(tids)[tids[0]].node_id
+        else:
+            node = partition_leader(host_kafka, decisions, 0)
+        host = BROKERS[node - 1]
+        run = f"cut-{s.transactional_id_prefix}"
+        said = _cut_during_commit(netns_spark_cluster, host_kafka, host, result.committables, decisions, run)
+        print(f"{target} {host} (node {node}) cut as the commit started: {said}")
+        assert host_kafka.count_committed(topic, b"c-") == (20_000, 20_000)
+        assert {tid: st.state for tid, st in host_kafka.describe(*tids).items() if st} == dict.fromkeys(
+            tids, "CompleteCommit"
+        )
+        # Judged once the host is back: a broker that was cut off lists the transactions it
+        # coordinated as they were when it lost its link (Kafka's own ListTransactions), until it
+        # learns that another broker took its partitions of the transaction log over.
+        _wait_rejoined(netns_spark_cluster, host_kafka, host)
+        settled = time.monotonic() + 30
+        while (left := host_kafka.open_transactions(s.transactional_id_prefix)) and time.monotonic() < settled:
+            time.sleep(0.5)
+        assert left == [], f"still listed open 30 s after {host} rejoined"
 
 
 def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_open(
-    spark: Any, netns_spark_cluster: NetnsSparkCluster, bridge_kafka: KafkaEnv
+    spark: Any, netns_spark_cluster: NetnsSparkCluster, host_kafka: KafkaEnv
 ) -> None:
     """Every process of one worker host SIGKILLed while its transaction is open (the writers are
     throttled by a broker quota so that the kill lands in the write): the barrier job fails at once,
@@ -283,21 +377,21 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from tests.helpers.kafka import abort_open_now
 
-    topic = bridge_kafka.topic(2)
+    topic = host_kafka.topic(2)
     client_id = f"slow-{uuid.uuid4().hex[:6]}"
     # ~11 MB per writer: the broker throttles each 1 MB produce request for up to its quota window
     # (11 s), so a write takes minutes and the kill lands in it even when one host's task starts
     # long after the other's (with 2.2 MB, a CI run saw one writer prepared before the other opened)
-    bridge_kafka.set_producer_byte_rate(client_id, 50_000)
+    host_kafka.set_producer_byte_rate(client_id, 50_000)
     df = spark.range(160_000, numPartitions=2).selectExpr(
         "concat('z-', CAST(id AS STRING)) AS key", "repeat('v', 100) AS value"
     )
-    s = _export_settings(bridge_kafka, topic, **{"client.id": client_id})
-    log = DecisionLog(bridge_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
+    s = _export_settings(host_kafka, topic, **{"client.id": client_id})
+    log = DecisionLog(host_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
     aborted: list[bool] = []
 
     def abort_opened() -> bool:
-        done, _ = abort_open_now(bridge_kafka, s.transactional_id_prefix, log)
+        done, _ = abort_open_now(host_kafka, s.transactional_id_prefix, log)
         aborted.append(done)
         return done
 
@@ -312,7 +406,7 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
     worker = threading.Thread(target=export)
     worker.start()
     deadline = time.monotonic() + 120
-    while len(bridge_kafka.open_transactions(s.transactional_id_prefix, settle_s=0)) < len(WORKERS):
+    while len(host_kafka.open_transactions(s.transactional_id_prefix, settle_s=0)) < len(WORKERS):
         assert time.monotonic() < deadline and worker.is_alive(), f"the write never opened both: {failure}"
         time.sleep(0.2)
     killed = netns_spark_cluster.kill_host(WORKERS[1])
@@ -320,5 +414,5 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
     worker.join(180)
     assert not worker.is_alive() and failure, "the export did not fail after its host was killed"
     assert aborted == [True]
-    assert bridge_kafka.open_transactions(s.transactional_id_prefix) == []
-    assert bridge_kafka.count_committed(topic, b"z-", timeout_s=10) == (0, 0)
+    assert host_kafka.open_transactions(s.transactional_id_prefix) == []
+    assert host_kafka.count_committed(topic, b"z-", timeout_s=10) == (0, 0)

@@ -191,8 +191,14 @@ def test_the_native_and_the_python_writer_write_the_same_records_from_spark(
     assert sum(len(v) for v in seen["native"].values()) == 30_000
     assert seen["native"] == seen["python"]
     from airflow_provider_kafka2pc.spark.versions import has_arrow_byte_bound
+    from airflow_provider_kafka2pc.spark.write_job import ARROW_MAX_BYTES_PER_BATCH
 
-    bounds = "10000 records or 67108864b" if has_arrow_byte_bound(spark.version) else "10000 records, no byte bound"
+    # The session's own default, as the line reads it: 64 MiB on 4.2, 256 MiB on 4.0 (measured)
+    bounds = (
+        f"10000 records or {spark.conf.get(ARROW_MAX_BYTES_PER_BATCH)}"
+        if has_arrow_byte_bound(spark.version)
+        else "10000 records, no byte bound"
+    )
     assert any(m.startswith(f"kafka2pc Arrow batches to the writers: {bounds}") for m in caplog.messages)
 
 
@@ -212,9 +218,10 @@ def test_the_byte_bound_the_guide_gives_turns_sparks_per_row_check_off_and_the_l
     spark: Any,
 ) -> None:
     """The user guide's tuning: 10,000 records of 8,000 bytes (80 MB) in one partition come in two
-    batches under Spark's default byte bound (64 MiB), in one of 10,000 (the record bound) with
-    the bound at Int.MaxValue, for which Spark skips its check; the task log line says which.
-    Spark 3.5 has no byte bound: one batch of 10,000, and the line says to lower the record bound."""
+    batches under a byte bound of 64 MiB (4.2's default; 4.0's is 256 MiB, so it is set here), in one
+    of 10,000 (the record bound) with the bound at Int.MaxValue, for which Spark skips its check; the
+    task log line says which. Spark 3.5 has no byte bound: one batch of 10,000, and the line says to
+    lower the record bound."""
     from airflow_provider_kafka2pc.spark.versions import has_arrow_byte_bound
     from airflow_provider_kafka2pc.spark.write_job import (
         ARROW_BYTES_UNCHECKED,
@@ -223,15 +230,16 @@ def test_the_byte_bound_the_guide_gives_turns_sparks_per_row_check_off_and_the_l
     )
 
     df = spark.range(10_000, numPartitions=1).selectExpr("repeat('x', 8000) AS value")
-    by_default = _batch_rows(df)
     if not has_arrow_byte_bound(spark.version):
-        assert by_default == [10_000]
+        assert _batch_rows(df) == [10_000]
         assert arrow_batch_bounds(spark).startswith(f"10000 records, no byte bound (Spark {spark.version} has no ")
         return
-    assert len(by_default) == 2 and sum(by_default) == 10_000
-    assert arrow_batch_bounds(spark).startswith("10000 records or 67108864b, the bytes checked after every row")
-    spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
     try:
+        spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, "67108864b")
+        bounded = _batch_rows(df)
+        assert len(bounded) == 2 and sum(bounded) == 10_000
+        assert arrow_batch_bounds(spark).startswith("10000 records or 67108864b, the bytes checked after every row")
+        spark.conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
         assert _batch_rows(df) == [10_000]
         assert arrow_batch_bounds(spark).startswith("10000 records, bytes unchecked")
     finally:

@@ -3,6 +3,7 @@ worded once, with the address, for the Test button, the CLI, the page and the ta
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from airflow_provider_kafka2pc.txn.kafka import reachability
 from airflow_provider_kafka2pc.txn.kafka.reachability import (
     REFUSED,
     Failure,
+    answering_bootstrap,
     bootstrap_addresses,
     failure_of,
     unreachable_message,
@@ -182,3 +184,43 @@ def test_the_connect_timeout_is_a_field_of_the_connection() -> None:
     for bad in (0, -1, "soon", True, float("inf")):
         with pytest.raises(Kafka2PCConfigError, match=r"'Connect timeout \(s\)': must be a number of seconds > 0"):
             connect_timeout_s("kafka2pc", {"connect_timeout_s": bad})
+
+
+def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket whose accept queue is full: the kernel drops further SYNs, as a host cut off
+    the network does (no refusal, no answer)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(server.getsockname())
+        fillers.append(c)
+    time.sleep(0.2)
+    return server, fillers
+
+
+def test_the_commit_sides_client_bootstraps_from_the_servers_that_answer() -> None:
+    """kafka-python gives one randomly picked bootstrap server its whole deadline: a silent one failed
+    the client while others answered. The silent and the refusing server are left out, quickly."""
+    up = socket.socket()
+    up.bind(("127.0.0.1", 0))
+    up.listen(8)
+    silent, fillers = _silent_server()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refused_port = closed.getsockname()[1]
+    closed.close()
+    servers = [f"127.0.0.1:{silent.getsockname()[1]}", f"127.0.0.1:{refused_port}", f"127.0.0.1:{up.getsockname()[1]}"]
+    try:
+        started = time.monotonic()
+        assert answering_bootstrap(servers, 10.0) == [servers[2]]
+        assert time.monotonic() - started < 5, "waited for the silent server instead of the grace"
+        # None answers: all are kept, so the client's own error names them; one is never probed.
+        assert answering_bootstrap(servers[:2], 1.0) == servers[:2]
+        assert answering_bootstrap(servers[:1], 1.0) == servers[:1]
+    finally:
+        for s in (up, silent, *fillers):
+            s.close()

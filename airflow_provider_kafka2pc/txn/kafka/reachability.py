@@ -17,7 +17,9 @@ cause; secrets never reach it (librdkafka's texts are scrubbed of every secret v
 
 from __future__ import annotations
 
+import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +41,10 @@ _PROBE_SETTINGS: dict[str, Any] = {"reconnect.backoff.ms": 100, "reconnect.backo
 _DEFAULT_PORT = 9092
 
 REFUSED = "connection refused (is a broker listening on that port?)"
+# A broker that is up accepts a TCP connection in milliseconds; once one has, the others get this long.
+_LAGGARD_GRACE_S = 0.5
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,50 @@ def bootstrap_addresses(bootstrap: str) -> list[str]:
             has_port = re.search(r"(?::\d+)$", entry) and (not entry.startswith("[") or "]:" in entry)
             addresses.append(entry if has_port else f"{entry}:{_DEFAULT_PORT}")
     return addresses
+
+
+def answering_bootstrap(servers: Sequence[str], timeout_s: float) -> list[str]:
+    """The bootstrap servers that accept a TCP connection, asked all at once, in the given order; all
+    of them when none does (the client's own error then says why).
+
+    kafka-python bootstraps from one server picked at random and gives that one connect its whole
+    bootstrap deadline, so a host that drops packets (cut off the network, powered down) failed the
+    commit side's client while the other brokers answered (measured on the emulated cluster). Waits
+    ``timeout_s`` at most, and ``_LAGGARD_GRACE_S`` for the others once one has answered."""
+    if len(servers) < 2:
+        return list(servers)
+    answered: dict[str, bool] = {}
+    done = threading.Condition()
+
+    def knock(server: str) -> None:
+        host, _, port = bootstrap_addresses(server)[0].rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            ok = True
+        except (OSError, ValueError):
+            ok = False
+        with done:
+            answered[server] = ok
+            done.notify_all()
+
+    for server in servers:
+        threading.Thread(target=knock, args=(server,), daemon=True, name="kafka2pc-bootstrap-knock").start()
+    deadline = time.monotonic() + timeout_s
+    with done:
+        while len(answered) < len(servers) and time.monotonic() < deadline:
+            if any(answered.values()):
+                deadline = min(deadline, time.monotonic() + _LAGGARD_GRACE_S)
+            done.wait(max(0.0, deadline - time.monotonic()))
+        up = [s for s in servers if answered.get(s)]
+    if not up:
+        return list(servers)
+    if len(up) < len(servers):
+        log.info(
+            "bootstrap servers %s did not accept a connection; the commit side's client starts from %s",
+            ", ".join(s for s in servers if s not in up),
+            ", ".join(up),
+        )
+    return up
 
 
 def unreachable_message(bootstrap: str, timeout_s: float, failures: Sequence[Failure]) -> str:

@@ -29,7 +29,11 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka.broker_support import check_api_versions
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
-from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S, check_reachable
+from airflow_provider_kafka2pc.txn.kafka.reachability import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    answering_bootstrap,
+    check_reachable,
+)
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
@@ -118,6 +122,7 @@ class WireClient:
         # and then says only "Unable to bootstrap"; librdkafka names the cause, mostly at once.
         if not reachable:
             check_reachable(config, timeout_s=bootstrap_timeout_ms / 1000)
+        cfg["bootstrap_servers"] = answering_bootstrap(cfg["bootstrap_servers"], bootstrap_timeout_ms / 1000)
         # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
         protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
