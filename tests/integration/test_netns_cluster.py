@@ -241,14 +241,20 @@ def _export_settings(env: KafkaEnv, topic: str, **producer: Any) -> Any:
 
 
 def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_commits_exactly_once(
-    spark: Any, host_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+    spark: Any,
+    netns_spark_cluster: NetnsSparkCluster,
+    host_kafka: KafkaEnv,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
+    """Prepared by executors on two worker hosts, committed by a process on a third host that took
+    no part in the prepare (the master's), from the committables alone, as a commit task on another
+    Airflow worker would."""
+    import json
     import logging
     import uuid
 
     from airflow_provider_kafka2pc.spark.job import export_dataframe
-    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 
     caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     topic = host_kafka.topic(4)
@@ -262,8 +268,12 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
     assert "checkpoint" not in caplog.text.split("barrier stage")[0].split("writer:")[-1]
     assert result.records == 60_000 and len(result.committables) == len(WORKERS)  # one per task slot
     assert host_kafka.read_committed(topic, timeout_s=5) == []
-    log = DecisionLog(host_kafka.config, topic=f"d{uuid.uuid4().hex[:8]}")
-    commit_prepared(result.committables, host_kafka.wire, log, run="netns-1")
+    committables = tmp_path / "committables.jsonl"
+    committables.write_text("".join(c.to_json() + "\n" for c in result.committables))
+    command = [sys.executable, "-m", "tests.helpers.phase_two", "commit", "--bootstrap", host_kafka.bootstrap]
+    command += ["--decision-topic", f"d{uuid.uuid4().hex[:8]}", "--run", "netns-1", "--committables", str(committables)]
+    said = netns_spark_cluster.network.run(netns_spark_cluster.master, command, timeout=120)
+    assert json.loads(said.splitlines()[-1])["resolutions"] == len(WORKERS), said
     assert host_kafka.count_committed(topic, b"h-") == (60_000, 60_000)
     assert host_kafka.open_transactions(s.transactional_id_prefix) == []
 
