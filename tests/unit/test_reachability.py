@@ -204,23 +204,29 @@ def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
 
 def test_the_commit_sides_client_bootstraps_from_the_servers_that_answer() -> None:
     """kafka-python gives one randomly picked bootstrap server its whole deadline: a silent one failed
-    the client while others answered. The silent and the refusing server are left out, quickly."""
-    up = socket.socket()
-    up.bind(("127.0.0.1", 0))
-    up.listen(8)
+    the client while others answered. The silent and the refusing server are left out, quickly, and
+    the others keep their order; an entry that is not plainly host:port is kept unasked."""
+    ups = []
+    for _ in range(2):
+        up = socket.socket()
+        up.bind(("127.0.0.1", 0))
+        up.listen(8)
+        ups.append(up)
     silent, fillers = _silent_server()
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     refused_port = closed.getsockname()[1]
     closed.close()
-    servers = [f"127.0.0.1:{silent.getsockname()[1]}", f"127.0.0.1:{refused_port}", f"127.0.0.1:{up.getsockname()[1]}"]
+    first, second = (f"PLAINTEXT://127.0.0.1:{u.getsockname()[1]}" for u in ups)
+    silent_at, refused_at = f"127.0.0.1:{silent.getsockname()[1]}", f"127.0.0.1:{refused_port}"
     try:
         started = time.monotonic()
-        assert answering_bootstrap(servers, 10.0) == [servers[2]]
+        assert answering_bootstrap([silent_at, second, refused_at, first, second], 10.0) == [second, first, second]
         assert time.monotonic() - started < 5, "waited for the silent server instead of the grace"
+        assert answering_bootstrap([refused_at, "::1", first], 10.0) == ["::1", first]  # a bare IPv6 literal
         # None answers: all are kept, so the client's own error names them; one is never probed.
-        assert answering_bootstrap(servers[:2], 1.0) == servers[:2]
-        assert answering_bootstrap(servers[:1], 1.0) == servers[:1]
+        assert answering_bootstrap([silent_at, refused_at], 1.0) == [silent_at, refused_at]
+        assert answering_bootstrap([silent_at], 1.0) == [silent_at]
     finally:
-        for s in (up, silent, *fillers):
+        for s in (*ups, silent, *fillers):
             s.close()

@@ -97,7 +97,8 @@ def bootstrap_addresses(bootstrap: str) -> list[str]:
 
 def answering_bootstrap(servers: Sequence[str], timeout_s: float) -> list[str]:
     """The bootstrap servers that accept a TCP connection, asked all at once, in the given order; all
-    of them when none does (the client's own error then says why).
+    of them when none does (the client's own error then says why). An entry this cannot read as a
+    host and a port (a bare IPv6 literal) is kept without being asked.
 
     kafka-python bootstraps from one server picked at random and gives that one connect its whole
     bootstrap deadline, so a host that drops packets (cut off the network, powered down) failed the
@@ -105,38 +106,48 @@ def answering_bootstrap(servers: Sequence[str], timeout_s: float) -> list[str]:
     ``timeout_s`` at most, and ``_LAGGARD_GRACE_S`` for the others once one has answered."""
     if len(servers) < 2:
         return list(servers)
-    answered: dict[str, bool] = {}
+    answered: dict[int, bool] = {}  # by position: a server listed twice is asked twice
     done = threading.Condition()
 
-    def knock(server: str) -> None:
-        host, _, port = bootstrap_addresses(server)[0].rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-            ok = True
-        except (OSError, ValueError):
-            ok = False
+    def knock(index: int, address: tuple[str, int] | None) -> None:
+        ok = True  # not asked: kept
+        if address is not None:
+            try:
+                socket.create_connection(address, timeout=timeout_s).close()
+            except OSError:
+                ok = False
         with done:
-            answered[server] = ok
+            answered[index] = ok
             done.notify_all()
 
-    for server in servers:
-        threading.Thread(target=knock, args=(server,), daemon=True, name="kafka2pc-bootstrap-knock").start()
+    for index, server in enumerate(servers):
+        args = (index, _knock_address(server))
+        threading.Thread(target=knock, args=args, daemon=True, name="kafka2pc-bootstrap-knock").start()
     deadline = time.monotonic() + timeout_s
     with done:
         while len(answered) < len(servers) and time.monotonic() < deadline:
             if any(answered.values()):
                 deadline = min(deadline, time.monotonic() + _LAGGARD_GRACE_S)
             done.wait(max(0.0, deadline - time.monotonic()))
-        up = [s for s in servers if answered.get(s)]
+        up = [s for i, s in enumerate(servers) if answered.get(i)]
     if not up:
         return list(servers)
     if len(up) < len(servers):
         log.info(
             "bootstrap servers %s did not accept a connection; the commit side's client starts from %s",
-            ", ".join(s for s in servers if s not in up),
+            ", ".join(s for i, s in enumerate(servers) if not answered.get(i)),
             ", ".join(up),
         )
     return up
+
+
+def _knock_address(server: str) -> tuple[str, int] | None:
+    """(host, port) of one bootstrap entry, or None where it is not plainly that."""
+    entry = re.sub(r"^[a-z_]+://", "", server.strip(), flags=re.IGNORECASE)
+    if not entry or (entry.count(":") > 1 and not entry.startswith("[")):
+        return None  # empty, or a bare IPv6 literal, which bootstrap_addresses would split wrongly
+    host, _, port = bootstrap_addresses(entry)[0].rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
 
 
 def unreachable_message(bootstrap: str, timeout_s: float, failures: Sequence[Failure]) -> str:

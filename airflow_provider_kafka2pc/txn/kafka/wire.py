@@ -22,6 +22,7 @@ fresh DescribeTransactions, never guessed here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +123,10 @@ class WireClient:
         # and then says only "Unable to bootstrap"; librdkafka names the cause, mostly at once.
         if not reachable:
             check_reachable(config, timeout_s=bootstrap_timeout_ms / 1000)
+        knocked_at = time.monotonic()
         cfg["bootstrap_servers"] = answering_bootstrap(cfg["bootstrap_servers"], bootstrap_timeout_ms / 1000)
+        # kafka-python gets what is left of the deadline, so that the whole wait stays within it.
+        left_ms = max(1000, bootstrap_timeout_ms - int((time.monotonic() - knocked_at) * 1000))
         # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
         protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
@@ -131,9 +135,7 @@ class WireClient:
         if "sasl_oauth_token_provider" in cfg:
             cfg["sasl_oauth_token_provider"] = kafka_python_token_provider(cfg["sasl_oauth_token_provider"])
         try:
-            self._admin = KafkaAdminClient(
-                request_timeout_ms=request_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms, **cfg
-            )
+            self._admin = KafkaAdminClient(request_timeout_ms=request_timeout_ms, bootstrap_timeout_ms=left_ms, **cfg)
         except Exception as e:
             self._remove_pem_files()
             # librdkafka answered just now: this is the commit side's client alone (or a broker that
