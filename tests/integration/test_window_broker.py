@@ -249,11 +249,13 @@ def test_a_write_slowed_by_the_broker_is_stopped_and_aborted_at_once(spark: Any,
 
 
 def test_a_reliable_checkpoint_directory_is_used_and_emptied(
-    spark: Any, kafka_cap30: KafkaEnv, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    spark: Any, kafka: KafkaEnv, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On the suite's usual broker, not the 30 s one: where the rows are stored is what is tested, and
+    under CI's load a 12 s write budget was once too short for 8 transactions on two cores."""
     from airflow_provider_kafka2pc.spark import write_job
 
-    env, ex = kafka_cap30, Exporter(kafka_cap30)
+    env, ex = kafka, Exporter(kafka)
     topic = env.topic(partitions=4)
     seen: list[list[str]] = []
     write = write_job.run_write_job
