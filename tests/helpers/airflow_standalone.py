@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +41,7 @@ from typing import IO, Any
 import httpx
 import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
 
+from tests.helpers.airflow_rest import ADMIN_USER, AirflowHarnessError, AirflowRestApi
 from tests.helpers.postgres import PostgresCluster
 from tests.helpers.service import Service
 
@@ -49,12 +50,6 @@ from tests.helpers.service import Service
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
-TERMINAL_RUN_STATES: frozenset[str] = frozenset({"success", "failed"})
-_ADMIN_USER = "admin"
-
-
-class AirflowHarnessError(RuntimeError):
-    """Airflow did not start, did not answer as expected, or a wait timed out (message carries log tails)."""
 
 
 @dataclass
@@ -88,7 +83,7 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-class StandaloneAirflow(Service):
+class StandaloneAirflow(AirflowRestApi, Service):
     """Start, drive (REST API v2 only) and stop a standalone Airflow; see the module docstring."""
 
     # The instances of this process that are up: a failed test's report carries their task errors.
@@ -105,6 +100,8 @@ class StandaloneAirflow(Service):
         config: Mapping[str, str] | None = None,
         dag_ids: Sequence[str] = (),
         keep_logs_in: Path | None = None,
+        address: str = "127.0.0.1",
+        metadata_host: str = "127.0.0.1",
     ) -> None:
         """Prepare (but do not start) an instance.
 
@@ -117,15 +114,18 @@ class StandaloneAirflow(Service):
         :param dag_ids: DAGs that ``start()`` waits for (parsed and visible in the API) before returning.
         :param keep_logs_in: where ``stop()`` copies ``<home>/logs``; default: a folder named after the home
             in the run's log folder, when there is one (``tests/conftest.py:run_logs_dir``).
+        :param address: where the api-server listens (an emulated cluster's host: its address).
+        :param metadata_host: where PostgreSQL listens (an emulated cluster: its bridge's address).
         """
         self.dag_ids = tuple(dag_ids)
         self.home = Path(home).resolve()
         self.dags_folder = Path(dags_folder).resolve()
         self.startup_timeout = startup_timeout
+        self.address = address
         self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"http://{address}:{self.port}"
         self.log_dir = self.home / "logs" / "components"
-        self.postgres = PostgresCluster(log_copy=self.log_dir / "postgres.log")
+        self.postgres = PostgresCluster(host=metadata_host, log_copy=self.log_dir / "postgres.log")
         self.keep_logs_in = keep_logs_in or _default_logs_copy(self.home)
         self._password = secrets.token_urlsafe(16)
         self._components: list[_Component] = []
@@ -165,7 +165,7 @@ class StandaloneAirflow(Service):
             "WORKERS__EXECUTION_API_TIMEOUT": "60",
             # The async engine (api-server) gets postgresql+asyncpg, derived by Airflow from this URL.
             "DATABASE__SQL_ALCHEMY_CONN": self.postgres.url("psycopg2"),
-            "API__HOST": "127.0.0.1",
+            "API__HOST": self.address,
             "API__PORT": str(self.port),
             "API__BASE_URL": self.base_url,
             "API__WORKERS": "1",
@@ -176,7 +176,7 @@ class StandaloneAirflow(Service):
             # A real login (users + a known password file) so the tests use the API like a client would.
             "CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
             "CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "CORE__SIMPLE_AUTH_MANAGER_USERS": f"{_ADMIN_USER}:ADMIN",
+            "CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:ADMIN",
             "CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "simple_auth_manager_passwords.json"),
             # Fast loops: a test waits on each of these several times per run.
             "SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
@@ -210,7 +210,7 @@ class StandaloneAirflow(Service):
         """Start PostgreSQL, migrate, start the four components, wait until the health endpoint says all are up."""
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.home / "simple_auth_manager_passwords.json").write_text(json.dumps({_ADMIN_USER: self._password}))
+        (self.home / "simple_auth_manager_passwords.json").write_text(json.dumps({ADMIN_USER: self._password}))
         deadline = time.monotonic() + self.startup_timeout
         t0 = time.monotonic()
         atexit.register(self.stop)  # a crashed test session must not leave Airflow (or PostgreSQL) running
@@ -222,12 +222,7 @@ class StandaloneAirflow(Service):
             self._migrate(deadline)
             self.timings["db_migrate"] = time.monotonic() - t1
             t1 = time.monotonic()
-            self._spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"])
-            # No serve-logs sidecars: all components share this home, so the api-server reads task logs from
-            # disk, and fixed default ports (8793/8794) would clash with concurrently running instances.
-            self._spawn("scheduler", ["scheduler", "--skip-serve-logs"])
-            self._spawn("dag-processor", ["dag-processor"])
-            self._spawn("triggerer", ["triggerer", "--skip-serve-logs"])
+            self._start_components()
             self._wait_healthy(deadline)
             self.timings["components_healthy"] = time.monotonic() - t1
             if self.dag_ids:
@@ -257,11 +252,23 @@ class StandaloneAirflow(Service):
                 f"airflow db migrate exited {proc.returncode}:\n{_tail(log_path, 60)}\n{self.postgres.log_tail()}"
             )
 
+    def _start_components(self) -> None:
+        self._spawn("api-server", ["api-server", "--host", self.address, "--port", str(self.port), "--workers", "1"])
+        # No serve-logs sidecars: all components share this home, so the api-server reads task logs from
+        # disk, and fixed default ports (8793/8794) would clash with concurrently running instances.
+        self._spawn("scheduler", ["scheduler", "--skip-serve-logs"])
+        self._spawn("dag-processor", ["dag-processor"])
+        self._spawn("triggerer", ["triggerer", "--skip-serve-logs"])
+
+    def _argv(self, name: str, args: Sequence[str]) -> list[str]:
+        """The command line of component ``name`` (a cluster's harness runs it on a host)."""
+        return [sys.executable, "-m", "airflow", *args]
+
     def _spawn(self, name: str, args: Sequence[str]) -> None:
         log_path = self.log_dir / f"{name}.log"
         log_file = log_path.open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow", *args],
+            self._argv(name, args),
             env=self.env,
             cwd=self.home,
             stdin=subprocess.DEVNULL,
@@ -388,296 +395,3 @@ class StandaloneAirflow(Service):
     def metadata_query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one SQL statement on the instance's metadata DB (PostgreSQL), as Airflow's own DB user."""
         return self.postgres.query(sql, params)
-
-    # ------------------------------------------------------------------ HTTP plumbing
-
-    @property
-    def client(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(base_url=self.base_url, timeout=30)
-        return self._client
-
-    def _login(self) -> None:
-        r = self.client.post("/auth/token", json={"username": _ADMIN_USER, "password": self._password})
-        if r.status_code not in (200, 201):
-            raise AirflowHarnessError(f"POST /auth/token -> HTTP {r.status_code}: {r.text[:500]}")
-        self._token = r.json()["access_token"]
-
-    @property
-    def token(self) -> str:
-        """A JWT for the REST API (admin role)."""
-        if self._token is None:
-            self._login()
-        assert self._token is not None
-        return self._token
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Mapping[str, Any] | None = None,
-        expect: Iterable[int] = (200,),
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        """Call the REST API (``path`` starts with ``/api/v2/``) as admin; raise on an unexpected status."""
-        expected = set(expect)
-        for attempt in range(2):
-            r = self._send(method, path, json_body, params, headers)
-            if r.status_code == 401 and attempt == 0:
-                self._login()  # token expired (long session): log in again once
-                continue
-            break
-        if r.status_code not in expected:
-            raise AirflowHarnessError(
-                f"{method} {path} -> HTTP {r.status_code} (expected {sorted(expected)}): {r.text}"
-            )
-        return r
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json_body: Any,
-        params: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
-    ) -> httpx.Response:
-        # On a loaded 2-core machine the api-server may not answer a read within the client's timeout;
-        # reads are retried (twice), writes never (a clear or trigger must not happen twice).
-        for attempt in range(3):
-            try:
-                return self.client.request(
-                    method,
-                    path,
-                    json=json_body,
-                    params=params,
-                    headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
-                )
-            except (httpx.TimeoutException, httpx.ReadError):
-                if method != "GET" or attempt == 2:
-                    raise
-                self._check_alive()
-        raise AssertionError("unreachable")
-
-    # ------------------------------------------------------------------ DAGs and runs
-
-    def wait_for_dags(self, *dag_ids: str, timeout: float = 120.0) -> None:
-        """Wait until the dag-processor has parsed and serialized each DAG (``GET /api/v2/dags/{id}``)."""
-        deadline = time.monotonic() + timeout
-        pending = list(dag_ids)
-        while pending:
-            self._check_alive()
-            r = self.request("GET", f"/api/v2/dags/{pending[0]}", expect=(200, 404))
-            if r.status_code == 200:
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                raise AirflowHarnessError(
-                    f"DAG(s) {pending} not parsed within {timeout:.0f}s; import errors: {self.import_errors()}\n"
-                    + self.logs_tail()
-                )
-            time.sleep(1)
-
-    def import_errors(self) -> list[dict[str, Any]]:
-        body = self.request("GET", "/api/v2/importErrors", params={"limit": 100}).json()
-        return list(body.get("import_errors", []))
-
-    def unpause(self, dag_id: str) -> None:
-        self.request("PATCH", f"/api/v2/dags/{dag_id}", json_body={"is_paused": False})
-
-    def pause(self, dag_id: str) -> None:
-        self.request("PATCH", f"/api/v2/dags/{dag_id}", json_body={"is_paused": True})
-
-    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, run_id: str | None = None) -> str:
-        """Create a manual run (no logical date) and return its run_id."""
-        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
-        if run_id is not None:
-            body["dag_run_id"] = run_id
-        r = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json_body=body)
-        return str(r.json()["dag_run_id"])
-
-    def backfill(
-        self,
-        dag_id: str,
-        from_date: str,
-        to_date: str,
-        *,
-        conf: Mapping[str, Any] | None = None,
-        max_active_runs: int = 10,
-    ) -> dict[str, Any]:
-        """Create a backfill (``POST /api/v2/backfills``) over [from_date, to_date]; returns the backfill."""
-        body = {
-            "dag_id": dag_id,
-            "from_date": from_date,
-            "to_date": to_date,
-            "dag_run_conf": dict(conf or {}),
-            "max_active_runs": max_active_runs,
-        }
-        return dict(self.request("POST", "/api/v2/backfills", json_body=body).json())
-
-    def dag_runs(self, dag_id: str, **params: Any) -> list[dict[str, Any]]:
-        """The DAG's runs (``GET /api/v2/dags/{dag_id}/dagRuns`` with filters such as ``run_type``)."""
-        r = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100, **params})
-        return list(r.json()["dag_runs"])
-
-    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json())
-
-    def run_state(self, dag_id: str, run_id: str) -> str:
-        return str(self.dag_run(dag_id, run_id)["state"])
-
-    def wait_run(
-        self,
-        dag_id: str,
-        run_id: str,
-        timeout: float = 300.0,
-        *,
-        states: Iterable[str] = TERMINAL_RUN_STATES,
-        on_poll: Callable[[dict[str, str | None]], None] | None = None,
-        poll: float = 1.0,
-    ) -> str:
-        """Poll the run until its state is one of ``states``; return that state.
-
-        ``on_poll`` gets the task states at every poll (e.g. to observe a transient "deferred").
-        On timeout the error carries the task states and the component log tails.
-        """
-        wanted = set(states)
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive()
-            state = self.run_state(dag_id, run_id)
-            if on_poll is not None:
-                on_poll(self.task_states(dag_id, run_id))
-            if state in wanted:
-                return state
-            if time.monotonic() > deadline:
-                raise AirflowHarnessError(
-                    f"run {dag_id}/{run_id} still {state!r} after {timeout:.0f}s (waiting for {sorted(wanted)}); "
-                    f"tasks: {self.task_states(dag_id, run_id)}\n" + self.logs_tail()
-                )
-            time.sleep(poll)
-
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        r = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-        return list(r.json()["task_instances"])
-
-    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
-        """One (unmapped) task instance: state, start_date, end_date, try_number..."""
-        return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}").json())
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        """task_id -> state (mapped tasks: ``task_id[map_index]``)."""
-        out: dict[str, str | None] = {}
-        for ti in self.task_instances(dag_id, run_id):
-            key = ti["task_id"] if ti.get("map_index", -1) == -1 else f"{ti['task_id']}[{ti['map_index']}]"
-            out[key] = ti["state"]
-        return out
-
-    def task_tries(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict[str, Any]]:
-        """Every try of a task instance (``try_number``, ``state``, ``start_date``... per try), oldest first."""
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
-        path += "/tries" if map_index == -1 else f"/{map_index}/tries"
-        tries = list(self.request("GET", path).json()["task_instances"])
-        return sorted(tries, key=lambda t: int(t["try_number"]))
-
-    def clear_tasks(
-        self,
-        dag_id: str,
-        run_id: str,
-        task_ids: Sequence[str],
-        *,
-        include_downstream: bool = False,
-        include_upstream: bool = False,
-        only_failed: bool = False,
-        reset_dag_runs: bool = True,
-    ) -> list[str]:
-        """Clear (re-run) tasks of one run; returns the cleared task_ids. The run goes back to "queued"."""
-        body = {
-            "dry_run": False,
-            "dag_run_id": run_id,
-            "task_ids": list(task_ids),
-            "include_downstream": include_downstream,
-            "include_upstream": include_upstream,
-            "only_failed": only_failed,
-            "reset_dag_runs": reset_dag_runs,
-        }
-        r = self.request("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances", json_body=body)
-        return [ti["task_id"] for ti in r.json()["task_instances"]]
-
-    def clear_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> None:
-        """Clear a whole run (all tasks, or only the failed ones)."""
-        self.request(
-            "POST",
-            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/clear",
-            json_body={"dry_run": False, "only_failed": only_failed},
-        )
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
-        """The stored (JSON) value of an XCom; raises AirflowHarnessError if there is none."""
-        r = self.request(
-            "GET",
-            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
-            params={"map_index": map_index},
-        )
-        return r.json()["value"]
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
-        """A task try's log as plain text (one line per structured log event)."""
-        r = self.request(
-            "GET",
-            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-            params={"full_content": "true", "map_index": map_index},
-            headers={"Accept": "application/json"},
-        )
-        return "\n".join(_format_log_event(item) for item in r.json().get("content", []))
-
-    def task_errors(self, since: float, per_file: int = 30) -> str:
-        """The error and warning events of every task log written since ``since`` (epoch seconds),
-        read from the files (the API may be what failed), and the components' last such lines (a
-        task that died before it logged): why a task failed, in a test's report."""
-        parts = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            if path.stat().st_mtime < since:
-                continue
-            lines = [
-                line[:600]
-                for line in path.read_text(errors="replace").splitlines()
-                if any(word in line for word in ("[error", "[warning", "[critical", "ERROR", "Traceback"))
-            ]
-            if lines:
-                parts.append(f"components/{path.name}:\n" + "\n".join(lines[-per_file:]))
-        for path in sorted((self.home / "logs").glob("dag_id=*/run_id=*/task_id=*/attempt=*.log*")):
-            if path.stat().st_mtime < since:
-                continue
-            events = []
-            for line in path.read_text(errors="replace").splitlines():
-                with contextlib.suppress(ValueError):
-                    item = json.loads(line)
-                    if isinstance(item, dict) and item.get("level") in ("warning", "error", "critical"):
-                        events.append(_format_log_event(item))
-            if events:
-                parts.append(f"{path.relative_to(self.home / 'logs')}:\n" + "\n".join(events[-per_file:]))
-        if parts and self.keep_logs_in is not None:
-            parts.append(f"(every component and task log is copied to {self.keep_logs_in} when this Airflow stops)")
-        return "\n\n".join(parts)
-
-
-# Context every structured task-log event repeats; dropped so a failure message stays readable.
-_LOG_CONTEXT_KEYS = frozenset(
-    {"timestamp", "level", "event", "logger", "run_id", "ti_id", "task_id", "dag_id", "map_index", "try_number"}
-    | {"filename", "lineno"}
-)
-
-
-def _format_log_event(item: Any) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    line = f"{item.get('timestamp', '')} {item.get('level', '')} {item.get('event', '')}"
-    for exc in item.get("error_detail") or []:
-        frame = (exc.get("frames") or [{}])[-1]
-        line += (
-            f"\n    {exc.get('exc_type')}: {exc.get('exc_value')} (at {frame.get('filename')}:{frame.get('lineno')})"
-        )
-    extra = {k: v for k, v in item.items() if k not in _LOG_CONTEXT_KEYS and k != "error_detail"}
-    return line + (f" {json.dumps(extra, default=str)}" if extra else "")

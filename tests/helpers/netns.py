@@ -316,3 +316,17 @@ def reap_orphans() -> list[str]:
                 destroy(state["prefix"])
                 reaped.append(state["prefix"])
     return reaped
+
+
+@contextmanager
+def owned_network(prefix: str, names: Sequence[str], directory: Path) -> Iterator[Network]:
+    """A network owned by this process (destroyed with it if it dies, by the next
+    :func:`reap_orphans`), destroyed on exit; what would remain is an error."""
+    reap_orphans()  # a run killed before its finalizer left its namespaces behind
+    network = create(prefix, names, directory / "hosts", owner_pid=os.getpid())
+    try:
+        yield network
+    finally:
+        network.destroy()
+        left = leftovers(prefix, directory)
+        assert not left, f"left behind by the emulated cluster {prefix}: {left}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import glob
+import ipaddress
 import os
 import pwd
 import re
@@ -99,6 +100,7 @@ class PostgresCluster(Service):
         user: str = "airflow",
         database: str = "airflow",
         port: int | None = None,
+        host: str = "127.0.0.1",
         log_copy: Path | None = None,
         startup_timeout: float = 60.0,
     ) -> None:
@@ -106,14 +108,16 @@ class PostgresCluster(Service):
 
         :param user: the login role to create (owner of ``database``); its password is random.
         :param database: the database to create.
-        :param port: TCP port on 127.0.0.1; a free one if omitted (known before ``start()``).
+        :param port: TCP port; a free one if omitted (known before ``start()``).
+        :param host: the one address it listens on: loopback, or the bridge of an emulated cluster
+            (tests/helpers/netns.py) whose hosts then log in over TCP from that /24.
         :param log_copy: where ``stop()`` copies the server log before the files are removed.
         :param startup_timeout: seconds for initdb plus the server to accept connections.
         """
         self.user = user
         self.database = database
         self.password = secrets.token_urlsafe(24)
-        self.host = "127.0.0.1"
+        self.host = host
         self.port = port or _free_port()
         self.log_copy = log_copy
         self.startup_timeout = startup_timeout
@@ -183,7 +187,7 @@ class PostgresCluster(Service):
 
     def _configure(self) -> None:
         settings = {
-            "listen_addresses": "'127.0.0.1'",
+            "listen_addresses": f"'{self.host}'",
             "port": str(self.port),
             # The socket stays inside the temp dir: /var/run/postgresql may not exist or be writable.
             "unix_socket_directories": f"'{self.directory}'",
@@ -199,8 +203,9 @@ class PostgresCluster(Service):
         with (self.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# kafka2pc test cluster\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
-        # Only this cluster's socket trusts; TCP is loopback only, with passwords.
-        (self.data_dir / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
+        # Only this cluster's socket trusts; TCP needs the password, from loopback or the cluster's /24.
+        network = "127.0.0.1/32" if self.host == "127.0.0.1" else str(ipaddress.ip_interface(f"{self.host}/24").network)
+        (self.data_dir / "pg_hba.conf").write_text(f"local all all trust\nhost all all {network} scram-sha-256\n")
 
     def _create_role_and_database(self) -> None:
         try:

@@ -301,18 +301,12 @@ def netns_spark_cluster(
     """A network of hosts (``master``, ``workers`` and ``others``, which run no Spark: a broker's)
     owned by this process, with Spark on it; everything is destroyed on exit, and what would remain
     is an error."""
-    netns.reap_orphans()  # a run killed before its finalizer left its namespaces behind
-    network = netns.create(prefix, (master, *workers, *others), directory / "hosts", owner_pid=os.getpid())
-    try:
+    with netns.owned_network(prefix, (master, *workers, *others), directory) as network:
         cluster, stop = start_on_hosts(directory, network, master, workers, cores, memory)
         try:
             yield NetnsSparkCluster(cluster, network, master, workers)
         finally:
             stop()
-    finally:
-        network.destroy()
-        left = netns.leftovers(prefix, directory)
-        assert not left, f"left behind by the emulated cluster {prefix}: {left}"
 
 
 @dataclass(frozen=True)
