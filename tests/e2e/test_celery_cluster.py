@@ -1,0 +1,141 @@
+"""Airflow on the emulated cluster of issue 38 (tests/helpers/airflow_cluster.py): the api-server,
+scheduler and dag-processor on host ``airflow``, the triggerer on ``trigger``, Celery workers on
+``worker1`` (the prepare's queue) and ``worker2`` (the commit's), a broker on ``kafka1``; PostgreSQL
+and Redis on the bridge. The example DAG, unchanged, runs through the Celery executor with its
+prepare on one host and its commit on another, and survives the commit's host dying after the
+decision. Judged by a read_committed consumer and the transactions left open.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.protocol.records import Kind
+from tests.helpers import netns
+from tests.helpers.airflow_cluster import CeleryAirflow
+from tests.helpers.airflow_dagtest import kafka2pc_connection
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+
+pytestmark = [pytest.mark.kafka, pytest.mark.airflow_standalone]
+
+DAG_ID = "kafka2pc_example"
+PREFIX = "kafka2pc_example.orders"  # the example's transactional id prefix
+TOPIC = "kafka2pc_example_orders"
+HOSTS = ("airflow", "trigger", "worker1", "worker2", "worker3", "kafka1")
+WORKERS = {"worker1": ["prepare_host"], "worker2": ["commit_host"]}
+ROUTES = {"prepare": "prepare_host", "commit": "commit_host"}
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Network]:
+    with netns.owned_network(f"k2a{secrets.token_hex(2)}", HOSTS, tmp_path_factory.mktemp("celery-net")) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def host_kafka(network: netns.Network, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
+    kl = kafka_local()
+    host = network.host("kafka1")
+    directory = tmp_path_factory.mktemp("celery-kafka")
+    state = kl.start_cluster(directory, brokers=1, hosts=[kl.BrokerHost(host.address, host.netns)])
+    env = KafkaEnv(directory, state["bootstrap_servers"], 1)
+    try:
+        yield env
+    finally:
+        env.close()
+        kl.stop_cluster(directory)
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    network: netns.Network, host_kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CeleryAirflow]:
+    dags = tmp_path_factory.mktemp("celery-dags")
+    (dags / "kafka2pc_example.py").symlink_to(REPO / "dags" / "kafka2pc_example.py")
+    env = {
+        **kafka2pc_connection(host_kafka),
+        "KAFKA2PC_EXAMPLE_BOOTSTRAP": host_kafka.bootstrap,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    home = tmp_path_factory.mktemp("celery-airflow") / "home"
+    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID])
+    af.start()  # a cluster that cannot start errors every test of the module
+    try:
+        af.unpause(DAG_ID)
+        yield af
+    finally:
+        af.stop()
+
+
+def _visible(kafka: KafkaEnv, run_id: str) -> tuple[int, int]:
+    """The run's records a read_committed consumer sees: (count, unique keys)."""
+    run = run_id.replace("'", "")  # as the example DAG tags its values
+    keys = [r.key for r in kafka.read_committed(TOPIC) if r.value and json.loads(r.value)["run"] == run]
+    return len(keys), len(set(keys))
+
+
+def _hosts(af: CeleryAirflow, run_id: str, task: str) -> list[tuple[str, str]]:
+    return [(str(t["hostname"]), str(t["state"])) for t in af.task_tries(DAG_ID, run_id, f"orders.{task}")]
+
+
+def test_the_example_dag_prepares_on_one_host_and_commits_on_another_exactly_once(
+    airflow: CeleryAirflow, host_kafka: KafkaEnv
+) -> None:
+    rows = 200_000
+    run_id = airflow.trigger(DAG_ID, {"rows": rows, "partitions": 4})
+    assert airflow.wait_run(DAG_ID, run_id, timeout=600) == "success", airflow.task_states(DAG_ID, run_id)
+    assert _hosts(airflow, run_id, "prepare") == [("worker1", "success")]
+    assert _hosts(airflow, run_id, "commit") == [("worker2", "success")]
+    assert _visible(host_kafka, run_id) == (rows, rows)
+    assert host_kafka.open_transactions(PREFIX) == []
+
+
+def _kill_after_the_decision(af: CeleryAirflow, kafka: KafkaEnv, run_id: str, host: str, out: dict[str, float]) -> None:
+    """As soon as the run's COMMIT is in the decision log: the host's link down (nothing more of it
+    reaches a broker or Airflow), then every process of the host killed."""
+    log = DecisionLog(kafka.config)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            state = log.read_for(PREFIX)
+            if any(d.kind is Kind.COMMIT and run_id in d.run for d in state.decisions.values()):
+                af.network.cut_link(host)
+                out["killed"] = af.kill_host(host)
+                return
+            time.sleep(0.05)
+    finally:
+        log.close()
+
+
+def test_the_commit_host_killed_after_the_decision_is_retried_on_another_host_exactly_once(
+    airflow: CeleryAirflow, host_kafka: KafkaEnv
+) -> None:
+    """worker2 loses its link and then every process once the COMMIT is decided: Airflow fails the
+    lost try (its heartbeat stops), and the retry, on worker3 (the replacement host that serves
+    the commit's queue), commits what the decision says. Exactly once, nothing open."""
+    rows = 100_000
+    run_id = airflow.trigger(DAG_ID, {"rows": rows, "partitions": 4})
+    killed: dict[str, float] = {}
+    killer = threading.Thread(target=_kill_after_the_decision, args=(airflow, host_kafka, run_id, "worker2", killed))
+    killer.start()
+    try:
+        killer.join(timeout=600)
+        assert killed.get("killed", 0) > 0, "the COMMIT decision never appeared"
+        airflow.start_worker("worker3", WORKERS["worker2"])
+        assert airflow.wait_run(DAG_ID, run_id, timeout=600) == "success", airflow.task_states(DAG_ID, run_id)
+        tries = _hosts(airflow, run_id, "commit")
+        assert tries[0][0] == "worker2" and tries[0][1] != "success", tries  # the kill landed in the try
+        assert tries[-1] == ("worker3", "success"), tries
+        assert _visible(host_kafka, run_id) == (rows, rows)
+        assert host_kafka.open_transactions(PREFIX) == []
+    finally:
+        airflow.network.restore_link("worker2")

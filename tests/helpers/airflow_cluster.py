@@ -1,0 +1,208 @@
+"""Airflow on the hosts of an emulated cluster (tests/helpers/netns.py), with the Celery executor.
+
+The placement is a deployment's: the api-server, the scheduler and the dag-processor on one host,
+the triggerer on a host of its own, each Celery worker on its own host serving the queues it is
+given. PostgreSQL (the metadata) and Redis (Debian's redis-server, the Celery broker) listen on
+the bridge's address: the root namespace is the cluster's services host. A task reaches the
+api-server's execution API at its host's address, as a worker of a real cluster does; the tests
+drive the REST API from the root namespace. Every host runs this checkout's venv and sees one
+AIRFLOW_HOME (the hosts share the filesystem; their local directories are private), so the
+api-server reads task logs from disk and a DAG file is the same on every host.
+
+Queues are given by a cluster policy (``airflow_local_settings.task_policy`` in the home's
+``config/``), as a platform team would route tasks: the DAG files stay the user's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.helpers import netns
+from tests.helpers.airflow_rest import AirflowHarnessError
+from tests.helpers.airflow_standalone import StandaloneAirflow
+from tests.helpers.service import Service
+
+PLACEMENT = {"api-server": "airflow", "scheduler": "airflow", "dag-processor": "airflow", "triggerer": "trigger"}
+READY_TIMEOUT_S = 120.0
+
+
+class RedisServer(Service):
+    """A throwaway redis-server, no persistence, on one address of this machine."""
+
+    def __init__(self, host: str, directory: Path) -> None:
+        self.host = host
+        self.directory = directory
+        self.port = _free_port(host)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        argv = ["redis-server", "--bind", self.host, "--port", str(self.port), "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]
+        # Protected mode refuses every address but loopback when there is no password; only the
+        # cluster's private bridge reaches this one.
+        argv += ["--protected-mode", "no"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AirflowHarnessError(f"redis-server on {self.host}:{self.port} did not answer PING")
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+        return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# Routes a task to a queue by its id's last part (``orders.prepare`` -> ``prepare``) when ``QUEUES``
+# names it; every other task keeps the default queue, which every worker serves.
+_POLICY = """QUEUES = {queues!r}
+
+
+def task_policy(task):
+    queue = QUEUES.get(task.task_id.rsplit(".", 1)[-1])
+    if queue:
+        task.queue = queue
+"""
+
+
+class CeleryAirflow(StandaloneAirflow):
+    """A standalone Airflow spread over a network's hosts (see the module docstring).
+
+    :param workers: worker host -> the queues its Celery worker serves (``default`` is added).
+    :param routes: a task id's last part -> the queue the cluster policy puts it on.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        dags_folder: Path,
+        network: netns.Network,
+        workers: Mapping[str, Sequence[str]],
+        routes: Mapping[str, str],
+        env: Mapping[str, str] | None = None,
+        *,
+        config: Mapping[str, str] | None = None,
+        dag_ids: Sequence[str] = (),
+    ) -> None:
+        self.network = network
+        self.workers = {host: ("default", *queues) for host, queues in workers.items()}
+        self.redis = RedisServer(network.gateway, Path(home).resolve() / "redis")
+        celery = {
+            "CORE__EXECUTOR": "CeleryExecutor",
+            "CELERY__BROKER_URL": self.redis.url,
+            "CELERY__WORKER_CONCURRENCY": "2",
+            # A task whose host died is failed (then retried) after this, not after the default 5 min.
+            "SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            "SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            "CORE__DEFAULT_TASK_RETRY_DELAY": "2",
+            # A trigger whose triggerer died moves to a live triggerer after this.
+            "TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+        }
+        super().__init__(
+            home,
+            dags_folder,
+            env,
+            config={**celery, **(config or {})},
+            dag_ids=dag_ids,
+            address=network.host(PLACEMENT["api-server"]).address,
+            metadata_host=network.gateway,
+        )
+        # The result backend is the metadata database (Airflow's default derives it from sql_alchemy_conn).
+        (self.home / "config").mkdir(parents=True, exist_ok=True)
+        (self.home / "config" / "airflow_local_settings.py").write_text(_POLICY.format(queues=dict(routes)))
+        self._host_of: dict[str, str] = dict(PLACEMENT)
+
+    def start(self) -> None:
+        self.redis.start()
+        try:
+            super().start()
+            for host in self.workers:
+                self.wait_worker(host)
+        except BaseException:
+            self.redis.stop()
+            raise
+
+    def stop(self, grace: float = 10.0) -> None:
+        try:
+            super().stop(grace)
+        finally:
+            self.redis.stop()
+
+    def _start_components(self) -> None:
+        super()._start_components()
+        for host, queues in self.workers.items():
+            self._start_worker(host, queues)
+
+    def _start_worker(self, host: str, queues: Sequence[str]) -> None:
+        name = f"celery-{host}"
+        self._host_of[name] = host
+        self._spawn(name, ["celery", "worker", "-H", f"{host}@{host}", "-q", ",".join(queues), "-s", "-c", "2"])
+
+    def _argv(self, name: str, args: Sequence[str]) -> list[str]:
+        return self.network.command(self._host_of[name], super()._argv(name, args))
+
+    def start_worker(self, host: str, queues: Sequence[str]) -> None:
+        """A Celery worker on ``host`` (a replacement for a lost host, say); returns once it is ready."""
+        self.workers[host] = ("default", *queues)
+        self._start_worker(host, self.workers[host])
+        self.wait_worker(host)
+
+    def wait_worker(self, host: str, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the worker of ``host`` has joined (Celery logs ``celery@<host> ready.``)."""
+        log = self.log_dir / f"celery-{host}.log"
+        deadline = time.monotonic() + timeout
+        while f"{host}@{host} ready.".encode() not in (log.read_bytes() if log.exists() else b""):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                why = f"the Celery worker on {host} is not ready after {timeout:.0f} s\n"
+                raise AirflowHarnessError(why + self.logs_tail())
+            time.sleep(0.5)
+
+    def kill_host(self, host: str) -> int:
+        """SIGKILL every process of ``host`` (its components and their tasks); the harness forgets
+        them, so a wait on the others goes on. How many processes were killed."""
+        killed = self.network.kill_host(host)
+        lost = {name for name, on in self._host_of.items() if on == host}
+        for c in [c for c in self._components if c.name in lost]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=10)
+            c.log_file.close()
+            self._components.remove(c)
+        self.workers.pop(host, None)
+        return killed
+
+    def host_of_try(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """The host a task try ran on, as Airflow recorded it."""
+        for t in self.task_tries(dag_id, run_id, task_id):
+            if int(t["try_number"]) == try_number:
+                return str(t["hostname"])
+        raise AirflowHarnessError(f"no try {try_number} of {task_id} in {dag_id}/{run_id}")
