@@ -6,8 +6,12 @@
 directory (tests/helpers/netns.py), then a Spark standalone master on ``sparkm`` and a worker on
 each ``sparkN`` host, started from the pip-installed pyspark of this checkout's .venv; ``--kafka``
 adds a broker (scripts/kafka-local) on the bridge's address, ``--kafka-hosts`` three brokers on hosts
-``kafka1``..``kafka3`` of their own instead; the root namespace and every host reach them. The driver
-runs in the root namespace with ``spark.driver.host`` set to the bridge's address::
+``kafka1``..``kafka3`` of their own instead; the root namespace and every host reach them. ``--airflow``
+(with a broker) adds Airflow with the Celery executor (tests/helpers/airflow_cluster.py): the
+api-server, scheduler and dag-processor on host ``airflow``, the triggerer on ``trigger``, a Celery
+worker on ``worker1`` (the prepares) and ``worker2`` (the commits), PostgreSQL and Redis on the
+bridge, the example DAGs of ``dags/``. The driver runs in the root namespace with
+``spark.driver.host`` set to the bridge's address::
 
     scripts/cluster-local start --kafka-hosts    # prints the master URL, hosts, bootstrap servers
     scripts/cluster-local run spark1 -- hostname
@@ -19,6 +23,7 @@ runs in the root namespace with ``spark.driver.host`` set to the bridge's addres
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -57,14 +62,66 @@ def _kafka(directory: Path, command: str, gateway: str | None = None, *options: 
 
 
 BROKER_HOSTS = ("kafka1", "kafka2", "kafka3")
+AIRFLOW_HOSTS = ("airflow", "trigger", "worker1", "worker2")
 
 
-def start(prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: bool = False) -> dict[str, object]:
+def _start_airflow(directory: Path, network: netns.Network, bootstrap: str) -> dict[str, object]:
+    """Airflow on the hosts, left running when this process exits; what ``stop`` needs to end it."""
+    import atexit
+
+    from tests.helpers.airflow_cluster import ROUTES, WORKERS, CeleryAirflow
+
+    env = {
+        "AIRFLOW_CONN_KAFKA2PC_DEFAULT": json.dumps({"conn_type": "kafka2pc", "host": bootstrap}),
+        "KAFKA2PC_EXAMPLE_BOOTSTRAP": bootstrap,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    af = CeleryAirflow(
+        directory / "airflow", REPO / "dags", network, WORKERS, ROUTES, env, dag_ids=["kafka2pc_example"]
+    )
+    af.start()
+    for stop_at_exit in (af.stop, af.postgres.stop):  # the cluster outlives this command
+        atexit.unregister(stop_at_exit)
+    assert af.postgres.directory is not None and af.redis.proc is not None
+    return {
+        "api": af.base_url,
+        "user": "admin",
+        "password_file": str(af.home / "simple_auth_manager_passwords.json"),
+        "services": {"postgres_dir": str(af.postgres.directory), "redis_pid": af.redis.proc.pid},
+    }
+
+
+def _stop_services(services: dict[str, object]) -> None:
+    """PostgreSQL (fast shutdown) and Redis, which run in the root namespace, then their files."""
+    import shutil
+    import signal
+    import time
+
+    pg = Path(str(services["postgres_dir"]))
+    pids = [int(services["redis_pid"])]  # type: ignore[call-overload]
+    with contextlib.suppress(OSError, ValueError):
+        pids.append(int((pg / "data" / "postmaster.pid").read_text().split()[0]))
+    for pid, sig in zip(pids, (signal.SIGTERM, signal.SIGINT), strict=False):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    shutil.rmtree(pg, ignore_errors=True)
+
+
+def start(
+    prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: bool = False, airflow: bool = False
+) -> dict[str, object]:
     from tests.helpers.spark_cluster import start_on_hosts
 
+    if airflow and not (kafka or kafka_hosts):
+        raise netns.NetnsError("--airflow needs a broker: add --kafka or --kafka-hosts")
     hosts = tuple(f"spark{i + 1}" for i in range(workers))
+    others = (*(BROKER_HOSTS if kafka_hosts else ()), *(AIRFLOW_HOSTS if airflow else ()))
     directory.mkdir(parents=True, exist_ok=True)
-    network = netns.create(prefix, ("sparkm", *hosts, *(BROKER_HOSTS if kafka_hosts else ())), directory / "hosts")
+    network = netns.create(prefix, ("sparkm", *hosts, *others), directory / "hosts")
     try:
         cluster, _ = start_on_hosts(directory, network, "sparkm", hosts)  # they run on after we exit
         summary: dict[str, object] = {
@@ -82,6 +139,8 @@ def start(prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: 
             summary["bootstrap_servers"] = _kafka(directory, "start", None, "--brokers=3", *on).splitlines()[-1]
         elif kafka:
             summary["bootstrap_servers"] = _kafka(directory, "start", network.gateway).splitlines()[-1]
+        if airflow:
+            summary["airflow"] = _start_airflow(directory, network, str(summary["bootstrap_servers"]))
     except BaseException:
         stop(prefix, directory)
         raise
@@ -91,6 +150,8 @@ def start(prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: 
 
 def stop(prefix: str, directory: Path) -> list[str]:
     """Idempotent; what is left (nothing, normally)."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        _stop_services(json.loads((directory / SUMMARY).read_text())["airflow"]["services"])
     if (directory / "kafka" / "cluster.json").exists():
         _kafka(directory, "stop")
     netns.destroy(prefix)
@@ -118,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=2, choices=(1, 2, 3))
     s.add_argument("--kafka", action="store_true", help="a broker on the bridge's address")
     s.add_argument("--kafka-hosts", action="store_true", help="three brokers, each on a host of its own")
+    s.add_argument("--airflow", action="store_true", help="Airflow with Celery workers on hosts of their own")
     st = sub.add_parser("stop", help="remove every process, namespace, veth and the bridge (idempotent)")
     st.add_argument("--dir", type=Path, default=None)
     sub.add_parser("status", help="hosts, their processes and links")
@@ -140,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "start":
-            summary = start(args.prefix, args.dir.resolve(), args.workers, args.kafka, args.kafka_hosts)
+            summary = start(args.prefix, args.dir.resolve(), args.workers, args.kafka, args.kafka_hosts, args.airflow)
             print(json.dumps(summary, indent=2))
         elif args.command == "stop":
             left = stop(args.prefix, _directory(args.prefix, args.dir))

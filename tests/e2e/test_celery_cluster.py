@@ -20,18 +20,19 @@ import pytest
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.protocol.records import Kind
 from tests.helpers import netns
-from tests.helpers.airflow_cluster import CeleryAirflow
+from tests.helpers.airflow_cluster import ROUTES, WORKERS, CeleryAirflow
 from tests.helpers.airflow_dagtest import kafka2pc_connection
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
 
 pytestmark = [pytest.mark.kafka, pytest.mark.airflow_standalone]
 
 DAG_ID = "kafka2pc_example"
+# tests/e2e/dags/e2e_kafka2pc.py's daily DAG: its backfill runs take turns with a live run.
+SCHEDULED = "e2e_kafka2pc_scheduled"
+E2E_PREFIX = "celery_e2e"
 PREFIX = "kafka2pc_example.orders"  # the example's transactional id prefix
 TOPIC = "kafka2pc_example_orders"
 HOSTS = ("airflow", "trigger", "worker1", "worker2", "worker3", "kafka1")
-WORKERS = {"worker1": ["prepare_host"], "worker2": ["commit_host"]}
-ROUTES = {"prepare": "prepare_host", "commit": "commit_host"}
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +61,22 @@ def airflow(
 ) -> Iterator[CeleryAirflow]:
     dags = tmp_path_factory.mktemp("celery-dags")
     (dags / "kafka2pc_example.py").symlink_to(REPO / "dags" / "kafka2pc_example.py")
+    (dags / "e2e_kafka2pc.py").symlink_to(REPO / "tests" / "e2e" / "dags" / "e2e_kafka2pc.py")
     env = {
+        "E2E_PREFIX": E2E_PREFIX,
+        "E2E_TOPIC": host_kafka.topic(partitions=2),
+        "E2E_DEFERRABLE": "1",
         **kafka2pc_connection(host_kafka),
         "KAFKA2PC_EXAMPLE_BOOTSTRAP": host_kafka.bootstrap,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
     home = tmp_path_factory.mktemp("celery-airflow") / "home"
-    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID])
+    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID, SCHEDULED])
     af.start()  # a cluster that cannot start errors every test of the module
     try:
         af.unpause(DAG_ID)
+        af.unpause(SCHEDULED)
         yield af
     finally:
         af.stop()
@@ -139,3 +145,43 @@ def test_the_commit_host_killed_after_the_decision_is_retried_on_another_host_ex
         assert host_kafka.open_transactions(PREFIX) == []
     finally:
         airflow.network.restore_link("worker2")
+
+
+def _wait_task(af: CeleryAirflow, dag_id: str, run_id: str, task: str, state: str) -> None:
+    deadline = time.monotonic() + 300
+    while af.task_states(dag_id, run_id).get(task) != state:
+        assert time.monotonic() < deadline, af.task_states(dag_id, run_id)
+        assert af.run_state(dag_id, run_id) not in ("success", "failed"), af.task_states(dag_id, run_id)
+        time.sleep(0.5)
+
+
+def test_the_triggerer_host_killed_while_recovery_waits_hands_the_wait_to_another_triggerer(
+    airflow: CeleryAirflow, host_kafka: KafkaEnv
+) -> None:
+    """A backfill run's recovery waits (deferred, in the triggerer on host ``trigger``) for the live
+    run of the same POOLING exporter; the host dies. A triggerer on another host takes the trigger
+    over once the dead one's heartbeat is stale, and both runs end exactly once, in turn."""
+    rows, topic = 4_000, airflow.env["E2E_TOPIC"]
+    live = airflow.trigger(SCHEDULED, {"tag": "tlive", "rows": rows, "partitions": 2, "sleep_s": 45, "fault": ""})
+    _wait_task(airflow, SCHEDULED, live, "prepare", "running")
+    conf = {"tag": "tbf", "rows": rows, "partitions": 2, "tag_by_date": True, "fault": ""}
+    airflow.backfill(SCHEDULED, "2026-01-02T00:00:00Z", "2026-01-02T00:00:00Z", conf=conf, max_active_runs=1)
+    deadline = time.monotonic() + 120
+    while not (runs := airflow.dag_runs(SCHEDULED, run_type="backfill")):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    backfilled = str(runs[0]["dag_run_id"])
+    _wait_task(airflow, SCHEDULED, backfilled, "recover", "deferred")
+    assert airflow.kill_host("trigger") > 0
+    airflow.start_triggerer("airflow")
+    for run_id in (live, backfilled):
+        assert airflow.wait_run(SCHEDULED, run_id, timeout=600) == "success", airflow.task_states(SCHEDULED, run_id)
+    # One try: the wait moved to the other triggerer, it did not fail and start again.
+    assert [t["state"] for t in airflow.task_tries(SCHEDULED, backfilled, "recover")] == ["success"]
+    log = airflow.task_log(SCHEDULED, backfilled, "recover", 1)
+    assert f"DAG run {live} of {SCHEDULED} (queued first, still live)" in log, log
+    keys = [r.key for r in host_kafka.read_committed(topic) if r.key is not None]
+    for tag in ("tlive-", "tbf20260102-"):
+        mine = [k for k in keys if k.startswith(tag.encode())]
+        assert (len(mine), len(set(mine))) == (rows, rows), tag
+    assert host_kafka.open_transactions(f"{E2E_PREFIX}_sched") == []

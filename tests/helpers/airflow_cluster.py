@@ -29,6 +29,9 @@ from tests.helpers.service import Service
 
 PLACEMENT = {"api-server": "airflow", "scheduler": "airflow", "dag-processor": "airflow", "triggerer": "trigger"}
 READY_TIMEOUT_S = 120.0
+# The prepares on worker1, the commits on worker2: the two phases of a run on two hosts.
+WORKERS: dict[str, Sequence[str]] = {"worker1": ("prepare_host",), "worker2": ("commit_host",)}
+ROUTES = {"prepare": "prepare_host", "commit": "commit_host"}
 
 
 class RedisServer(Service):
@@ -163,9 +166,11 @@ class CeleryAirflow(StandaloneAirflow):
             self._start_worker(host, queues)
 
     def _start_worker(self, host: str, queues: Sequence[str]) -> None:
-        name = f"celery-{host}"
+        self._spawn_on(host, f"celery-{host}", ["celery", "worker", "-H", f"{host}@{host}", "-q", ",".join(queues)])
+
+    def _spawn_on(self, host: str, name: str, args: Sequence[str]) -> None:
         self._host_of[name] = host
-        self._spawn(name, ["celery", "worker", "-H", f"{host}@{host}", "-q", ",".join(queues), "-s", "-c", "2"])
+        self._spawn(name, [*args, "--skip-serve-logs"])
 
     def _argv(self, name: str, args: Sequence[str]) -> list[str]:
         return self.network.command(self._host_of[name], super()._argv(name, args))
@@ -175,6 +180,17 @@ class CeleryAirflow(StandaloneAirflow):
         self.workers[host] = ("default", *queues)
         self._start_worker(host, self.workers[host])
         self.wait_worker(host)
+
+    def start_triggerer(self, host: str, timeout: float = READY_TIMEOUT_S) -> None:
+        """A triggerer on ``host`` (the replacement of one whose host died); returns once the
+        health endpoint says a triggerer is alive."""
+        self._spawn_on(host, f"triggerer-{host}", ["triggerer"])
+        deadline = time.monotonic() + timeout
+        while self.request("GET", "/api/v2/monitor/health").json()["triggerer"]["status"] != "healthy":
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise AirflowHarnessError(f"no triggerer healthy after {timeout:.0f} s\n" + self.logs_tail())
+            time.sleep(0.5)
 
     def wait_worker(self, host: str, timeout: float = READY_TIMEOUT_S) -> None:
         """Until the worker of ``host`` has joined (Celery logs ``celery@<host> ready.``)."""
