@@ -22,7 +22,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import Kind
 from tests.helpers import netns
 from tests.helpers.airflow_cluster import ROUTES, WORKERS, CeleryAirflow
 from tests.helpers.airflow_dagtest import kafka2pc_connection
-from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_on_hosts
 
 pytestmark = [pytest.mark.kafka, pytest.mark.airflow_standalone]
 
@@ -43,16 +43,8 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Network]
 
 @pytest.fixture(scope="module")
 def host_kafka(network: netns.Network, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
-    kl = kafka_local()
-    host = network.host("kafka1")
-    directory = tmp_path_factory.mktemp("celery-kafka")
-    state = kl.start_cluster(directory, brokers=1, hosts=[kl.BrokerHost(host.address, host.netns)])
-    env = KafkaEnv(directory, state["bootstrap_servers"], 1)
-    try:
+    with kafka_on_hosts(network, ["kafka1"], tmp_path_factory.mktemp("celery-kafka")) as env:
         yield env
-    finally:
-        env.close()
-        kl.stop_cluster(directory)
 
 
 @pytest.fixture(scope="module")

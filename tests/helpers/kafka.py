@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +18,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from tests.helpers import netns
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -304,3 +306,18 @@ def partition_ends(env: KafkaEnv, topic: str) -> dict[int, int]:
         return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     finally:
         c.close()
+
+
+@contextmanager
+def kafka_on_hosts(network: netns.Network, names: Sequence[str], directory: Path) -> Iterator[KafkaEnv]:
+    """A broker on each of the network's hosts ``names`` (KRaft: each a controller too), which the
+    root namespace and every host reach through the bridge; stopped on exit."""
+    kl = kafka_local()
+    hosts = [network.host(name) for name in names]
+    state = kl.start_cluster(directory, brokers=len(hosts), hosts=[kl.BrokerHost(h.address, h.netns) for h in hosts])
+    env = KafkaEnv(directory, state["bootstrap_servers"], len(hosts))
+    try:
+        yield env
+    finally:
+        env.close()
+        kl.stop_cluster(directory)

@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import netns, spark_cluster
 from tests.helpers.jvm_options import stop_driver_jvm
-from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.helpers.kafka import REPO, KafkaEnv, kafka_local, kafka_on_hosts
 from tests.helpers.spark_cluster import NetnsSparkCluster
 
 pytestmark = pytest.mark.kafka
@@ -47,16 +47,8 @@ def netns_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ne
 def host_kafka(netns_spark_cluster: NetnsSparkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
     """Three brokers, each on a host of its own (KRaft: each is a controller too); the root namespace
     and every Spark host reach them through the bridge."""
-    kl = kafka_local()
-    hosts = [netns_spark_cluster.network.host(name) for name in BROKERS]
-    directory = tmp_path_factory.mktemp("kafka-hosts")
-    state = kl.start_cluster(directory, brokers=len(BROKERS), hosts=[kl.BrokerHost(h.address, h.netns) for h in hosts])
-    env = KafkaEnv(directory, state["bootstrap_servers"], len(BROKERS))
-    try:
+    with kafka_on_hosts(netns_spark_cluster.network, BROKERS, tmp_path_factory.mktemp("kafka-hosts")) as env:
         yield env
-    finally:
-        env.close()
-        kl.stop_cluster(directory)
 
 
 @pytest.fixture(scope="module")
