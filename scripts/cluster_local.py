@@ -102,9 +102,10 @@ def _stop_services(services: dict[str, object]) -> None:
     pids = [int(services["redis_pid"])]  # type: ignore[call-overload]
     with contextlib.suppress(OSError, ValueError):
         pids.append(int((pg / "data" / "postmaster.pid").read_text().split()[0]))
-    for pid, sig in zip(pids, (signal.SIGTERM, signal.SIGINT), strict=False):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+    for pid, sig, name in zip(pids, (signal.SIGTERM, signal.SIGINT), (b"redis-server", b"postgres"), strict=False):
+        with contextlib.suppress(OSError):  # only ours: a pid from before a reboot may be another's
+            if name in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, sig)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
         time.sleep(0.2)

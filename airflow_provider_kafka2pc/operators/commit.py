@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
@@ -12,6 +13,7 @@ from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.exceptions import ConnectionMismatchError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
+from airflow_provider_kafka2pc.operators.idempotent_retries import idempotent_retries
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, pull_exports
@@ -344,6 +346,8 @@ class Kafka2PCAbortOperator(_PhaseTwo):
     :param transactional_id_prefixes: the exporters' prefixes, to find transactions of a prepare
         that failed before it could push its committables (default: none).
     :param naming_strategy: their naming strategy; with INCREMENTING only this run's ids are aborted.
+    :param retries: default 2, ``retry_delay`` 5 s (``operators/idempotent_retries.py``): a try whose
+        worker host died, even one that would have skipped itself, must not fail a committed run.
     """
 
     template_fields: Sequence[str] = ("export_task_ids", "transactional_id_prefixes")
@@ -354,9 +358,12 @@ class Kafka2PCAbortOperator(_PhaseTwo):
         transactional_id_prefixes: str | Sequence[str] = (),
         naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
         trigger_rule: str = TriggerRule.ALL_DONE,
+        retries: int | None = None,
+        retry_delay: timedelta | float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(trigger_rule=trigger_rule, **kwargs)
+        # Named here so that Airflow fills them from default_args before this default applies.
+        super().__init__(trigger_rule=trigger_rule, **idempotent_retries(retries, retry_delay), **kwargs)
         self.transactional_id_prefixes = transactional_id_prefixes
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
 

@@ -12,6 +12,7 @@ from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.exceptions import RecoveryError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import recovery_failure_line
+from airflow_provider_kafka2pc.operators.idempotent_retries import idempotent_retries
 from airflow_provider_kafka2pc.triggers.recovery import Kafka2PCRecoveryTrigger, waiting_message
 from airflow_provider_kafka2pc.txn.protocol import naming
 
@@ -20,14 +21,6 @@ if TYPE_CHECKING:
 
 
 # What the user fixes in the connection (or its ACLs), by class name: the deferred path has only the name.
-
-# Airflow 3.3 fails this task with nothing wrong on a loaded machine ("... but the task instance's
-# state attribute is queued|running" in the scheduler's log): a worker whose task start the
-# api-server answered too late, or a trigger that resumed the task before the scheduler read the
-# executor's report of the deferring process (apache/airflow#67287, #72716). A recovery pass is
-# idempotent, so the sensor retries by default (docs/runbook.md, issue 37).
-RESUME_RETRIES = 2
-RESUME_RETRY_DELAY = timedelta(seconds=5)
 
 
 class Kafka2PCRecoverySensor(BaseSensorOperator):
@@ -38,7 +31,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
     anything else is aborted (a prepare or a commit died before deciding). Transactions the
     broker is still completing are polled again. Deferrable (default: ``[operators]
     default_deferrable``) or poking. ``retries`` and ``retry_delay`` default to 2 and 5 s (given
-    ones, ``default_args`` included, win): see ``RESUME_RETRIES``.
+    ones, ``default_args`` included, win): see ``operators/idempotent_retries.py``.
     """
 
     template_fields: Sequence[str] = ("transactional_id_prefix",)
@@ -59,8 +52,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         # Named here so that Airflow fills them from default_args before this default applies.
         super().__init__(
             poke_interval=poke_interval,
-            retries=RESUME_RETRIES if retries is None else retries,
-            retry_delay=RESUME_RETRY_DELAY if retry_delay is None else retry_delay,
+            **idempotent_retries(retries, retry_delay),
             **kwargs,
         )
         self.transactional_id_prefix = transactional_id_prefix

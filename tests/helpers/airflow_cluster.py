@@ -19,7 +19,7 @@ import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tests.helpers import netns
@@ -54,7 +54,9 @@ class RedisServer(Service):
         # Protected mode refuses every address but loopback when there is no password; only the
         # cluster's private bridge reaches this one.
         argv += ["--protected-mode", "no"]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        # Its own log file; no inherited stdout, which a caller's pipe would wait on after we exit.
+        quiet = subprocess.DEVNULL
+        self.proc = subprocess.Popen(argv, stdin=quiet, stdout=quiet, stderr=quiet, start_new_session=True)
         deadline = time.monotonic() + 30
         while not self._answers():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -123,8 +125,9 @@ class CeleryAirflow(StandaloneAirflow):
             "CORE__EXECUTOR": "CeleryExecutor",
             "CELERY__BROKER_URL": self.redis.url,
             "CELERY__WORKER_CONCURRENCY": "2",
-            # A task whose host died is failed (then retried) after this, not after the default 5 min.
-            "SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            # A task whose host died is failed (then retried) after this, not after the default 5 min;
+            # heartbeats go through the api-server, which answers late at load 20: not shorter.
+            "SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "CORE__DEFAULT_TASK_RETRY_DELAY": "2",
             # A trigger whose triggerer died moves to a live triggerer after this.
@@ -175,32 +178,43 @@ class CeleryAirflow(StandaloneAirflow):
     def _argv(self, name: str, args: Sequence[str]) -> list[str]:
         return self.network.command(self._host_of[name], super()._argv(name, args))
 
+    def serves(self, queue: str) -> bool:
+        """Whether a worker that is up serves ``queue``."""
+        return any(queue in queues for queues in self.workers.values())
+
     def start_worker(self, host: str, queues: Sequence[str]) -> None:
         """A Celery worker on ``host`` (a replacement for a lost host, say); returns once it is ready."""
         self.workers[host] = ("default", *queues)
+        since = self._log_size(f"celery-{host}")
         self._start_worker(host, self.workers[host])
-        self.wait_worker(host)
+        self.wait_worker(host, since)
 
     def start_triggerer(self, host: str, timeout: float = READY_TIMEOUT_S) -> None:
-        """A triggerer on ``host`` (the replacement of one whose host died); returns once the
-        health endpoint says a triggerer is alive."""
+        """A triggerer on ``host`` (the replacement of one whose host died); returns once its job is
+        in the metadata with a heartbeat (the health endpoint tells the newest triggerer's, which
+        may be the dead one's for a while)."""
+        since = time.time()
         self._spawn_on(host, f"triggerer-{host}", ["triggerer"])
-        deadline = time.monotonic() + timeout
-        while self.request("GET", "/api/v2/monitor/health").json()["triggerer"]["status"] != "healthy":
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise AirflowHarnessError(f"no triggerer healthy after {timeout:.0f} s\n" + self.logs_tail())
-            time.sleep(0.5)
+        sql = "SELECT 1 FROM job WHERE job_type = 'TriggererJob' AND hostname = %s"
+        sql += " AND latest_heartbeat > to_timestamp(%s)"
+        self._wait(f"a triggerer on {host}", lambda: bool(self.metadata_query(sql, (host, since))), timeout)
 
-    def wait_worker(self, host: str, timeout: float = READY_TIMEOUT_S) -> None:
-        """Until the worker of ``host`` has joined (Celery logs ``celery@<host> ready.``)."""
+    def wait_worker(self, host: str, since: int = 0, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the worker of ``host`` has joined (Celery logs ``<host>@<host> ready.`` after byte ``since``)."""
         log = self.log_dir / f"celery-{host}.log"
+        ready = f"{host}@{host} ready.".encode()
+        self._wait(f"the Celery worker on {host}", lambda: ready in log.read_bytes()[since:], timeout)
+
+    def _log_size(self, name: str) -> int:
+        log = self.log_dir / f"{name}.log"
+        return log.stat().st_size if log.exists() else 0
+
+    def _wait(self, what: str, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while f"{host}@{host} ready.".encode() not in (log.read_bytes() if log.exists() else b""):
+        while not done():
             self._check_alive()
             if time.monotonic() > deadline:
-                why = f"the Celery worker on {host} is not ready after {timeout:.0f} s\n"
-                raise AirflowHarnessError(why + self.logs_tail())
+                raise AirflowHarnessError(f"{what}: not up after {timeout:.0f} s\n" + self.logs_tail())
             time.sleep(0.5)
 
     def kill_host(self, host: str) -> int:
@@ -215,10 +229,3 @@ class CeleryAirflow(StandaloneAirflow):
             self._components.remove(c)
         self.workers.pop(host, None)
         return killed
-
-    def host_of_try(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
-        """The host a task try ran on, as Airflow recorded it."""
-        for t in self.task_tries(dag_id, run_id, task_id):
-            if int(t["try_number"]) == try_number:
-                return str(t["hostname"])
-        raise AirflowHarnessError(f"no try {try_number} of {task_id} in {dag_id}/{run_id}")
