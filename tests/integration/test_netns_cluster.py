@@ -350,13 +350,14 @@ def test_a_broker_host_cut_off_as_the_commit_starts_ends_exactly_once(
         run = f"cut-{s.transactional_id_prefix}"
         said = _cut_during_commit(netns_spark_cluster, host_kafka, host, result.committables, decisions, run)
         print(f"{target} {host} (node {node}) cut as the commit started: {said}")
-        assert host_kafka.count_committed(topic, b"c-") == (20_000, 20_000)
-        # The rest is judged once the host is back and has caught up. A broker that was cut off still
-        # answers, for a few seconds after it rejoins, as the coordinator it was: DescribeTransactions
-        # and ListTransactions sent to it show the run's transactions as they stood when its link went
-        # down ("Ongoing"), until it learns that another broker took its partitions of the
-        # transaction log over. Seen in CI: one transaction "Ongoing" right after the restore, while
-        # every key was already visible once.
+        # Judged once the host is back and has caught up, and the transactions are complete. A broker
+        # that was cut off still answers, for a few seconds after it rejoins, as the coordinator it
+        # was: DescribeTransactions and ListTransactions sent to it show the run's transactions as
+        # they stood when its link went down ("Ongoing"), until it learns that another broker took
+        # its partitions of the transaction log over (seen in CI). And EndTxn answers once the
+        # coordinator has decided (PrepareCommit); the markers that make each partition's records
+        # visible follow, and reach a partition that moved away from the cut broker later (seen in
+        # CI: 15,013 of 20,000 keys read right after the commit returned, the rest once complete).
         _wait_rejoined(netns_spark_cluster, host_kafka, host)
         settled = time.monotonic() + 30
         while True:
@@ -367,6 +368,7 @@ def test_a_broker_host_cut_off_as_the_commit_starts_ends_exactly_once(
             time.sleep(0.5)
         assert states == dict.fromkeys(tids, "CompleteCommit"), f"30 s after {host} rejoined: {states}"
         assert left == [], f"still listed open 30 s after {host} rejoined"
+        assert host_kafka.count_committed(topic, b"c-") == (20_000, 20_000)
 
 
 def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_open(

@@ -100,11 +100,18 @@ def test_a_secret_value_anywhere_in_a_kafka_record_is_replaced(everything_at_deb
     assert last.exc_info is None  # nothing left that a handler could render the secret from
 
 
-def test_a_handler_that_renders_the_exception_object_sees_no_secret(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_handler_that_renders_the_exception_object_sees_no_secret(
+    capsys: pytest.CaptureFixture[str], everything_at_debug: Capture
+) -> None:
     """Airflow's structlog handler renders a foreign record's exception from ``exc_info``, not ``exc_text``."""
     import structlog
 
     logger = logging.getLogger("kafka.net.manager")
+    # Levels come from the fixture; an earlier test's logging configuration in this process (the
+    # suite's workers run Airflow and Spark tests first) may have disabled the logger.
+    disabled, logger.disabled = logger.disabled, False
+    disabled_below = logging.root.manager.disable
+    logging.disable(logging.NOTSET)
     protect_kafka_python_logs({"sasl_plain_password": PASSWORD})
     handler = logging.StreamHandler()
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=structlog.dev.ConsoleRenderer(colors=False)))
@@ -116,6 +123,8 @@ def test_a_handler_that_renders_the_exception_object_sees_no_secret(capsys: pyte
             logger.error("failed", exc_info=True)
     finally:
         logger.removeHandler(handler)
+        logger.disabled = disabled
+        logging.disable(disabled_below)
     shown = capsys.readouterr().err
     assert "auth failed for ***" in shown and PASSWORD not in shown
 
