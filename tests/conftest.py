@@ -145,7 +145,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 HEAVIEST_FIRST = (
     "tests/e2e/test_airflow_rest.py",  # 504 s
     "tests/soak/test_soak.py",  # 417 s
-    "tests/e2e/test_celery_cluster.py",  # ~750 s (2026-11-28, alone beside a CI run, load 13-20)
+    "tests/e2e/test_celery_cluster.py",  # 541 s (2026-11-28, in a full run)
     "tests/e2e/test_kafka_source_dag.py",  # 415 s
     "tests/integration/test_leader_kill.py",  # 393 s
     "tests/e2e/test_ui_browser.py",  # 285 s
