@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.helpers import netns
 from tests.helpers.airflow_rest import AirflowHarnessError
 from tests.helpers.airflow_standalone import StandaloneAirflow
-from tests.helpers.service import Service
+from tests.helpers.service import Service, free_port
 
 PLACEMENT = {"api-server": "airflow", "scheduler": "airflow", "dag-processor": "airflow", "triggerer": "trigger"}
 READY_TIMEOUT_S = 120.0
@@ -40,7 +40,7 @@ class RedisServer(Service):
     def __init__(self, host: str, directory: Path) -> None:
         self.host = host
         self.directory = directory
-        self.port = _free_port(host)
+        self.port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,12 +79,6 @@ class RedisServer(Service):
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 # Routes a task to a queue by its id's last part (``orders.prepare`` -> ``prepare``) when ``QUEUES``

@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
 
 from tests.helpers.airflow_rest import ADMIN_USER, AirflowHarnessError, AirflowRestApi
 from tests.helpers.postgres import PostgresCluster
-from tests.helpers.service import Service
+from tests.helpers.service import Service, free_port
 
 # The project root goes on PYTHONPATH so DAG files (and the tasks they run) can import the provider
 # straight from the checkout without installing it.
@@ -58,12 +57,6 @@ class _Component:
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _default_logs_copy(home: Path) -> Path | None:
@@ -122,7 +115,7 @@ class StandaloneAirflow(AirflowRestApi, Service):
         self.dags_folder = Path(dags_folder).resolve()
         self.startup_timeout = startup_timeout
         self.address = address
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://{address}:{self.port}"
         self.log_dir = self.home / "logs" / "components"
         self.postgres = PostgresCluster(host=metadata_host, log_copy=self.log_dir / "postgres.log")

@@ -30,7 +30,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]  # no stubs in the pinned venv
 
-from tests.helpers.service import Service
+from tests.helpers.service import Service, free_port
 
 # The server's OS user when we are root (the Debian package creates it).
 _SERVER_OS_USER = "postgres"
@@ -78,12 +77,6 @@ def find_bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text("utf-8", "replace").splitlines()[-lines:])
@@ -118,7 +111,7 @@ class PostgresCluster(Service):
         self.database = database
         self.password = secrets.token_urlsafe(24)
         self.host = host
-        self.port = port or _free_port()
+        self.port = port or free_port(host)
         self.log_copy = log_copy
         self.startup_timeout = startup_timeout
         self.directory: Path | None = None
