@@ -9,8 +9,13 @@ refused (SourceError).
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
             [--source-topic S --source-group G --range-out FILE]
     commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS] [--source-range FILE]
+            [--await-committables]
     recover --prefix P --run R
     abort   --prefix P --run R --committables FILE [--hold-ms H]
+
+--await-committables starts a commit before its prepare: it connects, makes its decision topic,
+says "awaiting" and waits for FILE to appear (tests write it by rename), so that a short broker cap
+is not spent on the commit process's start-up.
 
 --hold-ms keeps the process inside its work a while, so that a kill lands there: a prepare holds
 half-way through its records, flushed, its transactions open ("holding" on stderr), an abort right
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +141,13 @@ def hold_after_decision(log: DecisionLog, hold_ms: int) -> None:
     log.decide = decide_then_hold  # type: ignore[method-assign]
 
 
+def await_file(log: DecisionLog, path: str) -> None:
+    log.ensure_topic()
+    print("awaiting", file=sys.stderr, flush=True)
+    while not os.path.exists(path):
+        time.sleep(0.005)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("action", choices=["prepare", "commit", "recover", "abort"])
@@ -149,6 +162,7 @@ def main() -> int:
     ap.add_argument("--timeout-ms", type=int, default=None)
     ap.add_argument("--hold-ms", type=int, default=0)
     ap.add_argument("--committables")
+    ap.add_argument("--await-committables", action="store_true")
     ap.add_argument("--max-workers", type=int, default=16)
     ap.add_argument("--stall-after-ends", type=int, default=None)
     ap.add_argument("--hold-before-decision-ms", type=int, default=0)
@@ -170,6 +184,8 @@ def main() -> int:
             result = recover(wire, args.prefix, log, run=args.run)
             print(json.dumps({"done": result.done, "summary": result.describe()}), flush=True)
             return 0
+        if args.await_committables:
+            await_file(log, args.committables)
         with open(args.committables) as f:
             committables = [Committable.from_json(line) for line in f if line.strip()]
         if args.action == "abort":  # the abort task: XCom committables plus what is open of the prefix

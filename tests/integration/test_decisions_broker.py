@@ -84,8 +84,11 @@ def sigkill(proc: subprocess.Popen[str]) -> None:
 
 
 def write_committables(tmp: Path, cs: Sequence[Committable]) -> str:
+    """Written whole, by rename: a commit started with --await-committables reads it once it exists."""
     path = tmp / f"committables-{uuid.uuid4().hex[:6]}.jsonl"
-    path.write_text("".join(c.to_json() + "\n" for c in cs))
+    part = path.with_suffix(".part")
+    part.write_text("".join(c.to_json() + "\n" for c in cs))
+    part.rename(path)
     return str(path)
 
 
@@ -207,13 +210,18 @@ def test_loss_after_the_decision_fails_recovery_the_cli_and_the_export(
     """Decided, 2 of 4 committed, the commit SIGKILLed, the broker aborts the other 2 on timeout."""
     env = kafka_short_timeout
     prefix, topic, topic_log = _new("loss"), env.topic(4), _new("decisions_loss_")
-    cs = prepare(env, prefix, 4, topic, records=1000)
     run = "loss/run-1"
+    # The commit starts first and waits for its committables, so that the 10 s cap is spent on the
+    # prepare's hand-over alone (in CI under load a commit started after the prepare found 2.1 s left).
+    handed_over = tmp_path / "loss-committables.jsonl"
     commit, err = spawn(
         env, tmp_path, "commit", "--decision-topic", topic_log, "--run", run, "--committables",
-        write_committables(tmp_path, cs), "--stall-after-ends", "2",
+        str(handed_over), "--await-committables", "--stall-after-ends", "2",
         "--decision-timeout", "1", "--end-txn-timeout", "2",
     )  # fmt: skip
+    wait_for_line(commit, err, "awaiting")
+    cs = prepare(env, prefix, 4, topic, records=1000)
+    Path(write_committables(tmp_path, cs)).rename(handed_over)
     wait_for_line(commit, err, "stalled")
     sigkill(commit)
     time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what is left

@@ -176,30 +176,32 @@ def test_a_fast_export_commits_on_a_30_second_cap(spark: Any, kafka_cap30: Kafka
     assert env.open_transactions(ex.prefix) == []
 
 
-def test_three_million_records_commit_on_a_30_second_cap_at_the_rate_the_writer_shows(
+def test_two_million_records_commit_on_a_30_second_cap_at_the_rate_the_writer_shows(
     spark: Any, kafka_cap30: KafkaEnv
 ) -> None:
-    """3,000,000 records of ~110 B (~330 MB) in 8 partitions on local[2] and a 30 s cap: no rate is
-    assumed, so nothing is refused up front (an assumed 50,000 records/s per slot refused it, though
-    the writer moves it in seconds); staged first, written within the 12.25 s left, committed exactly
-    once. The rate it showed is what a next run's budget refuses by."""
+    """2,000,000 records of ~110 B (~220 MB) in 8 partitions on local[2] and a 30 s cap: no rate is
+    assumed, so nothing is refused up front (an assumed 50,000 records/s per slot, 1,225,000 records
+    in the 12.25 s left on 2 slots, refused it, though the writer moves it in seconds); staged first,
+    written within the 12.25 s left, committed exactly once. The rate it showed is what a next run's
+    budget refuses by. (3,000,000 records took 12.4 s to write in CI under a load of ~10: this test
+    is about the budget, not the machine's speed, which lives in the benchmarks.)"""
     env, ex = kafka_cap30, Exporter(kafka_cap30)
     topic = env.topic(partitions=4)
-    rows = 3_000_000
+    rows = 2_000_000
     df = spark.range(rows, numPartitions=PARTITIONS).selectExpr(
         "concat('big-', CAST(id AS STRING)) AS key", "concat(CAST(id AS STRING), repeat('x', 100)) AS value"
     )
     result = ex.export(df, topic)
     assert result.budget is not None and result.budget.estimate is None
     assert "no write rate stated, and none shown by an earlier run" in result.budget.describe()
-    assert result.records == rows and result.bytes > 300_000_000
+    assert result.records == rows and result.bytes > 200_000_000
     commit_prepared(result.committables, env.wire, ex.log, run="big")
     assert env.count_committed(topic, b"big-") == (rows, rows)
     assert env.open_transactions(ex.prefix) == []
     shown = result.write_rate
     assert shown is not None and shown.records_per_s is not None
     print(
-        f"3M records: staged {result.materialize_s:.1f} s, written {result.write_s:.1f} s, "
+        f"2M records: staged {result.materialize_s:.1f} s, written {result.write_s:.1f} s, "
         f"{shown.records_per_s:,.0f} records/s per slot shown"
     )
     # The next run's budget, at the rate this one showed, fits the same export with room to spare.
