@@ -5,6 +5,7 @@ A broker that cannot start fails the tests that need it; nothing is skipped.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tempfile
@@ -110,6 +111,25 @@ def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]
         )
     finally:
         idp.close()
+
+
+# The loggers whose handlers or levels a program's logging set-up changes (the CLI's main(), in-process).
+PROGRAM_LOGGERS = ("", "airflow_provider_kafka2pc", "kafka", "kafka2pc.librdkafka")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A test that sets logging up as a program does (the CLI's main() in-process) leaves a handler
+    on the root logger that writes to that test's captured stderr, closed once the test ends: every
+    later record of the worker then fails with "I/O operation on closed file", and logging's own
+    error report prints the record's exception as raised, before any filter. (CI: the secrets test
+    read its exception's password there, after a Kafka-source test had run ``kafka2pc list``.) Put
+    their handlers and levels back after every test."""
+    saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in PROGRAM_LOGGERS}
+    yield
+    for name, (level, handlers) in saved.items():
+        logging.getLogger(name).setLevel(level)
+        logging.getLogger(name).handlers[:] = handlers
 
 
 @pytest.fixture(scope="session")

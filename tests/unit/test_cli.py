@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +71,6 @@ class FakeConnection(cli.Connection):
 def _no_network_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """check() validates the settings as it does for real; the broker it would reach is the fake."""
     monkeypatch.setattr(reachability, "check_reachable", lambda *a, **k: None)
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures logging as a program does; put it back for the next test."""
-    names = ["", "airflow_provider_kafka2pc", "kafka", "kafka2pc.librdkafka"]
-    saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in names}
-    yield
-    for n, (level, handlers) in saved.items():
-        logging.getLogger(n).setLevel(level)
-        logging.getLogger(n).handlers[:] = handlers
 
 
 @pytest.fixture
