@@ -184,6 +184,13 @@ def decisions_and_runs(out: TextIO, report: Mapping[str, Any]) -> None:
         for r in runs:
             if r.get("source_range"):
                 out.write(f"run {r['run']} read {r['source_range']}\n")
+            if r.get("repair"):
+                rep = r["repair"]
+                out.write(
+                    f"run {r['run']}: repair decision {rep['decision']} ({rep['actor']}, {rep['time']}) exported "
+                    f"{rep['records']} records again in {rep['txns']} transaction(s), restoring {rep['restored']} lost "
+                    "records: the run became visible in two steps, not atomically\n"
+                )
             if r["lost"] and r["status"] != "LOST":  # a LOST one is shown with the losses below
                 out.write(f"run {r['run']}: {len(r['lost'])} lost transaction(s) ({r['status']}):\n")
                 out.write(_lost_table(r["lost"]))

@@ -31,6 +31,7 @@ passes it and the group's guard as the commit operator does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -45,19 +46,16 @@ from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import (
-    DecisionConflictError,
-    RunAbortedError,
-    SourceError,
-    TransactionLostError,
-)
+from airflow_provider_kafka2pc.txn.protocol.errors import SourceError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.protocol.record_digest import RecordDigest
 from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
+from tests.helpers.actors import PROTOCOL_ERRORS, report_exit
 
 
 def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
@@ -69,8 +67,7 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
         try:
             read = snapshot_source(conf, KafkaSourceSpec(args.source_group, topics=(args.source_topic,)))
         except SourceError as e:
-            print(f"SourceError: {e}", file=sys.stderr, flush=True)
-            return 13
+            return report_exit(e)
         with open(args.range_out, "w") as f:
             json.dump(read.to_dict(), f)
         if read.moves:  # as the operator: a run with nothing new opens no offsets participant
@@ -78,16 +75,8 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
             offsets = OffsetsWriter(conf, tid, args.timeout_ms, id_prefix=args.prefix).open()
 
     def one(slot: int) -> Committable:
-        w = TransactionalWriter(conf, naming.transactional_id(args.prefix, slot), args.timeout_ms).open()
-        for i in range(args.records):
-            w.produce(args.topic, f"value-{slot}-{i}".encode(), f"{args.tag or args.prefix}/{slot}/{i}".encode())
-            if args.hold_ms and i == (args.records - 1) // 2:  # half written, on the broker, the transaction open
-                w.flush_and_verify()
-                print(f"holding {slot}", file=sys.stderr, flush=True)
-                time.sleep(args.hold_ms / 1000)
-        c = w.prepare()
-        assert c is not None
-        return c
+        tid, tag = naming.transactional_id(args.prefix, slot), args.tag or args.prefix
+        return write_slot(conf, tid, args.topic, tag, slot, args.records, args.timeout_ms, args.hold_ms)
 
     with ThreadPoolExecutor(8) as pool:
         for c in pool.map(one, range(args.count)):
@@ -98,6 +87,35 @@ def prepare(conf: dict[str, str], args: argparse.Namespace) -> int:
         # On a failure the data transactions stay open for the abort task, as the harness runs it.
         print(send_offsets(offsets, read, abort_now=lambda: False).to_json(), flush=True)
     return 0
+
+
+def write_slot(
+    conf: dict[str, str],
+    tid: str,
+    topic: str,
+    tag: str,
+    slot: int,
+    records: int,
+    timeout_ms: int | None,
+    hold_ms: int = 0,
+    value_prefix: str = "value",
+) -> Committable:
+    """One slot's records (keys ``TAG/slot/i``) in transaction ``tid``, prepared, with the digest of
+    its keys and values, as the exporter's writer records it. ``hold_ms`` holds half-way through,
+    flushed, the transaction open ("holding" on stderr)."""
+    w = TransactionalWriter(conf, tid, timeout_ms).open()
+    digest = RecordDigest()
+    for i in range(records):
+        key, value = f"{tag}/{slot}/{i}".encode(), f"{value_prefix}-{slot}-{i}".encode()
+        w.produce(topic, value, key)
+        digest.add(key, value)
+        if hold_ms and i == (records - 1) // 2:  # half written, on the broker, the transaction open
+            w.flush_and_verify()
+            print(f"holding {slot}", file=sys.stderr, flush=True)
+            time.sleep(hold_ms / 1000)
+    c = w.prepare()
+    assert c is not None
+    return dataclasses.replace(c, digest=digest.text())
 
 
 def source_of(
@@ -222,15 +240,8 @@ def main() -> int:
         print("stalled", file=sys.stderr, flush=True)
         time.sleep(3600)
         return 0
-    except DecisionConflictError as e:
-        print(f"DecisionConflictError: {e}", file=sys.stderr, flush=True)
-        return 10
-    except TransactionLostError as e:
-        print(f"TransactionLostError: {e}", file=sys.stderr, flush=True)
-        return 11
-    except RunAbortedError as e:
-        print(f"RunAbortedError: {e}", file=sys.stderr, flush=True)
-        return 12
+    except PROTOCOL_ERRORS as e:
+        return report_exit(e)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +33,8 @@ from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
+from tests.helpers.actors import sigkill, wait_for_line
+from tests.helpers.actors import spawn as spawn_actor
 from tests.helpers.kafka import REPO, KafkaEnv
 
 pytestmark = pytest.mark.kafka
@@ -57,30 +57,7 @@ def prepare(env: KafkaEnv, prefix: str, count: int, topic: str, records: int = 1
 
 
 def spawn(env: KafkaEnv, tmp: Path, action: str, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """An actor in its own process group, its stderr in a file the test can watch."""
-    err = tmp / f"{action}-{uuid.uuid4().hex[:6]}.log"
-    proc = subprocess.Popen(
-        _cmd(env, action, *args),
-        stdout=subprocess.PIPE,
-        stderr=err.open("w"),
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    return proc, err
-
-
-def wait_for_line(proc: subprocess.Popen[str], err: Path, needle: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while needle not in err.read_text():
-        assert proc.poll() is None, f"actor exited {proc.returncode} before {needle!r}: {err.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {needle!r} after {timeout_s} s: {err.read_text()[-3000:]}"
-        time.sleep(0.002)
-
-
-def sigkill(proc: subprocess.Popen[str]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    return spawn_actor(_cmd(env, action, *args), tmp, action)
 
 
 def write_committables(tmp: Path, cs: Sequence[Committable]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -20,6 +21,7 @@ EXPECTED_KEYS = {
     "first_write_ms",
     "transaction_timeout_ms",
     "counts_by_topic",
+    "digest",  # of the records' keys and values (a repair's proof), never of anything else
 }
 
 
@@ -59,6 +61,14 @@ def test_json_carries_exactly_the_transaction_fields_and_nothing_else(c: Committ
     text = c.to_json().lower()
     for word in ("bootstrap", "sasl", "password", "ssl", "security", "secret", "config"):
         assert word not in text
+
+
+def test_the_digest_travels_and_must_be_text(c: Committable) -> None:
+    with_digest = dataclasses.replace(c, digest="b2sum64:3:00000000000000ff")
+    assert Committable.from_json(with_digest.to_json()) == with_digest
+    assert Committable.from_json(c.to_json()).digest is None
+    with pytest.raises(MalformedCommittableError, match="'digest' must be a non-empty string"):
+        Committable.from_dict(valid_dict(c) | {"digest": 7})
 
 
 def test_counts_by_topic_is_optional(c: Committable) -> None:

@@ -161,7 +161,7 @@ def _check_follows(previous: RunRecord, read: SourceRange, spec: KafkaSourceSpec
             f"({reset_commands(bootstrap, spec.group_id, [p for p, _ in off])}) and run again; to read that range "
             "again instead, set accept_gap=True for one run"
         )
-    if previous.status is RunStatus.COMMITTED and at_start(off):
+    if previous.whole and at_start(off):
         # Its output is visible, its offsets are not: a regular commit replaced the run's own.
         raise SourceError(
             offsets_not_moved_sentence(previous.run, previous.source, off, bootstrap, previous.decision_id)
@@ -187,7 +187,7 @@ def group_left_behind(config: Mapping[str, Any], run: RunRecord | None, timeout_
     """For ``kafka2pc list``/``describe`` and the exporters page: the sentence of the exporter's latest
     committed run whose group stands at that run's start (a regular commit replaced the run's
     offsets), read from the group now; None when it does not."""
-    if run is None or run.source is None or run.status is not RunStatus.COMMITTED:
+    if run is None or run.source is None or not run.whole:
         return None
     partitions = [(p.topic, p.partition) for p in run.source.partitions]
     off = not_at_end(run.source, group_offsets(config, run.source.group_id, partitions, timeout_s, stable=False))

@@ -33,6 +33,9 @@ class Committable:
     first_write_ms: int | None = None  # wall-clock ms before the first record; the broker's timer starts later
     transaction_timeout_ms: int | None = None
     counts_by_topic: Mapping[str, int] = field(default_factory=dict)
+    # The writer's digest of its records' keys and values (``record_digest``): what a repair of a
+    # lost transaction compares its re-computation with. None when the writer made none.
+    digest: str | None = None
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -64,6 +67,7 @@ class Committable:
                 first_write_ms=_optional_int(data.get("first_write_ms"), "first_write_ms"),
                 transaction_timeout_ms=_optional_int(data.get("transaction_timeout_ms"), "transaction_timeout_ms"),
                 counts_by_topic={str(k): _int(v, "count") for k, v in data.get("counts_by_topic", {}).items()},
+                digest=None if data.get("digest") is None else _str(data["digest"], "digest"),
             )
         except MalformedCommittableError:
             raise

@@ -31,34 +31,50 @@ matters. It is removed (tombstoned) only when it no longer can matter:
 
 Outcomes (which transactions of a decision ended committed, aborted or lost) are kept under
 ``kafka2pc.outcome:{id}``, replaced by each actor with the union of what it knows.
+
+A **repair** (``txn.two_phase.repair``) is a COMMIT of new transactions that carries the LOST run
+record it was planned from, and so the generation it claims: one more than the repairs that record
+had seen. One repair per generation: a repair's COMMIT is also void if an earlier repair of the
+same generation is in force, or if that generation is taken already. A final repair takes it with
+a claim record (``kafka2pc.repair:{prefix}:{run}:{generation}``, one key per generation, never
+removed, read by every replay), written before its decision is retired. So a repair planned from a
+stale record (another repair finished, or lost again, meanwhile; a stale finalize or an
+acknowledgement rewrote the run record) is void whatever the run record says now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.protocol.naming import parse_transactional_id
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import (
     ABORT_RETENTION_SLACK_MS,
     CLAIM_KEY,
     DECISION_KEY,
+    FORMAT_VERSION,
     GROUP_KEY,
     LEASE_KEY,
     OUTCOME_KEY,
     POSITION_KEY,
+    REPAIR_KEY,
     RUN_KEY,
     Covered,
     DecisionRecord,
     Entry,
     Kind,
     Lease,
+    LostTxn,
     OutcomeRecord,
+    Repair,
     RunRecord,
     RunStatus,
     prefix_of,
+    repair_claim_key,
 )
 
 
@@ -78,6 +94,7 @@ class LogState:
     positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
     group_owners: dict[str, str] = field(default_factory=dict)  # a source's consumer group -> its exporter
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
+    repair_claims: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (prefix, run, gen) -> decision
     end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
 
@@ -133,6 +150,17 @@ class LogState:
         ]
         return decided[-1] if decided else self.positions.get(prefix)
 
+    def repair_of(self, prefix: str, run: str) -> DecisionRecord | None:
+        """The repair of the run in force and not final yet, if there is one."""
+        return next(
+            (
+                d
+                for did, d in self.decisions.items()
+                if d.repair_key is not None and d.repair_key[:2] == (prefix, run) and self.in_force(did)
+            ),
+            None,
+        )
+
     def lost_runs(self, prefix: str) -> list[RunRecord]:
         return [r for (p, _), r in self.runs.items() if p == prefix and r.status is RunStatus.LOST]
 
@@ -178,6 +206,12 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             else:
                 state.positions.pop(prefix, None)
             continue
+        if key.startswith(REPAIR_KEY.encode()):  # kept whatever keep_run says: they make repairs void
+            prefix, _, rest = key[len(REPAIR_KEY) :].decode().partition(":")
+            run, _, generation = rest.rpartition(":")
+            if e.value:  # the first in the log holds; a second of one generation never comes from the rules
+                state.repair_claims.setdefault((prefix, run, int(generation)), str(json.loads(e.value)["decision"]))
+            continue
         if key.startswith(GROUP_KEY.encode()):
             group = key[len(GROUP_KEY) :].decode()
             if e.value:  # the first claim in the log wins; a later one of another exporter is void
@@ -217,6 +251,14 @@ def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
             state.ruling.setdefault(r, d.decision_id)
         return
     earlier = [state.ruling[r] for r in refs if r in state.ruling]
+    if d.repair_key is not None and not earlier:
+        taken = state.repair_claims.get(d.repair_key)
+        if taken is not None and taken != d.decision_id:
+            state.void[d.decision_id] = f"repair {d.repair_key[2]} of the run was decision {taken}"
+            return
+        first = next((o.decision_id for o in state.decisions.values() if o is not d and o.repair_key == d.repair_key
+                      and state.in_force(o.decision_id)), None)  # fmt: skip
+        earlier = [first] if first is not None else []
     if earlier:
         state.void[d.decision_id] = f"decision {earlier[0]} came first"
         state.voided_by[d.decision_id] = earlier[0]
@@ -227,6 +269,28 @@ def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
         return
     for r in refs:
         state.ruling[r] = d.decision_id
+
+
+def repaired_record(d: DecisionRecord, lost: Iterable[LostTxn], now_ms: int) -> RunRecord:
+    """The run record a final repair leaves: REPAIRED, or LOST again with what is still missing
+    (the run's lost transactions whose slot the repair lost too: a next repair exports only those).
+    The run's totals and first loss stay as they were; the repair is added."""
+    assert d.repairs is not None and d.repair_key is not None
+    run = d.repairs
+    missing = {slot_of(t.covered.transactional_id) for t in lost}
+    still = tuple(t for t in run.lost if slot_of(t.covered.transactional_id) in missing)
+    before = run.repair.restored if run.repair is not None else 0
+    restored = before + sum(t.covered.records for t in run.lost) - sum(t.covered.records for t in still)
+    records = sum(c.records for c in d.txns)
+    repair = Repair(d.decision_id, d.actor, now_ms, len(d.txns), records, restored, d.repair_key[2])
+    if still:
+        return dataclasses.replace(run, status=RunStatus.LOST, at_ms=now_ms, lost=still, repair=repair)
+    return dataclasses.replace(run, status=RunStatus.REPAIRED, at_ms=now_ms, repair=repair)
+
+
+def slot_of(tid: str) -> int | None:
+    parsed = parse_transactional_id(tid)
+    return None if parsed is None else parsed.slot
 
 
 def _legacy(e: Entry) -> DecisionRecord | None:
@@ -268,6 +332,16 @@ def finalize(state: LogState, decision_id: str, now_ms: int) -> list[tuple[bytes
             return []
         return tombstones
     items: list[tuple[bytes, bytes | None]] = []
+    if d.repair_key is not None:
+        # The generation's claim first: once the decision is retired, it is what keeps a stale repair void.
+        claim = json.dumps({"v": FORMAT_VERSION, "decision": decision_id, "at_ms": now_ms}).encode()
+        items.append((repair_claim_key(*d.repair_key), claim))
+        rec = repaired_record(d, outcome.lost, now_ms)
+        items.append((rec.key, rec.to_json()))
+        position = state.positions.get(rec.prefix)
+        if rec.source is not None and position is not None and position.run == rec.run:  # a later run moved it on
+            items.append(((POSITION_KEY + rec.prefix).encode(), rec.to_json()))
+        return items + tombstones
     for prefix in d.prefixes:
         mine = [c for c in d.txns if prefix_of(c.transactional_id) == prefix]
         lost = tuple(t for t in outcome.lost if prefix_of(t.covered.transactional_id) == prefix)

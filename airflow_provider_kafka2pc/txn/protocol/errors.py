@@ -226,4 +226,8 @@ class WindowExceededError(WindowError):
 
 
 class NotLostError(Kafka2PCError):
-    """Only a LOST run can be acknowledged."""
+    """Only a LOST run can be acknowledged or repaired."""
+
+
+class RepairRefusedError(Kafka2PCError):
+    """A repair that cannot prove its re-export identical to what was lost: nothing of it is visible."""

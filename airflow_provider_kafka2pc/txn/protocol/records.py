@@ -29,6 +29,9 @@ LEASE_KEY = "kafka2pc.lease:"
 POSITION_KEY = "kafka2pc.position:"
 # A Kafka source's consumer group claimed by the one exporter whose runs move it (first claim wins).
 GROUP_KEY = "kafka2pc.group:"
+# Which repair decision took generation N of a LOST run's repairs: written when that repair is final,
+# one key per generation, never removed (``txn.protocol.decisions``: a repair of a taken generation is void).
+REPAIR_KEY = "kafka2pc.repair:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.
@@ -47,6 +50,7 @@ class RunStatus(StrEnum):
     COMMITTED = "COMMITTED"  # every transaction committed: never export this run again
     LOST = "LOST"  # decided COMMIT, part of it can never become visible: fail loudly
     ACKNOWLEDGED = "ACKNOWLEDGED"  # LOST, and an operator acknowledged it with the CLI
+    REPAIRED = "REPAIRED"  # LOST, then what it lost was exported again and committed by a repair
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,16 @@ class Covered:
     records: int = 0
     partitions: tuple[str, ...] = ()
     deadline_ms: int | None = None  # broker clock: transaction start + transaction.timeout.ms
+    # What a repair compares a re-computation with: the writer's digest of the records' keys and
+    # values (``txn.protocol.record_digest``); None when the writer recorded none.
+    digest: str | None = None
 
     @property
     def ref(self) -> TxnRef:
         return TxnRef(self.transactional_id, self.producer_id, self.producer_epoch)
 
     def to_list(self) -> list[Any]:
-        return [
+        v = [
             self.transactional_id,
             self.producer_id,
             self.producer_epoch,
@@ -73,10 +80,12 @@ class Covered:
             self.deadline_ms,
             list(self.partitions),
         ]
+        return v if self.digest is None else [*v, self.digest]
 
     @classmethod
     def from_list(cls, v: Sequence[Any]) -> Covered:
-        return cls(str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]))
+        digest = str(v[6]) if len(v) > 6 and v[6] is not None else None
+        return cls(str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]), digest)
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,14 @@ class DecisionRecord:
     at_ms: int  # the writer's clock; the record's LogAppendTime is what the rules use
     # A COMMIT's Kafka sources by exporter: the range each read, whose ends its offsets participant holds.
     sources: Mapping[str, SourceRange] = field(default_factory=dict)
+    # A repair's COMMIT: the LOST run record whose lost transactions its own export again.
+    repairs: RunRecord | None = None
+
+    @property
+    def repair_key(self) -> tuple[str, str, int] | None:
+        """(prefix, run, generation) of a repair: it follows the repairs its LOST record had seen."""
+        r = self.repairs
+        return None if r is None else (r.prefix, r.run, (r.repair.generation if r.repair is not None else 0) + 1)
 
     @property
     def key(self) -> bytes:
@@ -110,6 +127,8 @@ class DecisionRecord:
         }
         if self.sources:
             d["sources"] = {p: r.to_dict() for p, r in sorted(self.sources.items())}
+        if self.repairs is not None:
+            d["repairs"] = self.repairs.to_dict()
         return _dumps(d)
 
     @classmethod
@@ -124,6 +143,7 @@ class DecisionRecord:
             txns=tuple(Covered.from_list(c) for c in d["txns"]),
             at_ms=int(d["at_ms"]),
             sources={str(p): SourceRange.from_dict(r) for p, r in (d.get("sources") or {}).items()},
+            repairs=RunRecord.from_dict(d["repairs"]) if d.get("repairs") else None,
         )
 
 
@@ -135,6 +155,7 @@ def new_decision(
     prefixes: Iterable[str] = (),
     now_ms: int = 0,
     sources: Mapping[str, SourceRange] | None = None,
+    repairs: RunRecord | None = None,
 ) -> DecisionRecord:
     covered = tuple(txns)
     seen: set[str] = set()
@@ -143,7 +164,7 @@ def new_decision(
             raise ValueError(f"a decision covers transactional id {c.transactional_id!r} twice")
         seen.add(c.transactional_id)
     return DecisionRecord(
-        uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms, dict(sources or {})
+        uuid.uuid4().hex, kind, run, actor, tuple(sorted(set(prefixes))), covered, now_ms, dict(sources or {}), repairs
     )
 
 
@@ -157,7 +178,7 @@ class LostTxn:
 
     @classmethod
     def from_list(cls, v: Sequence[Any]) -> LostTxn:
-        return cls(Covered.from_list(v[:6]), str(v[6]))
+        return cls(Covered.from_list(v[:-1]), str(v[-1]))  # the reason is last, after an optional digest
 
     def reported(self, run: str) -> LostTransaction:
         """As errors and reports name it: with its exporter and the run whose decision covered it."""
@@ -239,12 +260,21 @@ class RunRecord:
     lost: tuple[LostTxn, ...] = ()
     note: str = ""
     source: SourceRange | None = None  # the Kafka source range the run read, whose ends it committed
+    repair: Repair | None = None  # REPAIRED (or LOST again): the repair that exported its losses again
 
     @property
     def key(self) -> bytes:
         return run_key(self.prefix, self.run)
 
+    @property
+    def whole(self) -> bool:
+        """Every record of the run is visible once: committed, or repaired after a loss."""
+        return self.status in (RunStatus.COMMITTED, RunStatus.REPAIRED)
+
     def to_json(self) -> bytes:
+        return _dumps(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "prefix": self.prefix,
@@ -261,11 +291,16 @@ class RunRecord:
             d["note"] = self.note
         if self.source is not None:
             d["source"] = self.source.to_dict()
-        return _dumps(d)
+        if self.repair is not None:
+            d["repair"] = self.repair.to_dict()
+        return d
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunRecord:
-        d = json.loads(raw)
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunRecord:
         # 0.1.0 wrote a run mark with its COMMIT decisions and never anything final.
         status = RunStatus(d["status"]) if "status" in d else RunStatus.DECIDED
         return cls(
@@ -279,7 +314,48 @@ class RunRecord:
             lost=tuple(LostTxn.from_list(t) for t in d.get("lost", ())),
             note=str(d.get("note", "")),
             source=SourceRange.from_dict(d["source"]) if d.get("source") else None,
+            repair=Repair.from_dict(d["repair"]) if d.get("repair") else None,
         )
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A repair of a LOST run, as its run record keeps it: its decision, who, when, how much."""
+
+    decision_id: str
+    actor: str
+    at_ms: int
+    transactions: int
+    records: int
+    restored: int  # records of the run's losses made visible by its repairs so far (all, when REPAIRED)
+    generation: int = 1  # the run's first repair is 1; one that follows a repair that lost again, 2...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision_id,
+            "actor": self.actor,
+            "at_ms": self.at_ms,
+            "txns": self.transactions,
+            "records": self.records,
+            "restored": self.restored,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Repair:
+        return cls(
+            str(d["decision"]),
+            str(d["actor"]),
+            int(d["at_ms"]),
+            int(d["txns"]),
+            int(d["records"]),
+            int(d["restored"]),
+            int(d["generation"]),
+        )
+
+
+def repair_claim_key(prefix: str, run: str, generation: int) -> bytes:
+    return f"{REPAIR_KEY}{prefix}:{run}:{generation}".encode()
 
 
 @dataclass(frozen=True)

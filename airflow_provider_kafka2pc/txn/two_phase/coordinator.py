@@ -302,14 +302,14 @@ def _log_decision(decision: DecisionRecord, committables: Sequence[Committable],
 
 
 def answer_from_run_records(run: str, records: Sequence[RunRecord]) -> CommitReport:
-    """A finished run's answer, from its final records (COMMITTED, ACKNOWLEDGED; LOST raises): the
-    commit of a cleared run says this first and writes nothing."""
+    """A finished run's answer, from its final records (COMMITTED, REPAIRED, ACKNOWLEDGED; LOST
+    raises): the commit of a cleared run says this first and writes nothing."""
     lost = [t for rec in records if rec.status is RunStatus.LOST for t in lost_of_run(rec)]
     if lost:
         raise TransactionLostError(lost, [visibility.of_run_record(r) for r in records if r.status is RunStatus.LOST])
     note = "; ".join(_finished(r) for r in records)
     log.info("run %s: %s; nothing to do", run, note)
-    return CommitReport((), note=note, committed=all(r.status is RunStatus.COMMITTED for r in records))
+    return CommitReport((), note=note, committed=all(r.whole for r in records))
 
 
 def _finished(rec: RunRecord) -> str:
@@ -319,6 +319,14 @@ def _finished(rec: RunRecord) -> str:
         return (
             f"exporter {rec.prefix}: its loss was acknowledged ({rec.note or 'no note'}): {rec.records - lost} of "
             f"{rec.records} records are visible, {lost} were lost"
+        )
+    if rec.status is RunStatus.REPAIRED and rec.repair is not None:
+        r = rec.repair
+        return (
+            f"repaired: all {rec.records} records in {rec.transactions} transactions of exporter {rec.prefix} are "
+            f"visible once; {r.restored} of them were lost after decision {rec.decision_id} and exported again, the "
+            f"last time by repair decision {r.decision_id} ({r.actor}, final at {_iso(r.at_ms)}), so the run became "
+            "visible in steps, not atomically"
         )
     decided = f", final at {_iso(rec.at_ms)}" if rec.at_ms > 0 else ""  # when its run record was written
     return (

@@ -103,19 +103,20 @@ def recover(
     actor: str = "recovery",
     raise_on_loss: bool = True,
     run_key: str | None = None,
+    owns: Callable[[str], bool] | None = None,
 ) -> RecoveryResult:
     """One recovery pass. ``run_key`` (INCREMENTING): abort only this run's undecided transactions;
-    another run's may belong to a run that is still live (decisions in force are obeyed for all)."""
+    another run's may belong to a run that is still live (decisions in force are obeyed for all).
+    ``owns`` instead: abort only the undecided transactions whose id it accepts (a repair's)."""
     naming.validate_prefix(prefix)
+    mine = owns if owns is not None else (lambda tid: _of_run(tid, run_key))
     inspector = TransactionInspector(wire)
     state = decision_log.read_for(prefix)
     open_states = inspector.describe_prefix(prefix)
-    open_states = [s for s in open_states if _of_run(s.transactional_id, run_key) or ref_of(s) in state.ruling]
+    open_states = [s for s in open_states if mine(s.transactional_id) or ref_of(s) in state.ruling]
     plan = plan_recovery(open_states, state)
     undecided = [
-        s
-        for s in open_states
-        if s.state == "Ongoing" and ref_of(s) not in state.ruling and _of_run(s.transactional_id, run_key)
+        s for s in open_states if s.state == "Ongoing" and ref_of(s) not in state.ruling and mine(s.transactional_id)
     ]
     if not plan.empty:
         log.info(

@@ -49,7 +49,13 @@ def deadline_of(state: TxnState | None) -> int | None:
 
 def covered(c: Committable, state: TxnState | None) -> Covered:
     return Covered(
-        c.transactional_id, c.producer_id, c.producer_epoch, c.records, partitions_of(c, state), deadline_of(state)
+        c.transactional_id,
+        c.producer_id,
+        c.producer_epoch,
+        c.records,
+        partitions_of(c, state),
+        deadline_of(state),
+        c.digest,
     )
 
 

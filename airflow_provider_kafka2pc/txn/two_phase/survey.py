@@ -242,6 +242,9 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         # A Kafka source's range: what the run read and where it moved the group (None: no source).
         "source": r.source.to_dict() if r.source is not None else None,
         "source_range": r.source.describe() if r.source is not None else None,
+        # A repair of a loss (REPAIRED, or LOST again): its decision, who, when, what it restored.
+        "repair": None if r.repair is None else r.repair.to_dict() | {"time": iso(r.repair.at_ms)},
+        "atomic": r.repair is None,  # a repaired run became visible in two steps
     }
 
 

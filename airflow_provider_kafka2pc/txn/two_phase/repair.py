@@ -1,0 +1,338 @@
+"""Repair (DESIGN §6): a run that lost transactions after its COMMIT still ends exactly once.
+
+The broker aborted some of a decided run's transactions on timeout (the commit came too late): the
+run record says LOST and names them, with the records, partitions and digest each held. A repair
+exports exactly those again and commits them, as a two-phase run of its own:
+
+1. **clean up earlier attempts**: a recovery pass over the exporter that rolls forward a repair
+   already decided (then there is nothing left to do) and aborts an attempt that died before its
+   decision (its transactions carry this run's repair key, ``attempt_key``);
+2. **export again** only the lost slots (the caller's ``export_again``: the same Spark partitions
+   of the same source), into new transactional ids ``{prefix}-{attempt}-{slot}``, prepared, not
+   committed;
+3. **compare before anything is visible**: every new transaction must hold as many records as the
+   lost one, with the same digest (``txn.protocol.record_digest``); otherwise all of them are
+   aborted and ``RepairRefusedError`` names each difference;
+4. **decide**: the checks the commit makes (each transaction open under its own producer, the
+   commit's headroom before its broker deadline), then one COMMIT carrying the LOST run record it
+   was planned from. One repair per generation of a run wins (``txn.protocol.decisions``): a later
+   one, or one planned from a record another repair has since moved on, is void, aborts its own
+   transactions and reports the winner. A repair never touches a Kafka source's group: its
+   offsets moved with the run;
+5. **commit** (EndTxn) and record the run REPAIRED, or LOST again with what is still missing.
+
+Atomic visibility is given up for the run: its records became visible in two steps. Every report
+(``list``, ``describe``, the run record, the commit of a cleared run) says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, slot_of
+from airflow_provider_kafka2pc.txn.protocol.errors import (
+    DecisionConflictError,
+    NotLostError,
+    RepairRefusedError,
+    TransactionLostError,
+)
+from airflow_provider_kafka2pc.txn.protocol.outcome import Observation
+from airflow_provider_kafka2pc.txn.protocol.record_digest import describe_difference
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, LostTxn, RunRecord, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
+from airflow_provider_kafka2pc.txn.two_phase import visibility
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
+from airflow_provider_kafka2pc.txn.two_phase.doomed import doomed_of
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
+from airflow_provider_kafka2pc.txn.two_phase.ruling import (
+    committed_in,
+    covered,
+    lost_of_decisions,
+    now_ms,
+    obey,
+    ref_of,
+)
+
+log = logging.getLogger(__name__)
+
+ACTOR = "repair"
+
+
+def attempts_of(run: str) -> str:
+    """The run key every repair attempt of ``run`` starts with: ids no export of the exporter
+    writes (a POOLING run has no run key, an INCREMENTING one a sanitized run id)."""
+    return f"repair.{hashlib.sha256(run.encode()).hexdigest()[:10]}."
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """What one repair attempt exports again: the lost slots of one exporter's run."""
+
+    record: RunRecord  # the run as its LOST (or ACKNOWLEDGED) record has it
+    attempt_key: str
+
+    @property
+    def prefix(self) -> str:
+        return self.record.prefix
+
+    @property
+    def run(self) -> str:
+        return self.record.run
+
+    @property
+    def lost(self) -> tuple[LostTxn, ...]:
+        return self.record.lost
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The lost transactions' slots: the Spark partitions to export again."""
+        return tuple(sorted(s for t in self.lost if (s := slot_of(t.covered.transactional_id)) is not None))
+
+    def transactional_id(self, slot: int) -> str:
+        """The id the re-export of ``slot`` writes into."""
+        return naming.transactional_id(self.prefix, slot, naming.NamingStrategy.INCREMENTING, self.attempt_key)
+
+    def describe(self) -> str:
+        records = sum(t.covered.records for t in self.lost)
+        return (
+            f"run {self.run} of exporter {self.prefix}: {len(self.lost)} lost transaction(s) with {records} records "
+            f"(Spark partitions {', '.join(map(str, self.slots))}), exported again as "
+            f"{self.transactional_id(self.slots[0]) if self.slots else '-'}..."
+        )
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    record: RunRecord  # the run's record once the call ended: REPAIRED, or why nothing was done
+    note: str
+    repaired_now: bool  # this call exported and committed (False: done already, or another repair won)
+
+
+def plan_repair(state: LogState, prefix: str, run: str, attempt_key: str) -> RepairPlan | RunRecord:
+    """The plan, or the run's record when it is REPAIRED already. Refuses what cannot be repaired."""
+    rec = state.runs.get((prefix, run))
+    if rec is not None and rec.status is RunStatus.REPAIRED:
+        return rec
+    if rec is None or rec.status is not RunStatus.LOST:
+        status = "has no final run record" if rec is None else f"is {rec.status.value}"
+        if rec is not None and rec.status is RunStatus.ACKNOWLEDGED:
+            # A person dealt with the loss, perhaps by exporting the missing part again: a repair could duplicate it.
+            status += ": its loss was acknowledged (and perhaps exported again by hand), so a repair could duplicate it"
+        elif rec is not None:
+            status += ": nothing of it was lost"
+        raise NotLostError(
+            f"run {run!r} of exporter {prefix!r} {status}; only a LOST run can be repaired "
+            f"(`kafka2pc list --prefix {prefix}` shows the LOST ones)"
+        )
+    unnamed = [t.covered.transactional_id for t in rec.lost if slot_of(t.covered.transactional_id) is None]
+    if unnamed:
+        raise RepairRefusedError(
+            f"run {run} of exporter {prefix} lost transaction(s) whose ids name no slot ({', '.join(unnamed)}): "
+            "the Spark partitions to export again are unknown. Nothing was written"
+        )
+    offsets = [t for t in rec.lost if slot_of(t.covered.transactional_id) == naming.OFFSETS_SLOT]
+    if offsets:
+        raise RepairRefusedError(
+            f"run {run} of exporter {prefix} lost its consumer-offsets participant "
+            f"({offsets[0].covered.transactional_id}): its Kafka source's group did not move with the run, and a "
+            "repair re-exports output only. Nothing was written. Move the group to the run's ends "
+            f"(`kafka2pc describe --prefix {prefix}` shows them), then repair"
+        )
+    undigested = [t.covered.transactional_id for t in rec.lost if t.covered.digest is None]
+    if undigested:
+        raise RepairRefusedError(
+            f"run {run} of exporter {prefix} cannot be repaired: its lost transaction(s) {', '.join(undigested)} "
+            "carry no digest of their records (the run was prepared by a writer that recorded none), so a "
+            "re-computation cannot be proven identical. Nothing was written. Re-export the missing part in a run "
+            f"of its own, or acknowledge the loss (`kafka2pc acknowledge --prefix {prefix} --run {run}`)"
+        )
+    return RepairPlan(rec, attempt_key)
+
+
+def repair_lost_run(
+    wire: WireClient,
+    decision_log: DecisionLog,
+    prefix: str,
+    run: str,
+    export_again: Callable[[RepairPlan], Sequence[Committable]],
+    actor: str = ACTOR,
+    max_workers: int = 16,
+    end_txn_timeout_s: float = 60.0,
+) -> RepairReport:
+    """Repair the LOST run ``run`` of ``prefix`` (steps in the module's docstring). Idempotent: a
+    second call finds the run REPAIRED and does nothing; a call after a crash finishes or replaces
+    the attempt that died."""
+    naming.validate_prefix(prefix)
+    attempts = attempts_of(run)
+
+    def owned(tid: str) -> bool:
+        parsed = naming.parse_transactional_id(tid)
+        return parsed is not None and (parsed.run_key or "").startswith(attempts)
+
+    recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=owned)
+    state = decision_log.read_for(prefix, run)
+    if state.repair_of(prefix, run) is not None:  # another repair decided since: finish it, export nothing
+        recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False,
+                owns=lambda _tid: False)  # fmt: skip
+        state = decision_log.read_for(prefix, run)
+    plan = plan_repair(state, prefix, run, f"{attempts}{uuid.uuid4().hex[:8]}")
+    if isinstance(plan, RunRecord):
+        return _repaired_already(plan)
+    log.info("repair of %s: exporting again", plan.describe())
+    committables = list(export_again(plan))
+    _check_same(plan, committables, wire, decision_log, actor)
+    refs = [ref_of(c) for c in committables]
+    check_unique(refs)
+    resolver = TransactionResolver(wire, committed_in(state), max_workers=max_workers, timeout_s=end_txn_timeout_s)
+    observed = resolver.observe_all(refs)
+    _check_committable(plan, committables, observed, wire, decision_log, actor, max_workers, end_txn_timeout_s)
+    decision = new_decision(
+        Kind.COMMIT,
+        (covered(c, observed[c.transactional_id][1]) for c in committables),
+        run,
+        actor,
+        [prefix],
+        now_ms(),
+        repairs=plan.record,
+    )
+    log.info("appending the repair's COMMIT decision for run %s (%d transaction(s))", run, len(refs))
+    state = decision_log.decide(decision, keep_run=decision_log.keep_for(prefix, run))
+    did = decision.decision_id
+    if not state.in_force(did):
+        return _lost_the_race(plan, committables, state.void.get(did, ""), wire, decision_log, actor)
+    log.info(
+        "decision: repair COMMIT %s for run %s: %d transaction(s), %d records: from here on they become visible",
+        did,
+        run,
+        len(committables),
+        sum(c.records for c in committables),
+    )
+    resolver.committed_in_log = committed_in(state)
+    obey(decision_log, state, [did], resolver)
+    lost = lost_of_decisions(state, [did])
+    if lost:
+        raise TransactionLostError(lost, [visibility.of_decision(state, did, prefix)[0]])
+    final = decision_log.read_for(prefix, run).runs[(prefix, run)]
+    return RepairReport(final, _repaired_sentence(final), repaired_now=True)
+
+
+def _check_same(
+    plan: RepairPlan, committables: Sequence[Committable], wire: WireClient, decision_log: DecisionLog, actor: str
+) -> None:
+    """Every lost slot exported again, each with the records it lost: else nothing becomes visible."""
+    expected = {plan.transactional_id(s): t for s in plan.slots for t in plan.lost
+                if slot_of(t.covered.transactional_id) == s}  # fmt: skip
+    got = {c.transactional_id: c for c in committables}
+    problems = [f"{tid}: not exported again" for tid in sorted(set(expected) - set(got))]
+    problems += [f"{tid}: not a transaction this repair asked for" for tid in sorted(set(got) - set(expected))]
+    for tid, c in sorted(got.items()):
+        lost = expected.get(tid)
+        if lost is None:
+            continue
+        was = lost.covered
+        if c.digest is None:
+            problems.append(f"{was.transactional_id}: the re-export recorded no digest")
+        elif (c.records, c.digest) != (was.records, was.digest):
+            assert was.digest is not None  # plan_repair refused a lost transaction without one
+            where = ", ".join(was.partitions) or "its partitions"
+            problems.append(
+                f"{was.transactional_id} (Spark partition {slot_of(tid)}, on {where}): "
+                + describe_difference(was.digest, c.digest)
+            )
+    if not problems:
+        return
+    if committables:
+        abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
+    raise RepairRefusedError(
+        f"repair of run {plan.run} of exporter {plan.prefix} refused: the source no longer gives the records the "
+        f"run lost ({'; '.join(problems)}). Nothing of the repair is visible: its {len(committables)} transaction(s) "
+        f"were aborted, and the run stays LOST. Restore the source to what run {plan.run} read and repair again, "
+        f"or acknowledge the loss (`kafka2pc acknowledge --prefix {plan.prefix} --run {plan.run}`)"
+    )
+
+
+def _check_committable(
+    plan: RepairPlan,
+    committables: Sequence[Committable],
+    observed: Mapping[str, tuple[Observation, TxnState | None]],
+    wire: WireClient,
+    decision_log: DecisionLog,
+    actor: str,
+    max_workers: int,
+    end_txn_timeout_s: float,
+) -> None:
+    """As the commit does before its decision: every new transaction open under its own producer,
+    with the commit's headroom before its broker deadline (a re-export that outlived
+    ``transaction.timeout.ms`` was aborted by the broker already). Else all are aborted, nothing
+    of the repair is visible."""
+    refs = [ref_of(c) for c in committables]
+    check_current_producers(refs, observed, [plan.prefix])
+    worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
+
+    def headroom(timeout_ms: int) -> int:
+        return commit_headroom_ms(timeout_ms, len(refs), max_workers, None, worst_case_ms)
+
+    doomed = doomed_of(refs, observed, headroom)
+    if not doomed:
+        return
+    abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
+    raise RepairRefusedError(
+        f"repair of run {plan.run} of exporter {plan.prefix}: {len(doomed)} of its {len(refs)} transaction(s) could "
+        f"no longer commit ({'; '.join(f'{t}: {why}' for t, why in sorted(doomed.items()))}). They were aborted: "
+        "nothing of the repair is visible, and the run stays LOST. Repair again; the re-export and its commit must "
+        "end within the broker's transaction.timeout.ms"
+    )
+
+
+def _lost_the_race(
+    plan: RepairPlan,
+    committables: Sequence[Committable],
+    why: str,
+    wire: WireClient,
+    decision_log: DecisionLog,
+    actor: str,
+) -> RepairReport:
+    """This repair's COMMIT is void: abort what it wrote, finish the repair that won (if one did: it
+    is rolled forward; another attempt still exporting is left alone), report it."""
+    abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
+    recover(wire, plan.prefix, decision_log, run=f"repair of {plan.run}", actor=actor, raise_on_loss=False,
+            owns=lambda _tid: False)  # fmt: skip
+    rec = decision_log.read_for(plan.prefix, plan.run).runs.get((plan.prefix, plan.run))
+    if rec is not None and rec.status is RunStatus.REPAIRED:
+        note = (
+            f"another repair came first ({why}); this one's {len(committables)} transaction(s) were aborted. "
+            + _repaired_sentence(rec)
+        )
+        log.warning("repair of run %s: %s", plan.run, note)
+        return RepairReport(rec, note, repaired_now=False)
+    raise DecisionConflictError(
+        f"the repair of run {plan.run} of exporter {plan.prefix} was not committed: its decision is void ({why}). "
+        f"Its {len(committables)} transaction(s) were aborted, nothing of it is visible, and the run is "
+        f"{rec.status.value if rec is not None else 'without a record'}. Run the repair again"
+    )
+
+
+def _repaired_already(rec: RunRecord) -> RepairReport:
+    note = f"nothing to do: {_repaired_sentence(rec)}"
+    log.info("repair of run %s: %s", rec.run, note)
+    return RepairReport(rec, note, repaired_now=False)
+
+
+def _repaired_sentence(rec: RunRecord) -> str:
+    r = rec.repair
+    assert r is not None
+    return (
+        f"run {rec.run} of exporter {rec.prefix} is REPAIRED: all {rec.records} records are visible once; "
+        f"{r.restored} of them, lost after decision {rec.decision_id}, were exported again in {r.transactions} "
+        f"transaction(s) and committed by repair decision {r.decision_id} ({r.actor}); the run became visible in "
+        "two steps, not atomically"
+    )

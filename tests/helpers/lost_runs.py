@@ -1,0 +1,65 @@
+"""Run in a subprocess on a broker with a short ``transaction.max.timeout.ms``: make runs that lose
+transactions after their COMMIT, as a commit that died half-way does.
+
+For each ``PREFIX:TOPIC`` given: prepare ``--txns`` transactions into TOPIC (``phase_two.write_slot``: keys
+``PREFIX/slot/i``, with their digests), append the run's COMMIT, end the first ``--txns - --lost``
+of them, and leave the rest open. Once every prefix is there it says "stalled" and hangs; the test
+SIGKILLs it, and the broker aborts what is open at its cap. The next recovery records each run LOST.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from tests.helpers.phase_two import write_slot
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", nargs="+", metavar="PREFIX:TOPIC")
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--decision-topic", required=True)
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--txns", type=int, required=True)
+    ap.add_argument("--lost", type=int, required=True)
+    ap.add_argument("--records", type=int, required=True)
+    args = ap.parse_args()
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    conf = {"bootstrap.servers": args.bootstrap}
+    log = DecisionLog(conf, topic=args.decision_topic, timeout_s=2)
+    log.ensure_topic()
+    wire = WireClient(conf)
+
+    def lose(prefix: str, topic: str) -> None:
+        def one(slot: int) -> Committable:
+            tid = naming.transactional_id(prefix, slot)
+            return write_slot(conf, tid, topic, prefix, slot, args.records, None)
+
+        with ThreadPoolExecutor(args.txns) as slots:  # the first record's age at the decision is one slot's time
+            cs = list(slots.map(one, range(args.txns)))
+        decided = decide_commit(cs, wire, log, args.run, end_txn_timeout_s=2)
+        assert isinstance(decided, Decided), decided
+        TransactionResolver(wire).resolve([ref_of(c) for c in cs[: args.txns - args.lost]], Intent.COMMIT)
+        print(f"stalled {prefix}", file=sys.stderr, flush=True)
+
+    for run in args.runs:  # one run at a time: each must decide within the cap of its first record
+        lose(*run.split(":"))
+    print("stalled", file=sys.stderr, flush=True)
+    time.sleep(3600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
