@@ -44,10 +44,9 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     run_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
-from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
-from airflow_provider_kafka2pc.txn.two_phase.doomed import aborted_whole, doomed_of
+from airflow_provider_kafka2pc.txn.two_phase.doomed import aborted_whole, commit_headroom, doomed_of
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     CommitReport,
@@ -197,12 +196,7 @@ def decide_commit(
             raise _second_export(run, decided[0], len(refs))
         if ruled:  # decided before we got here: by another actor (ABORT), or by another run
             return _abort_run(decision_log, resolver, refs, observed, run, by_tid, conflict=ruled)
-        # An append waits out a leader change for up to the log's budget (not just its request timeout).
-        worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
-
-        def headroom(timeout_ms: int) -> int:
-            return commit_headroom_ms(timeout_ms, len(refs), max_workers, headroom_ms, worst_case_ms)
-
+        headroom = commit_headroom(len(refs), max_workers, decision_log.budget_s, end_txn_timeout_s, headroom_ms)
         doomed = doomed_of(refs, observed, headroom)
         moved, group_moved = guard.before_decision(wire) if guard is not None and not doomed else ({}, False)
         if guard is not None and not doomed and not moved:

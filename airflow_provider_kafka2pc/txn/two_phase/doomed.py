@@ -14,8 +14,19 @@ from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction, RunAbortedError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Observation, TxnRef, reason
+from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase.ruling import deadline_of, now_ms, partitions_of
 from airflow_provider_kafka2pc.txn.two_phase.ruling import iso as _iso
+
+
+def commit_headroom(
+    transactions: int, max_workers: int, log_budget_s: float, end_txn_timeout_s: float, override_ms: int | None = None
+) -> Callable[[int], int]:
+    """The headroom a commit of ``transactions`` keeps before a broker deadline, by the deadline's
+    transaction.timeout.ms; never more than the commit can spend (the decision log's budget, since an
+    append waits out a leader change, plus its EndTxn timeout)."""
+    worst_case_ms = int((log_budget_s + end_txn_timeout_s) * 1000)
+    return lambda timeout_ms: commit_headroom_ms(timeout_ms, transactions, max_workers, override_ms, worst_case_ms)
 
 
 def doomed_of(

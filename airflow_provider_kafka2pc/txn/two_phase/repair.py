@@ -47,10 +47,9 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
 from airflow_provider_kafka2pc.txn.protocol.outcome import Observation
 from airflow_provider_kafka2pc.txn.protocol.record_digest import describe_difference
 from airflow_provider_kafka2pc.txn.protocol.records import Kind, LostTxn, RunRecord, RunStatus, new_decision
-from airflow_provider_kafka2pc.txn.protocol.window import commit_headroom_ms
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
-from airflow_provider_kafka2pc.txn.two_phase.doomed import doomed_of
+from airflow_provider_kafka2pc.txn.two_phase.doomed import commit_headroom, doomed_of
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
@@ -222,6 +221,12 @@ def repair_lost_run(
     if lost:
         raise TransactionLostError(lost, [visibility.of_decision(state, did, prefix)[0]])
     final = decision_log.read_for(prefix, run).runs[(prefix, run)]
+    if final.status is not RunStatus.REPAIRED:  # EndTxn not answered for all: the decision rules them
+        note = (
+            f"repair decision {did} of run {run} is in force, but not all of its transactions have ended yet: the "
+            f"exporter's next recovery, or the repair run again, ends them (`kafka2pc list --prefix {prefix}`)"
+        )
+        return RepairReport(final, note, repaired_now=True)
     return RepairReport(final, _repaired_sentence(final), repaired_now=True)
 
 
@@ -276,12 +281,9 @@ def _check_committable(
     of the repair is visible."""
     refs = [ref_of(c) for c in committables]
     check_current_producers(refs, observed, [plan.prefix])
-    worst_case_ms = int((decision_log.budget_s + end_txn_timeout_s) * 1000)
-
-    def headroom(timeout_ms: int) -> int:
-        return commit_headroom_ms(timeout_ms, len(refs), max_workers, None, worst_case_ms)
-
-    doomed = doomed_of(refs, observed, headroom)
+    doomed = doomed_of(
+        refs, observed, commit_headroom(len(refs), max_workers, decision_log.budget_s, end_txn_timeout_s)
+    )
     if not doomed:
         return
     abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
