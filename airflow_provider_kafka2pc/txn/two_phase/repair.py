@@ -177,11 +177,10 @@ def repair_lost_run(
         parsed = naming.parse_transactional_id(tid)
         return parsed is not None and (parsed.run_key or "").startswith(attempts)
 
-    recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=owned)
+    _recovery_pass(wire, decision_log, prefix, run, actor, owned)
     state = decision_log.read_for(prefix, run)
     if state.repair_of(prefix, run) is not None:  # another repair decided since: finish it, export nothing
-        recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False,
-                owns=lambda _tid: False)  # fmt: skip
+        _recovery_pass(wire, decision_log, prefix, run, actor)
         state = decision_log.read_for(prefix, run)
     plan = plan_repair(state, prefix, run, f"{attempts}{uuid.uuid4().hex[:8]}")
     if isinstance(plan, RunRecord):
@@ -228,6 +227,19 @@ def repair_lost_run(
         )
         return RepairReport(final, note, repaired_now=True)
     return RepairReport(final, _repaired_sentence(final), repaired_now=True)
+
+
+def _recovery_pass(
+    wire: WireClient,
+    decision_log: DecisionLog,
+    prefix: str,
+    run: str,
+    actor: str,
+    aborts: Callable[[str], bool] = lambda _tid: False,
+) -> None:
+    """Obey every decision in force of the exporter (a decided repair is rolled forward); abort only
+    the undecided transactions ``aborts`` accepts (by default none: another attempt may be exporting)."""
+    recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=aborts)
 
 
 def _check_same(
@@ -306,8 +318,7 @@ def _lost_the_race(
     """This repair's COMMIT is void: abort what it wrote, finish the repair that won (if one did: it
     is rolled forward; another attempt still exporting is left alone), report it."""
     abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
-    recover(wire, plan.prefix, decision_log, run=f"repair of {plan.run}", actor=actor, raise_on_loss=False,
-            owns=lambda _tid: False)  # fmt: skip
+    _recovery_pass(wire, decision_log, plan.prefix, plan.run, actor)
     rec = decision_log.read_for(plan.prefix, plan.run).runs.get((plan.prefix, plan.run))
     if rec is not None and rec.status is RunStatus.REPAIRED:
         note = (
