@@ -164,6 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run", required=True, help="the run whose loss to acknowledge, as its run record names it")
     p.add_argument("--note", default="", metavar="TEXT", help="why, by whom: kept on the run record")
+
+    p = sub.add_parser(
+        "repair",
+        parents=[common],
+        help="export a LOST run's lost Spark partitions again, prove them the same records, commit them",
+    )
+    p.add_argument("--run", required=True, help="the LOST run to repair, as its run record names it")
+    p.add_argument(
+        "--source",
+        required=True,
+        metavar="MODULE:NAME",
+        help="the run's frame: a callable (spark) -> DataFrame, or the KafkaSource the export read",
+    )
+    p.add_argument("--topic", default=None, help="the export's default topic, for a frame without a topic column")
+    p.add_argument("--spark-master", default="local[*]", metavar="URL", help="Spark master (default local[*])")
+    p.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)"
+    )
+    p.add_argument("--writer", default="auto", choices=("auto", "native", "python"), help="as the export's writer")
     return parser
 
 

@@ -9,11 +9,14 @@
     kafka2pc acknowledge --prefix P --run R [--note TEXT]
                                       mark the LOST run R of P as ACKNOWLEDGED: recovery stops
                                       failing on it (its lost records stay lost)
+    kafka2pc repair --prefix P --run R --source MODULE:NAME [--topic T]
+                                      export the LOST run R's lost Spark partitions again from the
+                                      source, prove them the same records, commit them: REPAIRED
 
 Exit status: 0 nothing of the prefix is open and nothing is lost (acknowledge: done); 1 transactions
 of the prefix are open (list, resolve --dry-run: something to do; resolve: still open after
---wait); 2 bad usage, an invalid prefix, a missing or mistaken --conn-id, or acknowledge of a run
-that is not LOST; 3 Kafka unreachable or failing; 4 a loss: a run of the prefix is LOST and not
+--wait); 2 bad usage, an invalid prefix, a missing or mistaken --conn-id, or acknowledge or repair
+of a run that is not LOST; 3 Kafka unreachable or failing; 4 a loss: a run of the prefix is LOST and not
 acknowledged, or a COMMIT decision in force has transactions that can never become visible (takes
 precedence over 1).
 
@@ -46,6 +49,7 @@ from airflow_provider_kafka2pc.cli.arguments import (
 )
 from airflow_provider_kafka2pc.cli.client_settings import client_config
 from airflow_provider_kafka2pc.cli.log_setup import scrub, setup_logging
+from airflow_provider_kafka2pc.cli.repair_command import cmd_repair
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients as Connection
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.errors import ClientConfigError
@@ -291,6 +295,7 @@ COMMANDS: dict[str, Command] = {
     "describe": cmd_describe,
     "resolve": cmd_resolve,
     "acknowledge": cmd_acknowledge,
+    "repair": cmd_repair,
 }
 
 

@@ -82,7 +82,10 @@ def losses(out: TextIO, report: Mapping[str, Any]) -> None:
                 f"  {f['pending_transactions']} transaction(s) of it are still open under the COMMIT: "
                 f"`kafka2pc resolve --prefix {f['prefix']}` commits them\n"
             )
-        out.write(f"  handle it (re-export the lost partitions), then: {f['acknowledge']}\n")
+        out.write(
+            f"  repair it: clear the run's export task, or `{f['repair']}`; if its source changed, re-export the "
+            f"missing part another way, then: {f['acknowledge']}\n"
+        )
 
 
 def source_behind(out: TextIO, report: Mapping[str, Any]) -> None:

@@ -86,6 +86,9 @@ class Kafka2PCExportOperator(BaseOperator):
         ``JsonSchemaFormat``; ``airflow_provider_kafka2pc.registry.formats``), framed with the schema id.
     :param value_format: likewise the ``value`` column.
     :param schema_registry_conn_id: the ``kafka2pc_schema_registry`` connection the formats use.
+    :param repair_lost: a clear of this task in a run that lost transactions after its COMMIT (LOST)
+        repairs the run (default): it exports again exactly the lost Spark partitions, proves them the
+        same records by their digest and commits them (DESIGN §6). False: the task fails on the loss.
     """
 
     operator_extra_links = (Kafka2PCExportersLink(),)
@@ -131,6 +134,7 @@ class Kafka2PCExportOperator(BaseOperator):
         key_format: RegistryFormat | None = None,
         value_format: RegistryFormat | None = None,
         schema_registry_conn_id: str | None = None,
+        repair_lost: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -172,6 +176,7 @@ class Kafka2PCExportOperator(BaseOperator):
         self.key_format = key_format
         self.value_format = value_format
         self.schema_registry_conn_id = schema_registry_conn_id
+        self.repair_lost = repair_lost
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -309,7 +314,59 @@ class Kafka2PCExportOperator(BaseOperator):
         registry = SchemaRegistryHook(self.schema_registry_conn_id).settings()
         return RecordFormats(registry, key=self.key_format, value=self.value_format)
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def _repair(
+        self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Repair the run (``txn/two_phase/repair.py``): Spark exports the lost partitions again, the
+        core compares and commits. Returns no XCom: the commit answers from the run's record."""
+        from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+        actor = f"{self.dag_id}.{self.task_id} (try {getattr(context['ti'], 'try_number', '?')})"
+        settings = ExportSettings(
+            transactional_id_prefix=session.prefix,
+            producer_config=hook.producer_config(self.producer_config),
+            topic=self.topic,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            writer=self.writer,
+        )
+        formats = self._formats()
+        spark: Any = None
+
+        def frame(plan: Any) -> Any:
+            nonlocal spark
+            read = plan.record.source
+            if isinstance(self.source, KafkaSource) and read is None:
+                raise Kafka2PCError(
+                    f"run {session.run} of exporter {session.prefix} has no stored Kafka source range to read again"
+                )
+            session.clients.close()  # idle through the Spark job; the repair's next steps connect afresh
+            spark = spark_session(
+                self.spark_conn_id,
+                self.spark_conf,
+                f"{self.dag_id}-{self.task_id}-repair",
+                kafka_source=read is not None,
+                avro=formats is not None and formats.uses_avro,
+            )
+            seen["writing"] = True
+            return self._dataframe(spark, context, settings.producer_config, read)
+
+        def abort_now() -> bool:
+            seen["aborted"] = session.abort_repair_attempts(actor)
+            return bool(seen["aborted"])
+
+        self.log.warning("kafka2pc: run %s of %s is LOST: repairing it (repair_lost=True)", session.run, session.prefix)
+        export_again = repair_exporter(frame, settings, self.window, formats, abort_now)
+        try:
+            report = session.repair(export_again, actor)
+        finally:
+            if spark is not None:
+                spark.stop()
+        self.log.info("kafka2pc: %s", report.note)
+        context["ti"].xcom_push(key=SKIPPED_KEY, value={"status": report.record.status.value, "prefix": session.prefix})
+        return None
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
         prefix = self.transactional_id_prefix
         naming.validate_prefix(prefix)
         check_pooling_dag(self.naming_strategy, context["dag"], prefix)
@@ -339,7 +396,7 @@ class Kafka2PCExportOperator(BaseOperator):
 
     def _prepare(
         self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
         from airflow_provider_kafka2pc.spark.job import export_dataframe
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -348,7 +405,15 @@ class Kafka2PCExportOperator(BaseOperator):
         # Fail in seconds on the driver, before anything is written, not after every task's
         # delivery timeout or with transactions left open: the topic, then every ACL we can ask about.
         session.check_export_access(self.topic)
-        # A clear of a run that already reached its decision: say so first, and touch nothing.
+        # A clear of a run that already reached its decision: say so first, and touch nothing; or
+        # repair it, if it lost transactions after its COMMIT.
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee
+
+        if self.repair_lost and self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+            status = session.run_status()
+            if status is not None and status.status is RunStatus.LOST:
+                return self._repair(hook, session, context, seen)
         self._skip_if_decided(session, context)
         if self.naming_strategy is naming.NamingStrategy.POOLING:
             holder = take_turn(session, self.dag_id, context["run_id"])

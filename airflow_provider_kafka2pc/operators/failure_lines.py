@@ -16,7 +16,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     RunAbortedError,
     SecondExportError,
     TransactionLostError,
-    acknowledge_command,
+    loss_next_step,
 )
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
 
@@ -32,19 +32,20 @@ _FIX_THE_CONNECTION = frozenset(
 )
 
 
-def acknowledge_commands(error: TransactionLostError) -> str:
-    """The ``kafka2pc acknowledge`` command of every run with lost transactions, quoted."""
-    return " and ".join(f"`{acknowledge_command(p, r)}`" for p, r in sorted({(t.prefix, t.run) for t in error.lost}))
+def loss_next_steps(error: TransactionLostError) -> str:
+    """How to repair (or else acknowledge) every run with lost transactions."""
+    runs = sorted({(t.prefix, t.run) for t in error.lost if t.prefix and t.run})
+    if not runs:
+        return "re-export the lost partitions, then acknowledge the loss with `kafka2pc acknowledge`"
+    return "; and ".join(f"for run {r}, {loss_next_step(p, r)}" for p, r in runs)
 
 
 def prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
     """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
     if isinstance(error, TransactionLostError):  # the run, or an earlier one, lost records: a clear cannot help
-        commands = acknowledge_commands(error)
         return (
             f"prepare of run {run} (exporter {prefix}) refused: a COMMIT decision in force has transactions that "
-            f"can never become visible; nothing was written. Next: re-export the lost partitions, then acknowledge "
-            f"the loss with {commands}."
+            f"can never become visible; nothing was written. Next: {loss_next_steps(error)}."
         )
     if not seen.get("writing"):  # the checks before Spark: the topic, the ACLs, the turn, recovery
         return (
@@ -81,10 +82,8 @@ def commit_failure_line(progress: CommitProgress, error: BaseException) -> str:
     run = f"run {progress.run}"
     if isinstance(error, TransactionLostError):
         seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
-        commands = acknowledge_commands(error)
         return (
-            f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: re-export the lost "
-            f"partitions, then acknowledge the loss with {commands}."
+            f"{run}: decided COMMIT, and part of it can never become visible: {seen}. Next: {loss_next_steps(error)}."
         )
 
     if isinstance(error, OffsetsNotMovedError):
@@ -155,17 +154,16 @@ def recovery_failure_line(prefix: str, conn_id: str, error: BaseException, cause
     head = f"recovery of exporter {prefix} failed ({cause}) before this run's prepare started"
     if cause == "TransactionLostError" and not isinstance(error, TransactionLostError):
         return (
-            f"{head}. A run of the exporter lost records (the error names them and the `kafka2pc acknowledge` "
-            "command). Next: re-export the lost partitions, acknowledge the loss, then clear this task."
+            f"{head}. A run of the exporter lost records (the error names them, with the `kafka2pc repair` and "
+            "`kafka2pc acknowledge` commands). Next: repair that run (clear its export task, or `kafka2pc repair`), "
+            "or acknowledge its loss, then clear this task."
         )
     if cause in _FIX_THE_CONNECTION:
         return f"{head}. Next: fix connection {conn_id!r} as the error says, then clear this task."
     if isinstance(error, TransactionLostError):
         seen = "; ".join(v.sentence() for v in error.visibility) or f"{len(error.lost)} transaction(s) lost"
-        acks = " and ".join(f"`{acknowledge_command(t.prefix, t.run)}`" for t in error.lost if t.prefix and t.run)
         return (
-            f"{head}. A run of the exporter lost records: {seen}. Next: re-export the lost partitions, "
-            f"acknowledge the loss with {acks or '`kafka2pc acknowledge`'}, then clear this task."
+            f"{head}. A run of the exporter lost records: {seen}. Next: {loss_next_steps(error)}; then clear this task."
         )
     if type(error).__name__ == "AirflowSensorTimeout":
         return (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
+from airflow_provider_kafka2pc.txn.protocol.record_digest import join_digest, split_digest
 from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ class ExportPayload:
             ]
         else:
             columns["records"] = [c.records for c in self.committables]
+        if any(c.digest for c in self.committables):  # what a repair of a lost transaction compares with
+            columns["digests"] = pack_digests(self.committables)
         return columns
 
     def offsets_committable(self) -> Committable | None:
@@ -105,7 +110,7 @@ class ExportPayload:
                 committables = tuple(Committable.from_dict(c) for c in value["committables"])
             else:
                 committables = payload._from_columns(value["transactions"])
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as e:
             if isinstance(e, MalformedCommittableError):
                 raise
             raise MalformedCommittableError(f"XCom of export task {task_id!r} lacks or mangles {e!r}") from e
@@ -118,8 +123,9 @@ class ExportPayload:
             by_topic = [{topics[i]: n for i, n in pairs} for pairs in columns["records_by_topic"]]
         else:
             by_topic = [{topics[0]: n} if topics else {} for n in columns["records"]]
+        digests = unpack_digests(columns.get("digests"), [sum(c.values()) for c in by_topic])
         out = []
-        for slot, pid, epoch, counts in zip(slots, pids, epochs, by_topic, strict=True):
+        for slot, pid, epoch, counts, digest in zip(slots, pids, epochs, by_topic, digests, strict=True):
             if isinstance(slot, bool) or not isinstance(slot, int):
                 raise ValueError(f"slot {slot!r}")
             if any(isinstance(n, bool) or not isinstance(n, int) for n in counts.values()):
@@ -134,10 +140,38 @@ class ExportPayload:
                         "producer_epoch": epoch,
                         "records": sum(counts.values()),
                         "counts_by_topic": counts,
+                        "digest": digest,
                     }
                 )
             )
         return tuple(out)
+
+
+def pack_digests(committables: Sequence[Committable]) -> Any:
+    """The digests column: when all are of one scheme and count their transaction's records (what the
+    Spark writer makes), the scheme and the sums as one base64 string of 8 bytes each (2,000
+    transactions: 21 KB instead of 54); else each digest's text."""
+    parsed = [split_digest(c.digest) if c.digest else None for c in committables]
+    schemes = {p[0] for p in parsed if p is not None}
+    if len(schemes) != 1 or any(p is None or p[1] != c.records for p, c in zip(parsed, committables, strict=True)):
+        return [c.digest for c in committables]
+    sums = b"".join(p[2].to_bytes(8, "big") for p in parsed if p is not None)
+    return {"scheme": schemes.pop(), "sums": base64.b64encode(sums).decode()}
+
+
+def unpack_digests(column: Any, records: Sequence[int]) -> list[str | None]:
+    """The digests of ``pack_digests``'s column, for transactions of ``records`` records each."""
+    if column is None:
+        return [None] * len(records)
+    if isinstance(column, list):
+        return [None if d is None else str(d) for d in column]
+    sums = base64.b64decode(column["sums"], validate=True)
+    if len(sums) != 8 * len(records):
+        raise ValueError(f"digests: {len(sums)} bytes for {len(records)} transactions")
+    return [
+        join_digest(str(column["scheme"]), n, int.from_bytes(sums[8 * i : 8 * i + 8], "big"))
+        for i, n in enumerate(records)
+    ]
 
 
 def pull_exports(context: Context, task_ids: Sequence[str]) -> dict[str, ExportPayload | None]:

@@ -22,8 +22,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) -> tuple[Any, WindowBudget]:
-    """Materialize (unless turned off) and check the budget, all before any transaction opens."""
+def prepare_window(
+    df: Any, settings: ExportSettings, window: WindowSettings, writers: int | None = None
+) -> tuple[Any, WindowBudget]:
+    """Materialize (unless turned off) and check the budget, all before any transaction opens.
+    ``writers``: at most that many partitions hold rows (a repair's lost ones), for the headroom."""
     from airflow_provider_kafka2pc.spark.window import task_slots
     from airflow_provider_kafka2pc.txn.protocol.window import (
         NO_RATE,
@@ -67,6 +70,8 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
         transactions = stored.partitions
     else:
         transactions = sum(1 for s in stored.sizes if s.records > 0)
+    if writers is not None:
+        transactions = min(transactions, writers)
     budget = WindowBudget(
         settings.transaction_timeout_ms,
         commit_headroom_ms(settings.transaction_timeout_ms, transactions, override_ms=window.commit_headroom_ms),
@@ -85,8 +90,11 @@ def prepare_window(df: Any, settings: ExportSettings, window: WindowSettings) ->
 def compute_first(df: Any, window: WindowSettings) -> Any:
     """The source computed before any transaction opens: nothing to do for a frame stored already or
     a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
-    pass), else stored with a checkpoint; the task log says which, and why."""
+    pass), else stored with a checkpoint; the task log says which, and why. Every way adds the
+    digest column (``spark/digest_column.py``): computed with the rest, or over stored rows by the
+    write job (one hash per row)."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
+    from airflow_provider_kafka2pc.spark.digest_column import with_digest
     from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
     from airflow_provider_kafka2pc.spark.staging import StagedFrame, stage, staging_unavailable
     from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
@@ -100,7 +108,8 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
             already.how,
             already.partitions,
         )
-        return Materialized(df, sizes, time.monotonic() - started, f"{already.how}, stored already", already.partitions)
+        where = f"{already.how}, stored already"
+        return Materialized(with_digest(df), sizes, time.monotonic() - started, where, already.partitions)
     if window.store == "auto" and (scan := plain_file_scan(df)) is not None:
         # Writing it reads the files, as writing staged files would: staging would read them twice.
         # Sizing it costs a pass too, so only a rate the user states buys one (not a shown rate).
@@ -113,7 +122,8 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
             scan.partitions,
         )
         where = f"{scan.how}, read by the write job"
-        return Materialized(df, sizes, time.monotonic() - started, where, scan.partitions)
+        return Materialized(with_digest(df), sizes, time.monotonic() - started, where, scan.partitions)
+    df = with_digest(df)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
     if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):

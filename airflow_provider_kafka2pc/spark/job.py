@@ -51,6 +51,7 @@ def export_dataframe(
     window: WindowSettings | None = None,
     abort_opened: Callable[[], bool] | None = None,
     formats: RecordFormats | None = None,
+    only_slots: tuple[int, ...] | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
@@ -66,7 +67,11 @@ def export_dataframe(
 
     ``formats`` encodes the key and/or value for a schema registry first (``spark/record_formats.py``):
     the schemas are resolved, checked and registered before anything else, and the columns become
-    framed binary computed in Spark's JVM."""
+    framed binary computed in Spark's JVM.
+
+    EXACTLY_ONCE records a digest of each transaction's keys and values (``spark/digest_column.py``),
+    what a repair proves its re-computation with; ``only_slots`` (a repair) writes only those Spark
+    partitions of the frame."""
     from airflow_provider_kafka2pc.spark.compute_first import prepare_window
     from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -94,7 +99,16 @@ def export_dataframe(
         # set no timeout: reading it needs the Cluster DescribeConfigs ACL (docs/acls.md).
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
-    stored, budget = prepare_window(df, settings, window) if transactional else (None, None)
+    if only_slots is not None:
+        from airflow_provider_kafka2pc.spark.digest_column import only_partitions
+
+        df = only_partitions(df, only_slots)
+    writers = len(only_slots) if only_slots is not None else None
+    stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
+    if transactional and stored is None:  # materialize=False: the digest is computed in the window
+        from airflow_provider_kafka2pc.spark.digest_column import with_digest
+
+        df = with_digest(df)
     staged = stored if isinstance(stored, StagedFrame) else None
     barrier = _budget_terms(stored, settings, window)
     staged_bytes = 0

@@ -524,7 +524,9 @@ def test_resolve_reports_a_loss_and_acknowledge_lets_recovery_pass_it(
     )
     assert lines[3].split()[:5] == ["orders-0", "1000", "0", "10", "events-0"]
     assert lines[-1] == (
-        "  handle it (re-export the lost partitions), then: kafka2pc acknowledge --prefix orders --run dag/run-5"
+        "  repair it: clear the run's export task, or `kafka2pc repair --prefix orders --run dag/run-5 --source "
+        "MODULE:NAME`; if its source changed, re-export the missing part another way, then: kafka2pc acknowledge "
+        "--prefix orders --run dag/run-5"
     )
     assert run(conn, capsys, "list", "--prefix", "orders")[0] == cli.EXIT_LOST
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -93,3 +94,39 @@ def test_mangled_version_2_is_refused(mangle: Any) -> None:
     mangle(xcom["transactions"])
     with pytest.raises(MalformedCommittableError):
         ExportPayload.from_xcom(xcom, "prepare")
+
+
+def with_digests(p: ExportPayload) -> ExportPayload:
+    """The payload's committables with the digests the Spark writer records (xxh64, one per transaction)."""
+    digested = tuple(
+        dataclasses.replace(c, digest=f"xxh64:{c.records}:{(0x9E3779B97F4A7C15 * (i + 1)) % 2**64:016x}")
+        for i, c in enumerate(p.committables)
+    )
+    return dataclasses.replace(p, committables=digested)
+
+
+@pytest.mark.parametrize(("topics", "run_key"), [(("orders",), None), (("orders.eu", "orders.us"), RUN_KEY)])
+def test_digests_cost_12_bytes_per_transaction_and_round_trip(topics: tuple[str, ...], run_key: str | None) -> None:
+    plain = prepared("warehouse.orders_daily", 2_000, 100, topics, run_key)
+    p = with_digests(plain)
+    xcom = p.to_xcom()
+    extra = size(xcom) - size(plain.to_xcom())
+    print(f"digests of 2,000 transactions: {extra:,} B")
+    assert extra <= 12 * 2_000  # 8 bytes each in base64, not 27 characters of text
+    back = ExportPayload.from_xcom(json.loads(json.dumps(xcom)), "prepare")
+    assert [c.digest for c in back.committables] == [c.digest for c in p.committables]
+
+
+def test_digests_of_mixed_schemes_or_counts_travel_as_text_and_a_short_column_is_refused() -> None:
+    p = with_digests(prepared("orders", 3, 2, ("orders",), None))
+    mixed = dataclasses.replace(
+        p, committables=(p.committables[0], dataclasses.replace(p.committables[1], digest=None), p.committables[2])
+    )
+    xcom = mixed.to_xcom()
+    assert isinstance(xcom["transactions"]["digests"], list)
+    back = ExportPayload.from_xcom(xcom, "prepare")
+    assert [c.digest for c in back.committables] == [c.digest for c in mixed.committables]
+    packed = p.to_xcom()
+    packed["transactions"]["digests"]["sums"] = packed["transactions"]["digests"]["sums"][:12]
+    with pytest.raises(MalformedCommittableError, match="digests"):
+        ExportPayload.from_xcom(packed, "prepare")

@@ -268,3 +268,25 @@ def test_the_digest_is_of_the_multiset_and_names_the_difference() -> None:
     assert describe_difference(forward.text(), RecordDigest().add_all(records[:2]).text()) == (
         "3 records were exported, 2 now"
     )
+
+
+def test_the_writer_sums_spark_s_hash_column_modulo_2_64_and_drops_it_before_producing() -> None:
+    import pyarrow as pa
+
+    from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEME, split_digest
+    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import DIGEST_COLUMN, _take_digest
+
+    hashes = [-1, 2**63 - 1, -(2**63), 5, 0]  # Spark's xxhash64 is a signed long
+    batch = pa.RecordBatch.from_pydict(
+        {"key": [b"a"] * 5, "value": [b"v"] * 5, DIGEST_COLUMN: pa.array(hashes, pa.int64())}
+    )
+    digest = RecordDigest(scheme=SPARK_SCHEME)
+    out = _take_digest(batch, digest)
+    _take_digest(batch.slice(0, 2), digest)
+    assert out.schema.names == ["key", "value"] and out.num_rows == 5
+    unsigned = sum(h % 2**64 for h in hashes + hashes[:2]) % 2**64
+    assert digest.text() == f"xxh64:7:{unsigned:016x}"
+    assert split_digest(digest.text()) == ("xxh64", 7, unsigned)
+    assert split_digest("xxh64:7") is None and split_digest("xxh64:x:00") is None
+    plain = pa.RecordBatch.from_pydict({"value": [b"v"]})
+    assert _take_digest(plain, digest) is plain and digest.count == 7

@@ -94,7 +94,9 @@ def test_the_recovery_sensor_says_nothing_of_this_run_was_decided_and_what_to_cl
         TransactionLostError([lost], [Visibility("orders", "dag/run-0", 4, 1000, 3, 750, 1, 250)])
     )
     assert "A run of the exporter lost records: run dag/run-0 of exporter orders: 3 of 4 transaction(s) visible" in line
-    assert "`kafka2pc acknowledge --prefix orders --run dag/run-0`, then clear this task." in line
+    assert "for run dag/run-0, repair the run: clear its export task" in line
+    assert "`kafka2pc repair --prefix orders --run dag/run-0 --source MODULE:NAME`" in line
+    assert "`kafka2pc acknowledge --prefix orders --run dag/run-0`; then clear this task." in line
 
 
 def test_the_deferred_sensor_names_the_cause_the_trigger_met() -> None:
@@ -103,6 +105,8 @@ def test_the_deferred_sensor_names_the_cause_the_trigger_met() -> None:
 
     sensor = Kafka2PCRecoverySensor(task_id="recover", transactional_id_prefix="orders")
     wrapped = RecoveryError("recovery of orders failed: TransactionLostError: 1 transaction(s) …")
-    assert "re-export the lost partitions, acknowledge the loss" in sensor.failure_line(wrapped, "TransactionLostError")
+    assert "Next: repair that run (clear its export task, or `kafka2pc repair`), or acknowledge its loss" in (
+        sensor.failure_line(wrapped, "TransactionLostError")
+    )
     assert "fix connection 'kafka2pc_default'" in sensor.failure_line(wrapped, "KafkaTlsError")
     assert sensor.failure_line(wrapped, "BrokerUnavailableError").endswith("clear this task once Kafka answers.")

@@ -152,6 +152,21 @@ def acknowledge_command(prefix: str, run: str) -> str:
     return f"kafka2pc acknowledge --prefix {shlex.quote(prefix)} --run {shlex.quote(run)}"
 
 
+def repair_command(prefix: str, run: str) -> str:
+    """The CLI call that repairs a lost run, ready to paste but for the source it cannot know."""
+    return f"kafka2pc repair --prefix {shlex.quote(prefix)} --run {shlex.quote(run)} --source MODULE:NAME"
+
+
+def loss_next_step(prefix: str, run: str) -> str:
+    """What to do about a run that lost transactions after its COMMIT (DESIGN §6), one clause."""
+    return (
+        "repair the run: clear its export task (it exports exactly the lost Spark partitions again, proves them "
+        f"the same records and commits them), or run `{repair_command(prefix, run)}`; if its source no longer "
+        "gives the same records, re-export the missing part another way and acknowledge the loss with "
+        f"`{acknowledge_command(prefix, run)}`"
+    )
+
+
 def _what_now(lost: Sequence[LostTransaction], visibility: Sequence[Visibility]) -> str:
     known = {(v.prefix, v.run): v for v in visibility}
     runs = sorted({(t.prefix, t.run) for t in lost})
@@ -161,15 +176,10 @@ def _what_now(lost: Sequence[LostTransaction], visibility: Sequence[Visibility])
         ack = f"`{acknowledge_command(prefix, run)}`" if prefix and run else "`kafka2pc acknowledge`"
         if v is None:
             where = f"`kafka2pc list --prefix {shlex.quote(prefix)}`" if prefix else "`kafka2pc list` of its exporter"
-            lines.append(
-                f"The run was decided COMMIT; {where} shows how much of it is visible. Re-export the lost "
-                f"partitions, then acknowledge the loss with {ack} so that recovery stops failing on it."
-            )
+            then = loss_next_step(prefix, run) if prefix and run else f"acknowledge the loss with {ack}"
+            lines.append(f"The run was decided COMMIT; {where} shows how much of it is visible. Next: {then}.")
         elif v.visible_transactions:
-            lines.append(
-                f"The run is partly visible: {v.sentence()}. Re-export the lost partitions, then acknowledge the "
-                f"loss with {ack} so that recovery stops failing on it."
-            )
+            lines.append(f"The run is partly visible: {v.sentence()}. Next: {loss_next_step(prefix, run)}.")
         else:
             lines.append(
                 f"Nothing of the run is visible, but it was decided COMMIT: {v.sentence()}. Acknowledge the loss "

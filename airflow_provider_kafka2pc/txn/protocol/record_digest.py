@@ -6,6 +6,10 @@ the sum, modulo 2**64, of a 64-bit BLAKE2b hash of each pair. Order-free on purp
 deterministic source may hand a partition's rows to the writer in another order on a second
 computation (a shuffle's fetch order), and the records a reader sees once are the same either way.
 Its text names the scheme, so a digest of another scheme never compares equal by accident.
+
+Two schemes: ``b2sum64`` hashes each pair here (writers outside Spark, tests); ``xxh64`` sums the
+hashes Spark's JVM computed beside each row (``spark/digest_column.py``: Spark's ``xxhash64`` of the
+key's nullness, the key and the value), which costs the writer one vector sum per batch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SCHEME = "b2sum64"
+SPARK_SCHEME = "xxh64"
 _MASK = (1 << 64) - 1
 _NONE = b"\xff"  # a null key or value; a present one is prefixed with its length, so none collide
 
@@ -33,6 +38,7 @@ class RecordDigest:
 
     count: int = 0
     total: int = 0
+    scheme: str = SCHEME
 
     def add(self, key: bytes | None, value: bytes | None) -> None:
         self.count += 1
@@ -43,8 +49,30 @@ class RecordDigest:
             self.add(key, value)
         return self
 
+    def add_hashes(self, count: int, total: int) -> None:
+        """``count`` records whose hashes (computed elsewhere, of this digest's scheme) sum to ``total``."""
+        self.count += count
+        self.total = (self.total + total) & _MASK
+
     def text(self) -> str:
-        return f"{SCHEME}:{self.count}:{self.total:016x}"
+        return join_digest(self.scheme, self.count, self.total)
+
+
+def join_digest(scheme: str, count: int, total: int) -> str:
+    """A digest's text: ``scheme:count:total`` (the total as 16 hex digits)."""
+    return f"{scheme}:{count}:{total:016x}"
+
+
+def split_digest(text: str) -> tuple[str, int, int] | None:
+    """(scheme, count, total) of a digest's text; None for a text of another shape."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    try:
+        total = int(parts[2], 16)
+    except ValueError:
+        return None
+    return (parts[0], int(parts[1]), total) if 0 <= total <= _MASK else None
 
 
 def describe_difference(recorded: str, recomputed: str) -> str:

@@ -11,15 +11,21 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEME, RecordDigest
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings, validate_writer
 
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter
 
 log = logging.getLogger(__name__)
+
+# An int64 hash of each row's key and value that Spark computed beside it (``spark/digest_column.py``):
+# summed into the transaction's digest, dropped before the batch is produced.
+DIGEST_COLUMN = "__kafka2pc_digest"
 
 
 def result_schema() -> Any:
@@ -189,6 +195,19 @@ def _write_batch(writer: DeliveryWriter, batch: Any, default_topic: str | None, 
     writer.produce_rows(topics, values, keys if keys is not None else [None] * n, partitions, headers, nbytes)
 
 
+def _take_digest(batch: Any, digest: RecordDigest) -> Any:
+    """Adds the batch's digest column to ``digest`` (sum modulo 2**64, as unsigned) and returns the
+    batch without it."""
+    import numpy as np
+
+    i = batch.schema.get_field_index(DIGEST_COLUMN)
+    if i < 0:
+        return batch
+    hashes = batch.column(i).to_numpy(zero_copy_only=False).view(np.uint64)
+    digest.add_hashes(batch.num_rows, int(hashes.sum(dtype=np.uint64)))
+    return batch.remove_column(i)
+
+
 def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: Iterator[Any]) -> Iterator[Any]:
     """The body of one Spark task; also callable without Spark (tests, other engines)."""
     import pyarrow as pa
@@ -196,6 +215,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     writer: DeliveryWriter | None = None
+    digest = RecordDigest(scheme=SPARK_SCHEME)
     write = _write_batch
     fail_after = (
         settings.fail_first_attempt[1]
@@ -205,6 +225,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     for batch in batches:
         if batch.num_rows == 0:
             continue
+        batch = _take_digest(batch, digest)
         if writer is None:
             native_path, why = choose_writer(settings, batch.schema.names)
             _tell_once(native_path, why)
@@ -224,6 +245,10 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     committable_json: str | None = None
     if isinstance(writer, TransactionalWriter):
         c = writer.prepare()
+        if c is not None and digest.count:
+            if digest.count != c.records:  # the writer's own count rules; a mismatch is a bug here
+                raise Kafka2PCError(f"partition {slot}: {digest.count} rows hashed, {c.records} records written")
+            c = replace(c, digest=digest.text())
         committable_json = c.to_json() if c is not None else None
     else:
         writer.finish()
@@ -238,4 +263,4 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     yield pa.RecordBatch.from_pylist([row], schema=result_schema())
 
 
-__all__ = ["choose_writer", "result_schema", "write_partition"]
+__all__ = ["DIGEST_COLUMN", "choose_writer", "result_schema", "write_partition"]

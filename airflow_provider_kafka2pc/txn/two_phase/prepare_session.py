@@ -25,6 +25,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 from airflow_provider_kafka2pc.txn.protocol.records import Lease, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover
+from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, RepairReport, abort_attempts, repair_lost_run
 from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport, ref_of
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,18 @@ class PrepareSession:
             return recover(
                 self.clients.wire(), self.prefix, self.clients.decision_log(), run=self.run, run_key=self.run_key
             )
+
+    def repair(self, export_again: Callable[[RepairPlan], Sequence[Committable]], actor: str) -> RepairReport:
+        """Repair the run, LOST after its COMMIT (``txn/two_phase/repair.py``)."""
+        with self._acl_named():
+            return repair_lost_run(
+                self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, export_again, actor=actor
+            )
+
+    def abort_repair_attempts(self, actor: str) -> bool:
+        """End what a failed re-export of the run's repair opened, now; True when nothing is left open."""
+        with self._acl_named():
+            return abort_attempts(self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, actor)
 
     def claim(self, owner: str) -> None:
         """Register ``owner`` as the only exporter of the prefix; refuse if another owns it."""

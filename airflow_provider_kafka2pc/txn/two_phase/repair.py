@@ -50,7 +50,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import Kind, LostTxn, RunRec
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
 from airflow_provider_kafka2pc.txn.two_phase.doomed import commit_headroom, doomed_of
-from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover, recover_until_clear
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     committed_in,
@@ -172,12 +172,7 @@ def repair_lost_run(
     the attempt that died."""
     naming.validate_prefix(prefix)
     attempts = attempts_of(run)
-
-    def owned(tid: str) -> bool:
-        parsed = naming.parse_transactional_id(tid)
-        return parsed is not None and (parsed.run_key or "").startswith(attempts)
-
-    _recovery_pass(wire, decision_log, prefix, run, actor, owned)
+    _recovery_pass(wire, decision_log, prefix, run, actor, _attempt_of(run))
     state = decision_log.read_for(prefix, run)
     if state.repair_of(prefix, run) is not None:  # another repair decided since: finish it, export nothing
         _recovery_pass(wire, decision_log, prefix, run, actor)
@@ -227,6 +222,30 @@ def repair_lost_run(
         )
         return RepairReport(final, note, repaired_now=True)
     return RepairReport(final, _repaired_sentence(final), repaired_now=True)
+
+
+def abort_attempts(wire: WireClient, decision_log: DecisionLog, prefix: str, run: str, actor: str = ACTOR) -> bool:
+    """End what undecided repair attempts of ``run`` left open (a re-export that failed or overran),
+    now, as the export's at-once abort does (passes until two are clean); a decided repair is rolled
+    forward. True when nothing of the exporter is left open."""
+
+    def one_pass() -> RecoveryResult:
+        return recover(
+            wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=_attempt_of(run)
+        )
+
+    return recover_until_clear(one_pass)[0]
+
+
+def _attempt_of(run: str) -> Callable[[str], bool]:
+    """Whether a transactional id is one a repair attempt of ``run`` writes."""
+    attempts = attempts_of(run)
+
+    def owned(tid: str) -> bool:
+        parsed = naming.parse_transactional_id(tid)
+        return parsed is not None and (parsed.run_key or "").startswith(attempts)
+
+    return owned
 
 
 def _recovery_pass(

@@ -17,7 +17,7 @@ from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspecto
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
-from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, acknowledge_command
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, acknowledge_command, repair_command
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import DecisionRecord, LostTxn, RunRecord
 from airflow_provider_kafka2pc.txn.two_phase import visibility
@@ -106,6 +106,7 @@ def loss_json(f: visibility.RunLoss) -> dict[str, Any]:
         "partly_visible": v.partly_visible,
         "summary": v.sentence(),
         "acknowledge": acknowledge_command(v.prefix, v.run),
+        "repair": repair_command(v.prefix, v.run),
         "lost": [
             lost_json(t.transactional_id, t.producer_id, t.producer_epoch, t.records, t.topic_partitions, t.reason)
             for t in f.lost

@@ -1,0 +1,94 @@
+"""``kafka2pc repair``: finish a run that lost transactions after its COMMIT, from a shell (DESIGN §6).
+
+The CLI cannot know how the run's frame was built, so ``--source module:name`` names it, importable
+where the command runs: a callable ``(spark) -> DataFrame`` giving the frame the export wrote, or
+the ``KafkaSource`` the export read (the run's stored range is read again; its transform is called
+with no Airflow context). Spark starts here, at ``--spark-master`` (``local[*]`` by default) with
+``--spark-conf``; the lost Spark partitions are exported again, compared with what the run lost,
+and committed by the transaction core (``txn/two_phase/repair.py``). Spark and the source are
+imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any, TextIO
+
+from airflow_provider_kafka2pc.cli import render
+from airflow_provider_kafka2pc.cli.arguments import ACTOR, EXIT_LOST, EXIT_OK, UsageError
+from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
+from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
+from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+from airflow_provider_kafka2pc.txn.two_phase import survey
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, abort_attempts, repair_lost_run
+
+# The repair commits right after its write job, in this process: no scheduler hand-over to allow for.
+_HANDOVER_MS = 2_000
+
+
+def load_source(spec: str) -> Any:
+    """The object ``module:name`` names; a UsageError saying what is wrong otherwise."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise UsageError(f"--source {spec!r}: give module:name, e.g. my_dags.orders:orders_frame")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--source {spec!r} cannot be loaded ({type(e).__name__}: {e})") from None
+    if not callable(found) and not hasattr(found, "dataframe"):
+        raise UsageError(f"--source {spec!r} is neither a callable (spark) -> DataFrame nor a KafkaSource")
+    return found
+
+
+def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int:
+    from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
+    from airflow_provider_kafka2pc.spark.session_builder import build_session, spark_conf
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
+    if not conn.decision_topic_exists():
+        raise UsageError(f"decision topic {args.decision_topic!r} does not exist: run {args.run!r} has no record")
+    source = load_source(args.source)
+    conf = spark_conf(f"kafka2pc-repair-{args.prefix}")
+    for item in args.spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--spark-conf {item!r}: give KEY=VALUE")
+        conf.set(key, value)
+    sessions: list[Any] = []
+
+    def frame(plan: RepairPlan) -> Any:
+        read = plan.record.source
+        kafka = hasattr(source, "dataframe")
+        if kafka and read is None:
+            raise UsageError(f"run {plan.run} of {plan.prefix} has no stored Kafka source range to read again")
+        spark = build_session(conf, args.spark_master, kafka_source=kafka)
+        sessions.append(spark)
+        return source.dataframe(spark, conn.config, read, None) if kafka else source(spark)
+
+    settings = ExportSettings(args.prefix, conn.config, topic=args.topic, writer=args.writer)
+    export_again = repair_exporter(
+        frame,
+        settings,
+        WindowSettings(handover_ms=_HANDOVER_MS),
+        abort_opened=lambda: abort_attempts(conn.wire(), conn.decision_log(), args.prefix, args.run, ACTOR),
+    )
+    try:
+        report = repair_lost_run(conn.wire(), conn.decision_log(), args.prefix, args.run, export_again, actor=ACTOR)
+    except NotLostError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        for spark in sessions:
+            spark.stop()
+    if args.json:
+        body = {"prefix": args.prefix} | survey.run_json(report.record)
+        render.print_json(out, body | {"repaired_now": report.repaired_now, "outcome": report.note})
+    else:
+        out.write(report.note + "\n")
+    return EXIT_OK if report.record.status is RunStatus.REPAIRED else EXIT_LOST
+
+
+__all__ = ["cmd_repair", "load_source"]

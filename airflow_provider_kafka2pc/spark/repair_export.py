@@ -1,0 +1,79 @@
+"""The re-export of a repair, driver glue: only the lost Spark partitions, into the repair's ids.
+
+``repair_exporter`` builds the ``export_again`` step of ``txn/two_phase/repair.py`` for the export
+operator and for ``kafka2pc repair``: the frame is built again (a Kafka source reads the run's stored
+range), refused up front when it cannot be expected to give the same records
+(``spark/repeatable_source.py``), then written as any EXACTLY_ONCE export is (computed first, the
+budget and deadline watched, a digest per transaction), but only in the lost partitions and under
+the repair attempt's transactional ids. The repair compares the digests before anything is visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import RepairRefusedError
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.spark.progress import Progress
+    from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+    from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan
+
+log = logging.getLogger(__name__)
+
+FrameOfPlan = Callable[["RepairPlan"], Any]  # the run's frame again (a Kafka source: the plan's stored range)
+
+
+def repair_exporter(
+    frame: FrameOfPlan,
+    settings: ExportSettings,
+    window: WindowSettings | None = None,
+    formats: RecordFormats | None = None,
+    abort_opened: Callable[[], bool] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Callable[[RepairPlan], Sequence[Committable]]:
+    """The ``export_again`` of a repair: ``settings`` as the run's export had them (prefix, producer
+    config, topic, writer, timeout); the ids and the delivery guarantee are the repair's."""
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.repeatable_source import why_not_repeatable
+
+    def export_again(plan: RepairPlan) -> Sequence[Committable]:
+        df = frame(plan)
+        why = why_not_repeatable(df)
+        if why is not None:
+            raise RepairRefusedError(
+                f"run {plan.run} of exporter {plan.prefix} cannot be repaired from this source: {why}. Nothing was "
+                f"written, and the run stays LOST. Export the missing part in a run of its own and acknowledge the "
+                f"loss (`kafka2pc acknowledge --prefix {plan.prefix} --run {plan.run}`), or make the source "
+                "repeatable and repair again"
+            )
+        attempt = dataclasses.replace(
+            settings,
+            naming_strategy=naming.NamingStrategy.INCREMENTING,
+            run_key=plan.attempt_key,
+            delivery_guarantee=DeliveryGuarantee.EXACTLY_ONCE,
+        )
+        result = export_dataframe(
+            df, attempt, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,
+            only_slots=plan.slots,
+        )  # fmt: skip
+        log.info(
+            "kafka2pc repair of run %s: exported %d record(s) again in %d transaction(s) (Spark partitions %s)",
+            plan.run,
+            result.records,
+            len(result.committables),
+            ", ".join(map(str, plan.slots)),
+        )
+        return result.committables
+
+    return export_again
+
+
+__all__ = ["FrameOfPlan", "repair_exporter"]

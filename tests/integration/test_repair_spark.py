@@ -1,0 +1,208 @@
+"""Repair with real Spark (DESIGN §6): runs exported by ``export_dataframe`` from Parquet files on a
+broker with a 30 s ``transaction.max.timeout.ms``, whose commit decided COMMIT, ended half of the
+transactions and stopped; the broker aborted the rest at its cap and recovery recorded the run LOST.
+``kafka2pc repair`` (a process of its own, with its own Spark) exports the lost Spark partitions
+again and commits them. Judged by a read_committed consumer (every key once), the transactions
+left open and ``kafka2pc list``'s exit status; a changed file and a non-deterministic plan are
+refused before anything becomes visible."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from tests.conftest import CAP30_TXN_MAX_TIMEOUT_MS
+from tests.helpers.kafka import REPO, KafkaEnv
+
+pytestmark = pytest.mark.kafka
+
+RUN = "orders/manual__2026-11-28T12:00:00+00:00"
+FILES, LOST, RECORDS = 8, 4, 300  # one Spark partition per Parquet file; the last 4 transactions lost
+CASES = ("main", "changed", "random")
+# One Spark partition per small file: Spark packs files up to a split size counting each file's open
+# cost, so an open cost of the default split size (128 MB) leaves each file a partition of its own.
+ONE_PARTITION_PER_FILE = ("spark.sql.files.openCostInBytes", str(128 * 1024 * 1024))
+
+
+@dataclass(frozen=True)
+class LostRuns:
+    env: KafkaEnv
+    decisions: str
+    prefixes: dict[str, str]
+    topics: dict[str, str]
+    sources: dict[str, Path]  # the Parquet directory each run exported
+
+    def keys(self, case: str) -> Counter[bytes]:
+        self.env.open_transactions(self.prefixes[case])
+        return Counter(r.key for r in self.env.read_committed(self.topics[case]) if r.key)
+
+    def kafka2pc(self, command: str, case: str, source: str = "parquet_frame") -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", command, "--prefix", self.prefixes[case],
+                "--json", "--bootstrap-servers", self.env.bootstrap, "--decision-topic", self.decisions]  # fmt: skip
+        if command == "repair":
+            argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", "--topic", self.topics[case],
+                     "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
+                     "--spark-conf", "=".join(ONE_PARTITION_PER_FILE)]  # fmt: skip
+        env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources[case]), "PYSPARK_PYTHON": sys.executable}
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+    def status(self, case: str) -> RunStatus:
+        log = DecisionLog(self.env.config, topic=self.decisions)
+        try:
+            return log.read_for(self.prefixes[case], RUN).runs[(self.prefixes[case], RUN)].status
+        finally:
+            log.close()
+
+
+def _write_files(spark: Any, directory: Path, prefix: str) -> None:
+    """One Parquet file per future Spark partition, keys ``prefix/file/i``."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(FILES * RECORDS, numPartitions=FILES).select(
+        F.concat(F.lit(f"{prefix}/"), (F.col("id") / RECORDS).cast("int").cast("string"), F.lit("/"),
+                 (F.col("id") % RECORDS).cast("string")).alias("key"),
+        F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"),
+    )  # fmt: skip
+    df.write.parquet(str(directory))
+
+
+def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, directory: Path) -> None:
+    """Export the files, decide COMMIT, end the first transactions only: the broker aborts the rest."""
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
+    settings = ExportSettings(prefix, env.config, topic=topic)
+    df = spark.read.parquet(str(directory)).select("key", "value")
+    result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
+    cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
+    assert len(cs) == FILES and all(c.digest and c.digest.startswith("xxh64:") for c in cs), cs
+    log = DecisionLog(env.config, topic=decisions)
+    with WireClient(env.config) as wire:
+        decided = decide_commit(cs, wire, log, RUN, end_txn_timeout_s=2)
+        assert isinstance(decided, Decided), decided
+        TransactionResolver(wire).resolve([ref_of(c) for c in cs[: FILES - LOST]], Intent.COMMIT)
+    log.close()
+
+
+def _warm_up(spark: Any, env: KafkaEnv, tag: str) -> None:
+    """One small export, committed: the broker's transaction coordinators loaded and Spark's Python
+    workers started before the runs."""
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+
+    topic = env.topic(1)
+    df = spark.range(100, numPartitions=8).selectExpr("CAST(id AS STRING) AS value")
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
+    settings = ExportSettings(f"rsp{tag}_warm", env.config, topic=topic)
+    result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
+    log = DecisionLog(env.config, topic=f"decisions_repair_spark_{tag}")
+    with WireClient(env.config) as wire:
+        commit_prepared(result.committables, wire, log, "warm-up")
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = SparkSession.builder.master("local[2]").appName("kafka2pc-repair-tests").config(
+        "spark.ui.enabled", "false"
+    ).config(*ONE_PARTITION_PER_FILE).getOrCreate()  # fmt: skip
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LostRuns]:
+    env, tmp = kafka_cap30, tmp_path_factory.mktemp("repair-spark")
+    tag = uuid.uuid4().hex[:6]
+    prefixes = {c: f"rsp{tag}_{c}" for c in CASES}
+    topics = {c: env.topic(4) for c in CASES}
+    decisions, sources = f"decisions_repair_spark_{tag}", {c: tmp / c for c in CASES}
+    DecisionLog(env.config, topic=decisions).ensure_topic()
+    _warm_up(spark, env, tag)
+    for case in CASES:
+        _write_files(spark, sources[case], prefixes[case])
+        _lose(spark, env, decisions, prefixes[case], topics[case], sources[case])
+    time.sleep(CAP30_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what the commits left open
+    log = DecisionLog(env.config, topic=decisions)
+    with WireClient(env.config) as wire:
+        for prefix in prefixes.values():
+            with pytest.raises(TransactionLostError):
+                recover(wire, prefix, log, run="next")
+    log.close()
+    runs = LostRuns(env, decisions, prefixes, topics, sources)
+    assert all(runs.status(c) is RunStatus.LOST for c in CASES)
+    yield runs
+
+
+def test_kafka2pc_repair_exports_the_lost_spark_partitions_again_exactly_once(lost: LostRuns) -> None:
+    assert sum(lost.keys("main").values()) == (FILES - LOST) * RECORDS
+    assert lost.kafka2pc("list", "main").returncode == 4
+    done = lost.kafka2pc("repair", "main")
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["status"] == "REPAIRED" and report["repair"]["restored"] == LOST * RECORDS, report
+    assert report["repaired_now"] is True and report["atomic"] is False, report
+    seen = lost.keys("main")
+    expected = {f"{lost.prefixes['main']}/{f}/{i}".encode() for f in range(FILES) for i in range(RECORDS)}
+    assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))
+    assert lost.env.open_transactions(lost.prefixes["main"]) == []
+    assert lost.kafka2pc("list", "main").returncode == 0
+    again = lost.kafka2pc("repair", "main")
+    assert again.returncode == 0, again.stderr[-2000:]
+    second = json.loads(again.stdout)
+    assert second["repaired_now"] is False and second["outcome"].startswith("nothing to do: run "), second
+    assert lost.keys("main") == seen
+
+
+def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostRuns, spark: Any) -> None:
+    visible = lost.keys("changed")
+    # Rewrite the source: the same files, but one record of every file changed (the lost ones too).
+    from pyspark.sql import functions as F
+
+    changed = lost.sources["changed"]
+    df = spark.read.parquet(str(changed)).withColumn(
+        "value", F.when(F.col("key").endswith("/7"), F.lit("changed")).otherwise(F.col("value"))
+    )
+    df.localCheckpoint().write.mode("overwrite").parquet(str(changed))
+    done = lost.kafka2pc("repair", "changed")
+    assert done.returncode != 0
+    assert "refused: the source no longer gives the records the run lost" in done.stderr, done.stderr[-3000:]
+    assert "Spark partition" in done.stderr and "different keys or values" in done.stderr, done.stderr[-3000:]
+    assert lost.keys("changed") == visible
+    assert lost.env.open_transactions(lost.prefixes["changed"]) == []
+    assert lost.status("changed") is RunStatus.LOST
+
+
+def test_a_non_deterministic_plan_is_refused_before_writing(lost: LostRuns) -> None:
+    visible = lost.keys("random")
+    done = lost.kafka2pc("repair", "random", source="random_frame")
+    assert done.returncode != 0
+    assert "cannot be repaired from this source: the frame's plan is not deterministic" in done.stderr, done.stderr
+    assert lost.keys("random") == visible
+    assert lost.env.open_transactions(lost.prefixes["random"]) == []
+    assert lost.status("random") is RunStatus.LOST
