@@ -340,7 +340,6 @@ class Kafka2PCExportOperator(BaseOperator):
                 raise Kafka2PCError(
                     f"run {session.run} of exporter {session.prefix} has no stored Kafka source range to read again"
                 )
-            session.clients.close()  # idle through the Spark job; the repair's next steps connect afresh
             spark = spark_session(
                 self.spark_conn_id,
                 self.spark_conf,
@@ -356,6 +355,7 @@ class Kafka2PCExportOperator(BaseOperator):
             return bool(seen["aborted"])
 
         self.log.warning("kafka2pc: run %s of %s is LOST: repairing it (repair_lost=True)", session.run, session.prefix)
+        seen["repairing"] = True
         export_again = repair_exporter(frame, settings, self.window, formats, abort_now)
         try:
             report = session.repair(export_again, actor)

@@ -16,6 +16,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     RunAbortedError,
     SecondExportError,
     TransactionLostError,
+    acknowledge_command,
     loss_next_step,
 )
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
@@ -42,6 +43,13 @@ def loss_next_steps(error: TransactionLostError) -> str:
 
 def prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapping[str, Any]) -> str:
     """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
+    if seen.get("repairing"):
+        return (
+            f"repair of run {run} (exporter {prefix}) failed ({type(error).__name__}): the run stays LOST and nothing "
+            "of the repair is visible (what it wrote is aborted before it fails, or by the next repair's first pass; "
+            "a repair whose decision was written is rolled forward by it). Next: fix the cause above and clear this "
+            f"task again, or acknowledge the loss with `{acknowledge_command(prefix, run)}`."
+        )
     if isinstance(error, TransactionLostError):  # the run, or an earlier one, lost records: a clear cannot help
         return (
             f"prepare of run {run} (exporter {prefix}) refused: a COMMIT decision in force has transactions that "

@@ -33,6 +33,7 @@ DAG_ID = "e2e_kafka2pc"
 SCHEDULED_DAG_ID = "e2e_kafka2pc_scheduled"  # same tasks, daily (for backfills), prefix {prefix}_sched
 TWO_EXPORTS_DAG_ID = "e2e_two_exports"  # export a fails fast, export b is slow; prefixes {prefix}_two_a|b
 CONSUMER_DAG_ID = "e2e_asset_consumer"  # scheduled on the topic's asset
+REPAIR_DAG_ID = "e2e_kafka2pc_repair"  # same tasks, 30 s transactions; prefix {prefix}_rep
 SOURCE_DAG_ID = "e2e_kafka_source"  # Kafka in, Spark, Kafka out; prefix {prefix}_src, group {prefix}_group
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
@@ -62,8 +63,8 @@ class Instance:
     def log(self, run_id: str, task_id: str, try_number: int, dag_id: str = DAG_ID) -> str:
         return self.af.task_log(dag_id, run_id, task_id, try_number)
 
-    def tries(self, run_id: str, task_id: str) -> list[tuple[int, str]]:
-        return [(int(t["try_number"]), t["state"]) for t in self.af.task_tries(DAG_ID, run_id, task_id)]
+    def tries(self, run_id: str, task_id: str, dag_id: str = DAG_ID) -> list[tuple[int, str]]:
+        return [(int(t["try_number"]), t["state"]) for t in self.af.task_tries(dag_id, run_id, task_id)]
 
     def wait(
         self,
@@ -132,7 +133,7 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     home = tmp_path_factory.mktemp("airflow_rest") / "home"
     # A harness that cannot start raises here, which errors (never skips) every test of the module.
-    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, TWO_EXPORTS_DAG_ID, CONSUMER_DAG_ID, SOURCE_DAG_ID]
+    dag_ids = [DAG_ID, SCHEDULED_DAG_ID, REPAIR_DAG_ID, TWO_EXPORTS_DAG_ID, CONSUMER_DAG_ID, SOURCE_DAG_ID]
     af = StandaloneAirflow(home, DAGS, env, dag_ids=dag_ids)
     with af:
         # The metadata DB is the harness's own PostgreSQL: the parsed DAGs are rows there.
@@ -199,6 +200,48 @@ def test_clear_after_commit_died_halfway_then_clear_the_finished_run(airflow: In
     assert "decision: COMMIT" not in answer and "appending the COMMIT decision" not in answer  # nothing decided
     airflow.assert_recovered_in_triggerer(run_id, 2, seen)
     exactly_once(airflow.keys(kafka), "half", ROWS)
+    assert kafka.open_transactions(prefix) == []
+
+
+def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of_its_prepare(
+    airflow: Instance, kafka: KafkaEnv
+) -> None:
+    """The UI's way (DESIGN §6): the commit decides, commits 2 of 4 transactions and dies; the broker
+    aborts the other 2 at their 30 s timeout; a clear of the commit finds them lost (the run is LOST,
+    and its failure line says to clear the export task); a clear of the export task and what follows
+    it exports the 2 lost Spark partitions again, proves them the same records and commits them."""
+    af, prefix = airflow.af, f"{airflow.prefix}_rep"
+    run_id = af.trigger(REPAIR_DAG_ID, conf=airflow.conf("rep"))
+    assert airflow.wait(run_id, dag_id=REPAIR_DAG_ID) == "failed", af.task_states(REPAIR_DAG_ID, run_id)
+    assert "injected: commit died after deciding and committing 2 of 4" in airflow.log(
+        run_id, "commit", 1, REPAIR_DAG_ID
+    )
+    deadline = time.monotonic() + 120  # the broker aborts them at 30 s, checking every few seconds
+    while kafka.open_transactions(prefix, settle_s=0) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert kafka.open_transactions(prefix) == []
+    half = {k for k in airflow.keys(kafka) if k.startswith("rep-")}
+    assert 0 < len(half) < ROWS
+
+    assert af.clear_tasks(REPAIR_DAG_ID, run_id, ["commit"]) == ["commit"]
+    assert airflow.wait(run_id, dag_id=REPAIR_DAG_ID) == "failed"
+    lost = airflow.log(run_id, "commit", 2, REPAIR_DAG_ID)
+    assert "TransactionLostError" in lost and "repair the run: clear its export task" in lost, lost[-3000:]
+
+    cleared = af.clear_tasks(REPAIR_DAG_ID, run_id, ["prepare"], include_downstream=True)
+    assert sorted(cleared) == ["abort", "commit", "prepare"], cleared
+    state = airflow.wait(run_id, dag_id=REPAIR_DAG_ID)
+    assert state == "success", (af.task_states(REPAIR_DAG_ID, run_id), airflow.log(run_id, "prepare", 2, REPAIR_DAG_ID))
+    assert airflow.tries(run_id, "prepare", REPAIR_DAG_ID) == [(1, "success"), (2, "success")]
+    repaired = airflow.log(run_id, "prepare", 2, REPAIR_DAG_ID)
+    assert "is LOST: repairing it" in repaired, repaired[-3000:]
+    assert re.search(r"exported \d+ record\(s\) again in 2 transaction\(s\)", repaired), repaired[-3000:]
+    assert "is REPAIRED: all 3000 records are visible once" in repaired, repaired[-3000:]
+    answer = airflow.log(run_id, "commit", 3, REPAIR_DAG_ID)
+    assert (
+        f"repaired: all {ROWS} records in {PARTITIONS} transactions of exporter {prefix} are visible once" in answer
+    ), answer[-3000:]
+    exactly_once(airflow.keys(kafka), "rep", ROWS)
     assert kafka.open_transactions(prefix) == []
 
 

@@ -13,9 +13,10 @@ a slow source, computed before any transaction opens unless E2E_MATERIALIZE=0) a
 ``tag_by_date`` (the run's logical date is appended to its tag, so the runs of one backfill,
 which share a conf, write different keys).
 
-Two DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only) and ``e2e_kafka2pc_scheduled`` (daily,
+Three DAGs, same tasks: ``e2e_kafka2pc`` (manual runs only), ``e2e_kafka2pc_scheduled`` (daily,
 for backfills; its own prefix E2E_PREFIX + "_sched"; its end date lies in the past so the
-scheduler never creates a run by itself, while manual runs and backfills of January still run).
+scheduler never creates a run by itself, while manual runs and backfills of January still run) and
+``e2e_kafka2pc_repair`` (manual; prefix E2E_PREFIX + "_rep", 30 s transactions, for repairs).
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
         return super().execute(context)
 
 
-def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
+def build(dag_id: str, prefix: str, transaction_timeout_ms: int | None = None, **dag_kwargs: Any) -> DAG:
     with DAG(
         dag_id=dag_id,
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
@@ -170,6 +171,7 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
                 **json.loads(os.environ.get("E2E_SPARK_CONF", "{}")),
             },
             materialize=os.environ.get("E2E_MATERIALIZE", "1") == "1",
+            transaction_timeout_ms=transaction_timeout_ms,
         )
         commit = E2ECommitOperator(
             task_id="commit",
@@ -186,6 +188,9 @@ def build(dag_id: str, prefix: str, **dag_kwargs: Any) -> DAG:
 
 
 dag = build("e2e_kafka2pc", PREFIX, schedule=None)
+# Transactions of 30 s (the broker allows 15 min): a commit that died half-way loses the rest within
+# a test's patience, and a clear of the prepare repairs the run.
+repair = build("e2e_kafka2pc_repair", f"{PREFIX}_rep", transaction_timeout_ms=30_000, schedule=None)
 scheduled = build(
     "e2e_kafka2pc_scheduled",
     f"{PREFIX}_sched",
