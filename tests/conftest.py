@@ -175,7 +175,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_netns_cluster.py",  # 184 s (2026-11-28, alone, at load 4-5)
     "tests/integration/test_repair_broker.py",  # 130 s (2026-11-28, alone)
     "tests/integration/test_security_broker.py",  # 155 s
-    "tests/integration/test_repair_spark.py",  # 140 s (2026-11-28, alone)
+    "tests/integration/test_repair_spark.py",  # 186 s (2026-11-28, alone)
     "tests/e2e/test_security_dag.py",  # 139 s
     "tests/integration/test_spark_export.py",  # 132 s
     "tests/integration/test_spark_cluster.py",  # 131 s

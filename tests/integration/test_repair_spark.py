@@ -33,6 +33,8 @@ from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.conftest import CAP30_TXN_MAX_TIMEOUT_MS
+from tests.e2e.test_kafka_source_dag import group_offsets, kafka_source_jars
+from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import REPO, KafkaEnv
 
 pytestmark = pytest.mark.kafka
@@ -40,6 +42,8 @@ pytestmark = pytest.mark.kafka
 RUN = "orders/manual__2026-11-28T12:00:00+00:00"
 FILES, LOST, RECORDS = 8, 4, 300  # one Spark partition per Parquet file; the last 4 transactions lost
 CASES = ("main", "changed", "random")
+KAFKA_PARTITIONS, KAFKA_LOST = 4, 2  # the Kafka-sourced run: one Spark partition per source partition
+KAFKA_JARS = json.loads(kafka_source_jars())["spark.jars"]
 # One Spark partition per small file: Spark packs files up to a split size counting each file's open
 # cost, so an open cost of the default split size (128 MB) leaves each file a partition of its own.
 ONE_PARTITION_PER_FILE = ("spark.sql.files.openCostInBytes", str(128 * 1024 * 1024))
@@ -52,6 +56,9 @@ class LostRuns:
     prefixes: dict[str, str]
     topics: dict[str, str]
     sources: dict[str, Path]  # the Parquet directory each run exported
+    source_topic: str  # the Kafka-sourced run's source, read by group ``group``
+    group: str
+    ends: dict[int, int]  # the Kafka-sourced run's range: where its group stands after its COMMIT
 
     def keys(self, case: str) -> Counter[bytes]:
         self.env.open_transactions(self.prefixes[case])
@@ -63,8 +70,11 @@ class LostRuns:
         if command == "repair":
             argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", "--topic", self.topics[case],
                      "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
-                     "--spark-conf", "=".join(ONE_PARTITION_PER_FILE)]  # fmt: skip
-        env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources[case]), "PYSPARK_PYTHON": sys.executable}
+                     "--spark-conf", "=".join(ONE_PARTITION_PER_FILE),
+                     "--spark-conf", f"spark.jars={KAFKA_JARS}"]  # fmt: skip
+        env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources.get(case, "")),
+               "KAFKA2PC_TEST_REPAIR_TOPIC": self.source_topic, "KAFKA2PC_TEST_REPAIR_GROUP": self.group,
+               "PYSPARK_PYTHON": sys.executable}  # fmt: skip
         return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
 
     def status(self, case: str) -> RunStatus:
@@ -105,6 +115,50 @@ def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, di
     log.close()
 
 
+def _lose_kafka_run(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, source_topic: str,
+                    group: str) -> dict[int, int]:  # fmt: skip
+    """As the export operator does with a KafkaSource: the range after the group's position, the
+    output prepared, the offsets participant holding the range's ends; COMMIT decided, then only the
+    offsets and the first output transactions ended. Returns the range's end offsets."""
+    from airflow_provider_kafka2pc.operators.kafka_source import open_offsets_writer, send_offsets, take_snapshot
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
+    from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
+    from tests.helpers.repair_sources import kafka_source
+
+    settings = ExportSettings(prefix, env.config, topic=topic, transaction_timeout_ms=CAP30_TXN_MAX_TIMEOUT_MS)
+    os.environ.update(KAFKA2PC_TEST_REPAIR_TOPIC=source_topic, KAFKA2PC_TEST_REPAIR_GROUP=group)
+    source = kafka_source()
+    with PrepareSession(KafkaClients(env.config, decisions, 30), prefix, RUN) as session:
+        read = take_snapshot(source, env.config, session, topic)
+    offsets = open_offsets_writer(settings, read, CAP30_TXN_MAX_TIMEOUT_MS)
+    assert offsets is not None
+    df = source.dataframe(spark, env.config, read, None)
+    result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
+    held = send_offsets(offsets, read, lambda: True)
+    cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
+    assert len(cs) == KAFKA_PARTITIONS, cs
+    log = DecisionLog(env.config, topic=decisions)
+    with WireClient(env.config) as wire:
+        decided = decide_commit([*cs, held], wire, log, RUN, end_txn_timeout_s=2, sources={prefix: read})
+        assert isinstance(decided, Decided), decided
+        done = [held, *cs[: KAFKA_PARTITIONS - KAFKA_LOST]]
+        TransactionResolver(wire).resolve([ref_of(c) for c in done], Intent.COMMIT)
+    log.close()
+    return {p.partition: p.end for p in read.partitions}
+
+
+def _fill(env: KafkaEnv, topic: str, key_prefix: str) -> None:
+    """RECORDS committed records per partition of the source topic, keys ``{key_prefix}{i}``."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**env.config, "linger.ms": 5})
+    for i in range(KAFKA_PARTITIONS * RECORDS):
+        producer.produce(topic, key=f"{key_prefix}{i}".encode(), value=b"v%d" % i, partition=i % KAFKA_PARTITIONS)
+    assert producer.flush(30) == 0
+
+
 def _warm_up(spark: Any, env: KafkaEnv, tag: str) -> None:
     """One small export, committed: the broker's transaction coordinators loaded and Spark's Python
     workers started before the runs."""
@@ -128,9 +182,10 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    stop_driver_jvm()  # a running JVM keeps its class path: this one needs Spark's Kafka source
     session = SparkSession.builder.master("local[2]").appName("kafka2pc-repair-tests").config(
         "spark.ui.enabled", "false"
-    ).config(*ONE_PARTITION_PER_FILE).getOrCreate()  # fmt: skip
+    ).config(*ONE_PARTITION_PER_FILE).config("spark.jars", KAFKA_JARS).getOrCreate()  # fmt: skip
     yield session
     session.stop()
 
@@ -147,6 +202,10 @@ def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFac
     for case in CASES:
         _write_files(spark, sources[case], prefixes[case])
         _lose(spark, env, decisions, prefixes[case], topics[case], sources[case])
+    prefixes["kafka"], topics["kafka"] = f"rsp{tag}_kafka", env.topic(4)
+    source_topic, group = env.topic(KAFKA_PARTITIONS), f"rsp{tag}_group"
+    _fill(env, source_topic, f"{prefixes['kafka']}/")
+    ends = _lose_kafka_run(spark, env, decisions, prefixes["kafka"], topics["kafka"], source_topic, group)
     time.sleep(CAP30_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what the commits left open
     log = DecisionLog(env.config, topic=decisions)
     with WireClient(env.config) as wire:
@@ -154,8 +213,8 @@ def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFac
             with pytest.raises(TransactionLostError):
                 recover(wire, prefix, log, run="next")
     log.close()
-    runs = LostRuns(env, decisions, prefixes, topics, sources)
-    assert all(runs.status(c) is RunStatus.LOST for c in CASES)
+    runs = LostRuns(env, decisions, prefixes, topics, sources, source_topic, group, ends)
+    assert all(runs.status(c) is RunStatus.LOST for c in prefixes)
     yield runs
 
 
@@ -206,3 +265,20 @@ def test_a_non_deterministic_plan_is_refused_before_writing(lost: LostRuns) -> N
     assert lost.keys("random") == visible
     assert lost.env.open_transactions(lost.prefixes["random"]) == []
     assert lost.status("random") is RunStatus.LOST
+
+
+def test_a_kafka_sourced_run_is_repaired_from_its_stored_range_and_its_group_does_not_move(lost: LostRuns) -> None:
+    prefix = lost.prefixes["kafka"]
+    assert group_offsets(lost.env, lost.group) == lost.ends  # moved with the run's COMMIT
+    before = lost.keys("kafka")
+    assert sum(before.values()) == (KAFKA_PARTITIONS - KAFKA_LOST) * RECORDS
+    done = lost.kafka2pc("repair", "kafka", source="KAFKA_SOURCE")
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["status"] == "REPAIRED" and report["repair"]["restored"] == KAFKA_LOST * RECORDS, report
+    seen = lost.keys("kafka")
+    expected = {f"{prefix}/{i}".encode() for i in range(KAFKA_PARTITIONS * RECORDS)}
+    assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))
+    assert lost.env.open_transactions(prefix) == []
+    assert group_offsets(lost.env, lost.group) == lost.ends  # the repair read the range, moved nothing
+    assert lost.kafka2pc("list", "kafka").returncode == 0

@@ -206,7 +206,9 @@ def judge(
         if seen == want and want > 0:
             outcomes["committed"] += 1
             # A commit that died after its decision reported nothing; the next run rolled it forward.
-            if status not in ("success", "died-after-decision"):
+            if status == "repaired":  # lost after its decision, then its lost slots exported again
+                outcomes["repaired"] += 1
+            elif status not in ("success", "died-after-decision"):
                 violations.append(Violation(r["run"], f"all {want} records visible but reported {status}"))
         elif seen == 0:
             outcomes["aborted" if status == "failed" else "lost (nothing visible), reported"] += 1

@@ -148,6 +148,7 @@ SHORT_PLANS = (
     Plan(broker_in_commit=True, resolve_in="commit", source=True),
     Plan(commit_end="timeout", source=True),
     Plan(commit_end="timeout_after_decision", source=True),
+    Plan(commit_end="timeout_after_decision"),  # not sourced: nothing keeps its repair from the output
     Plan(resolve_in="prepare", clear="run", source=True),
 )
 
@@ -163,6 +164,7 @@ class Run:
     faults: list[str] = field(default_factory=list)  # kind:variant, as injected
     notes: list[str] = field(default_factory=list)
     acknowledged: bool = False
+    repaired: bool = False  # a LOST run the soak repaired (tests/helpers/repair_actor.py): all visible once
     loss_reported: bool = False  # a tool (commit, recovery, the operator's resolve) reported a loss
     # A COMMIT decision for the run is in force (a commit stalled after its EndTxns): if the broker
     # aborted all of its transactions, nothing is visible and the run is lost, not aborted.
@@ -259,6 +261,7 @@ class Soak:
         self.broken: list[Violation] = []
         self.told: list[Violation] = []  # what list/describe said against Kafka's truth ("truth" kind)
         self.offsets_broken: list[Violation] = []  # the group's offsets against the output ("offsets" kind)
+        self.repairs = Counter[str]()  # how each repair of a lost run ended
         self.truth_checks = Counter[str]()  # checks, and those where list reported a loss (exit 4)
         self.truth_s = 0.0
         self.broker_lock = threading.Lock()  # one broker down at a time (2 of 3 down: no KRaft quorum)
@@ -311,22 +314,30 @@ class Soak:
 
     # -- the user's steps ----------------------------------------------------------------
     def recover(self, r: Run) -> None:
-        """The recovery sensor: passes until done; a reported loss is acknowledged, then go on.
+        """The recovery sensor: passes until done; a reported loss is repaired (exported again and
+        committed, as ``kafka2pc repair`` does) or, where the repair refuses, acknowledged, then go on.
 
         The soak's truth check ran before (after the run that lost): read-only commands saw the loss
-        before any recovery; once acknowledged, ``list`` must no longer report it (checked here)."""
+        before any recovery; once repaired or acknowledged, ``list`` must no longer report it (checked here)."""
         acknowledged: list[str] = []
         for _ in range(60):
             p = self.call(self.cmd("recover", "--run", f"{r.run}/recover"))
             if p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1])["done"]:
                 if acknowledged:
-                    self.check_truth(f"after acknowledging {', '.join(acknowledged)}")
+                    self.check_truth(f"after repairing or acknowledging {', '.join(acknowledged)}")
                 return
             if p.returncode == EXIT_LOST:
-                pending = [x for x in self.runs if (x.status == "lost" or x.loss_reported) and not x.acknowledged]
+                pending = [
+                    x
+                    for x in self.runs
+                    if (x.status == "lost" or x.loss_reported) and not x.acknowledged and not x.repaired
+                ]
                 if not pending:  # no tool told the user of this loss when its run ended
                     raise UnexpectedLoss(p.stderr.strip()[-1500:])
                 for lost in pending:
+                    if self.repair(lost):
+                        acknowledged.append(lost.run)
+                        continue
                     a = self.call(self.cli("acknowledge", "--run", lost.run, "--note", "soak: acknowledged"))
                     if a.returncode != 0:
                         raise RuntimeError(f"acknowledge {lost.run}: exit {a.returncode}: {a.stdout} {a.stderr}")
@@ -334,6 +345,23 @@ class Soak:
                     acknowledged.append(lost.run)
             time.sleep(0.5)
         raise RuntimeError(f"recovery never finished: {p.stderr[-2000:]}")
+
+    def repair(self, r: Run) -> bool:
+        """Repair a LOST run: its lost slots written again as its raw prepare wrote them, compared by
+        their digests, committed. False when the repair refused (a Spark-prepared run, whose digests
+        are Spark's; a lost offsets participant): then it is acknowledged instead."""
+        argv = [sys.executable, "-m", "tests.helpers.repair_actor", "--bootstrap", self.bootstrap,
+                "--decision-topic", self.decisions, "--prefix", PREFIX, "--run", r.run, "--topic", self.topic,
+                "--records", str(r.records), "--tag", r.tag]  # fmt: skip
+        p = self.call(argv)
+        status = json.loads(p.stdout.strip().splitlines()[-1])["status"] if p.returncode == 0 else ""
+        self.repairs["repaired" if status == "REPAIRED" else f"exit {p.returncode} {status}".strip()] += 1
+        if status != "REPAIRED":
+            r.notes.append(f"repair: exit {p.returncode} {status}: {p.stderr.strip().splitlines()[-1:]}")
+            return False
+        r.repaired, r.status = True, "repaired"
+        r.notes.append("repaired")
+        return True
 
     def commit_argv(self, r: Run, file: Path) -> list[str]:
         # COMMIT_TIMEOUTS last: a patient commit replaces them.
@@ -947,6 +975,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "outcomes": outcomes,
         "leader_kills": dict(soak.leader_outcomes),
         "truth_checks": dict(soak.truth_checks),
+        "repairs": dict(soak.repairs),
         "truth_seconds": round(soak.truth_s),
         # Kafka-sourced runs whose prepare took a range, by how they ended.
         "sourced": dict(Counter(r.status for r in soak.runs if r.source_end)),
@@ -1015,6 +1044,8 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"Kafka-sourced runs: {sum(sourced.values())} ({', '.join(f'{k} {v}' for k, v in sorted(sourced.items()))})"
     )
+    repairs = result.get("repairs", {})
+    lines.append(f"lost runs repaired: {', '.join(f'{k} {v}' for k, v in sorted(repairs.items())) or 'none'}")
     if result.get("leader_kills"):
         lines += ["the actor a leader kill struck:"]
         lines += [f"  {k:50s} {v}" for k, v in sorted(result["leader_kills"].items())]

@@ -41,6 +41,8 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
     # The truth check ran after every run and saw the timed-out run's loss before any recovery.
     assert result["truth_checks"]["checks"] >= len(harness.SHORT_PLANS) + len(harness.AIRFLOW_SHORT_PLANS)
     assert result["truth_checks"].get("list exit 4 (a loss reported)", 0) >= 1
+    # A lost run was repaired (the unsourced timeout after the decision), judged whole, exactly once.
+    assert result["repairs"].get("repaired", 0) >= 1 and result["outcomes"].get("repaired", 0) >= 1, result["repairs"]
     # Kafka-sourced runs took ranges, one at least moved the group, and its offsets were judged
     # against the output whenever nothing was open (after most runs, and at the end).
     sourced = result["sourced"]
