@@ -314,6 +314,16 @@ class Kafka2PCExportOperator(BaseOperator):
         registry = SchemaRegistryHook(self.schema_registry_conn_id).settings()
         return RecordFormats(registry, key=self.key_format, value=self.value_format)
 
+    def _spark_session(self, purpose: str, kafka_source: bool, formats: RecordFormats | None) -> Any:
+        """The job's SparkSession (``purpose`` names a repair's in the application name)."""
+        return spark_session(
+            self.spark_conn_id,
+            self.spark_conf,
+            "-".join(p for p in (self.dag_id, self.task_id, purpose) if p),
+            kafka_source=kafka_source,
+            avro=formats is not None and formats.uses_avro,
+        )
+
     def _repair(
         self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
     ) -> dict[str, Any] | None:
@@ -340,13 +350,7 @@ class Kafka2PCExportOperator(BaseOperator):
                 raise Kafka2PCError(
                     f"run {session.run} of exporter {session.prefix} has no stored Kafka source range to read again"
                 )
-            spark = spark_session(
-                self.spark_conn_id,
-                self.spark_conf,
-                f"{self.dag_id}-{self.task_id}-repair",
-                kafka_source=read is not None,
-                avro=formats is not None and formats.uses_avro,
-            )
+            spark = self._spark_session("repair", read is not None, formats)
             seen["writing"] = True
             return self._dataframe(spark, context, settings.producer_config, read)
 
@@ -460,13 +464,7 @@ class Kafka2PCExportOperator(BaseOperator):
         # steps after the job (an abort now, the stand-down) connect afresh.
         session.clients.close()
         formats = self._formats()
-        spark = spark_session(
-            self.spark_conn_id,
-            self.spark_conf,
-            f"{self.dag_id}-{self.task_id}",
-            kafka_source=read is not None,
-            avro=formats is not None and formats.uses_avro,
-        )
+        spark = self._spark_session("", read is not None, formats)
 
         def progress(p: Progress) -> None:
             seen["progress"], seen["progress_at"] = p, time.monotonic()

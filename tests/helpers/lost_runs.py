@@ -13,17 +13,37 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.helpers.phase_two import write_slot
+
+
+def record_lost(config: dict[str, Any], decisions: str, prefixes: Iterable[str], run: str, cap_ms: int) -> None:
+    """After the broker's cap has passed (plus its abort check), each prefix's next recovery fails on
+    the loss and records ``run`` LOST (asserted)."""
+    time.sleep(cap_ms / 1000 + 4)
+    log = DecisionLog(config, topic=decisions)
+    with WireClient(config) as wire:
+        for prefix in prefixes:
+            with pytest.raises(TransactionLostError):
+                recover(wire, prefix, log, run="next")
+            assert log.read_for(prefix, run).runs[(prefix, run)].status is RunStatus.LOST
+    log.close()
 
 
 def main() -> int:

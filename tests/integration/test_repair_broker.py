@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -21,14 +20,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
-from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.repair import attempts_of
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.actors import sigkill, spawn, wait_for_line
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local
+from tests.helpers.lost_runs import record_lost
 
 pytestmark = pytest.mark.kafka
 
@@ -118,14 +115,7 @@ def lost(kafka_short_timeout: KafkaEnv, tmp_path_factory: pytest.TempPathFactory
     procs = [_lose(env, tmp, decisions, big, TXNS, LOST, RECORDS), _lose(env, tmp, decisions, small, 4, 2, 20)]
     for proc in procs:
         sigkill(proc)
-    time.sleep(SHORT_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what the commits left open
-    log = DecisionLog(env.config, topic=decisions)
-    with WireClient(env.config) as wire:
-        for prefix in prefixes.values():
-            with pytest.raises(TransactionLostError):
-                recover(wire, prefix, log, run="next")
-            assert log.read_for(prefix, RUN).runs[(prefix, RUN)].status is RunStatus.LOST
-    log.close()
+    record_lost(env.config, decisions, prefixes.values(), RUN, SHORT_TXN_MAX_TIMEOUT_MS)  # the broker aborts the rest
     yield Lost(env, big | small, decisions, prefixes)
 
 

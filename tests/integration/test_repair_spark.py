@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -24,18 +23,17 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
-from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.conftest import CAP30_TXN_MAX_TIMEOUT_MS
 from tests.e2e.test_kafka_source_dag import group_offsets, kafka_source_jars
 from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import REPO, KafkaEnv
+from tests.helpers.lost_runs import record_lost
 
 pytestmark = pytest.mark.kafka
 
@@ -206,15 +204,8 @@ def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFac
     source_topic, group = env.topic(KAFKA_PARTITIONS), f"rsp{tag}_group"
     _fill(env, source_topic, f"{prefixes['kafka']}/")
     ends = _lose_kafka_run(spark, env, decisions, prefixes["kafka"], topics["kafka"], source_topic, group)
-    time.sleep(CAP30_TXN_MAX_TIMEOUT_MS / 1000 + 4)  # the broker aborts what the commits left open
-    log = DecisionLog(env.config, topic=decisions)
-    with WireClient(env.config) as wire:
-        for prefix in prefixes.values():
-            with pytest.raises(TransactionLostError):
-                recover(wire, prefix, log, run="next")
-    log.close()
+    record_lost(env.config, decisions, prefixes.values(), RUN, CAP30_TXN_MAX_TIMEOUT_MS)  # the broker aborts the rest
     runs = LostRuns(env, decisions, prefixes, topics, sources, source_topic, group, ends)
-    assert all(runs.status(c) is RunStatus.LOST for c in prefixes)
     yield runs
 
 
