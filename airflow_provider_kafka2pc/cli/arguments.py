@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kafka2pc",
         description="Inspect and resolve the Kafka transactions of a kafka2pc exporter.",
         epilog=(
-            "Exit status: 0 nothing open and nothing lost, 1 transactions open, 2 bad usage (or acknowledge of "
-            "a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, or lost transactions under a COMMIT)."
+            "Exit status: 0 nothing open and nothing lost (repair: REPAIRED), 1 transactions open, 2 bad usage "
+            "(or acknowledge or repair of a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, lost "
+            "transactions under a COMMIT, a repair refused)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"kafka2pc {__version__}")

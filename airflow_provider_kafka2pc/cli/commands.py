@@ -17,8 +17,8 @@ Exit status: 0 nothing of the prefix is open and nothing is lost (acknowledge: d
 of the prefix are open (list, resolve --dry-run: something to do; resolve: still open after
 --wait); 2 bad usage, an invalid prefix, a missing or mistaken --conn-id, or acknowledge or repair
 of a run that is not LOST; 3 Kafka unreachable or failing; 4 a loss: a run of the prefix is LOST and not
-acknowledged, or a COMMIT decision in force has transactions that can never become visible (takes
-precedence over 1).
+acknowledged, or a COMMIT decision in force has transactions that can never become visible, or a
+repair was refused and the run stays LOST (takes precedence over 1).
 
 Only the transaction core is imported: no Airflow, and Kafka clients only when a command runs.
 ``--conn-id`` takes the settings from an Airflow connection instead, found where ``airflow
@@ -62,6 +62,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     Kafka2PCError,
     LostTransaction,
     NotLostError,
+    RepairRefusedError,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.two_phase import survey
@@ -321,6 +322,8 @@ def main(argv: Sequence[str] | None = None, connect: Connect = Connection) -> in
     except Exception as e:
         if args.debug:
             sys.stderr.write(scrub("".join(traceback.format_exception(e)), config))
+        if isinstance(e, RepairRefusedError):  # the run stays LOST: a loss, as list says
+            return _fail(EXIT_LOST, str(e), config)
         if isinstance(e, Kafka2PCError):  # ours: the message is written for the operator
             return _fail(EXIT_FAILED, str(e), config)
         hint = "" if args.debug else " (--debug shows the traceback)"

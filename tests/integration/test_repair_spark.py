@@ -240,7 +240,7 @@ def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostR
     )
     df.localCheckpoint().write.mode("overwrite").parquet(str(changed))
     done = lost.kafka2pc("repair", "changed")
-    assert done.returncode != 0
+    assert done.returncode == 4  # the run stays LOST
     assert "refused: the source no longer gives the records the run lost" in done.stderr, done.stderr[-3000:]
     assert "Spark partition" in done.stderr and "different keys or values" in done.stderr, done.stderr[-3000:]
     assert lost.keys("changed") == visible
@@ -251,7 +251,7 @@ def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostR
 def test_a_non_deterministic_plan_is_refused_before_writing(lost: LostRuns) -> None:
     visible = lost.keys("random")
     done = lost.kafka2pc("repair", "random", source="random_frame")
-    assert done.returncode != 0
+    assert done.returncode == 4  # the run stays LOST
     assert "cannot be repaired from this source: the frame's plan is not deterministic" in done.stderr, done.stderr
     assert lost.keys("random") == visible
     assert lost.env.open_transactions(lost.prefixes["random"]) == []
