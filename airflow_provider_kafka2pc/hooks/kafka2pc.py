@@ -256,10 +256,13 @@ class Kafka2PCHook(ConnectionHook):
 
         return PrepareSession(self.clients(), prefix, run, run_key)
 
-    def recover(self, prefix: str, run: str, run_key: str | None = None) -> RecoveryResult:
-        """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once."""
+    def recover(
+        self, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> RecoveryResult:
+        """Resolve every open transaction of ``prefix`` by the decision log (DESIGN §3.1), once.
+        ``spare_own_loss``: a loss of ``run`` itself does not fail it (its export task repairs it)."""
         with self.prepare_session(prefix, run, run_key) as session:
-            return session.recover()
+            return session.recover(spare_own_loss)
 
     def take_turn(self, prefix: str, dag_id: str, run_id: str) -> Lease | None:
         """Queue this DAG run for the POOLING exporter ``prefix``; the live run ahead of it, or None.

@@ -208,6 +208,16 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def _repair_note(repair: Mapping[str, Any] | None) -> str:
+    """What a run's repair did, for the runs table ("" for a run never repaired)."""
+    if not repair:
+        return ""
+    return (
+        f"repaired by {repair['actor']} at {repair['time']}: {repair['restored']:,} lost records exported again and "
+        f"committed by decision {repair['decision']}; visible in two steps, not atomically"
+    )
+
+
 def run_rows(described: Mapping[str, Any], losses: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The prefix's recent runs, newest first, each with its state: a run record's (COMMITTED, LOST,
     ACKNOWLEDGED, DECIDED), else its decision's (ABORTED, COMMITTING, VOID); a loss the broker shows
@@ -221,7 +231,7 @@ def run_rows(described: Mapping[str, Any], losses: Sequence[Mapping[str, Any]]) 
             "records": r["records"],
             "at_ms": r["at_ms"],
             "time": r["time"],
-            "note": r["note"] or "",
+            "note": r["note"] or _repair_note(r.get("repair")),
             "source": r.get("source_range") or "",
         }
     for d in described["decisions"]:

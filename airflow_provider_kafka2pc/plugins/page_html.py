@@ -224,7 +224,13 @@ def _loss(conn_id: str, loss: Mapping[str, Any], can_acknowledge: bool) -> str:
             f"pass (the recovery sensor, or <code>kafka2pc resolve --prefix {e(prefix)}</code>) records it LOST; "
             "then it can be acknowledged here.</div>"
         )
-    elif can_acknowledge:
+    else:
+        parts.append(
+            '<div class="muted"><b>Repair it</b>: clear this DAG run (or its export task) in Airflow; the export '
+            "task exports exactly the lost Spark partitions again, proves them the same records and commits them. "
+            f"From a shell: <code>{e(loss['repair'])}</code>. Acknowledge only if the source changed.</div>"
+        )
+    if loss["final"] and can_acknowledge:
         parts.append(
             f'<form class="inline" method="post" action="{PAGE}/acknowledge">'
             f'<input type="hidden" name="conn_id" value="{e(conn_id)}">'
@@ -236,7 +242,7 @@ def _loss(conn_id: str, loss: Mapping[str, Any], can_acknowledge: bool) -> str:
             '<div class="muted">Acknowledging tells recovery to stop failing on this run; its lost records stay '
             f"lost. Same as <code>{e(loss['acknowledge'])}</code>.</div>"
         )
-    else:
+    elif loss["final"]:
         parts.append(
             '<div class="muted">Acknowledging this loss needs permission to edit connection '
             f"<code>{e(conn_id)}</code>; or run <code>{e(loss['acknowledge'])}</code>.</div>"

@@ -47,6 +47,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         poke_interval: float = 5.0,
         retries: int | None = None,
         retry_delay: timedelta | float | None = None,
+        repair_lost: bool = True,
         **kwargs: Any,
     ) -> None:
         # Named here so that Airflow fills them from default_args before this default applies.
@@ -59,6 +60,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
         self.kafka2pc_conn_id = kafka2pc_conn_id
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
         self.deferrable = deferrable
+        self.repair_lost = repair_lost
 
     def failure_line(self, error: BaseException, cause: str = "") -> str:
         """What a failed recovery leaves and the next click (``operators/failure_lines.py``)."""
@@ -82,7 +84,9 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
             if holder is not None:
                 self.log.info(waiting_message(self.transactional_id_prefix, holder))
                 return False
-        result = hook.recover(self.transactional_id_prefix, decision_run(context), self.run_key(context))
+        result = hook.recover(
+            self.transactional_id_prefix, decision_run(context), self.run_key(context), self.repair_lost
+        )
         self.log.info("recovery of %s: %s", self.transactional_id_prefix, result.describe())
         return result.done
 
@@ -103,6 +107,7 @@ class Kafka2PCRecoverySensor(BaseSensorOperator):
                 turn=(self.dag_id, context["run_id"]) if self.takes_turns else None,
                 run_key=self.run_key(context),
                 poke_interval=self.poke_interval,
+                spare_own_loss=self.repair_lost,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),

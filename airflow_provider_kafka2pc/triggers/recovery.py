@@ -37,8 +37,10 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
         poke_interval: float = 5.0,
         turn: tuple[str, str] | list[str] | None = None,
         run_key: str | None = None,
+        spare_own_loss: bool = False,
     ) -> None:
         super().__init__()
+        self.spare_own_loss = spare_own_loss
         self.run_key = run_key
         self.turn = tuple(turn) if turn else None  # (dag_id, run_id): a POOLING run waits its turn
         self.transactional_id_prefix = transactional_id_prefix
@@ -57,6 +59,7 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "turn": list(self.turn) if self.turn else None,
                 "run_key": self.run_key,
+                "spare_own_loss": self.spare_own_loss,
             },
         )
 
@@ -74,7 +77,7 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
                         await asyncio.sleep(self.poke_interval)
                         continue
                 result = await asyncio.to_thread(
-                    hook.recover, self.transactional_id_prefix, self.run_name, self.run_key
+                    hook.recover, self.transactional_id_prefix, self.run_name, self.run_key, self.spare_own_loss
                 )
                 self.log.info("recovery of %s, pass %d: %s", self.transactional_id_prefix, passes, result.describe())
                 if result.done:

@@ -203,13 +203,14 @@ def test_clear_after_commit_died_halfway_then_clear_the_finished_run(airflow: In
     assert kafka.open_transactions(prefix) == []
 
 
-def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of_its_prepare(
+def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of_the_run(
     airflow: Instance, kafka: KafkaEnv
 ) -> None:
     """The UI's way (DESIGN §6): the commit decides, commits 2 of 4 transactions and dies; the broker
     aborts the other 2 at their 30 s timeout; a clear of the commit finds them lost (the run is LOST,
-    and its failure line says to clear the export task); a clear of the export task and what follows
-    it exports the 2 lost Spark partitions again, proves them the same records and commits them."""
+    and its failure line says to clear the export task); a clear of the whole run lets the run's own
+    loss through the recovery sensor, and its export task exports the 2 lost Spark partitions again,
+    proves them the same records and commits them."""
     af, prefix = airflow.af, f"{airflow.prefix}_rep"
     run_id = af.trigger(REPAIR_DAG_ID, conf=airflow.conf("rep"))
     assert airflow.wait(run_id, dag_id=REPAIR_DAG_ID) == "failed", af.task_states(REPAIR_DAG_ID, run_id)
@@ -228,8 +229,7 @@ def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of
     lost = airflow.log(run_id, "commit", 2, REPAIR_DAG_ID)
     assert "TransactionLostError" in lost and "repair the run: clear its export task" in lost, lost[-3000:]
 
-    cleared = af.clear_tasks(REPAIR_DAG_ID, run_id, ["prepare"], include_downstream=True)
-    assert sorted(cleared) == ["abort", "commit", "prepare"], cleared
+    af.clear_run(REPAIR_DAG_ID, run_id)  # the whole run, as the UI's "Clear" of the run does
     state = airflow.wait(run_id, dag_id=REPAIR_DAG_ID)
     assert state == "success", (af.task_states(REPAIR_DAG_ID, run_id), airflow.log(run_id, "prepare", 2, REPAIR_DAG_ID))
     assert airflow.tries(run_id, "prepare", REPAIR_DAG_ID) == [(1, "success"), (2, "success")]
@@ -237,6 +237,10 @@ def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of
     assert "is LOST: repairing it" in repaired, repaired[-3000:]
     assert re.search(r"exported \d+ record\(s\) again in 2 transaction\(s\)", repaired), repaired[-3000:]
     assert "is REPAIRED: all 3000 records are visible once" in repaired, repaired[-3000:]
+    # The recovery sensor let the run's own loss through to its export task, and said so.
+    last = int(af.task_instance(REPAIR_DAG_ID, run_id, "recover")["try_number"])
+    sensed = airflow.log(run_id, "recover", last, REPAIR_DAG_ID)
+    assert "left to this run's export task, which repairs it" in sensed, sensed[-3000:]
     answer = airflow.log(run_id, "commit", 3, REPAIR_DAG_ID)
     assert (
         f"repaired: all {ROWS} records in {PARTITIONS} transactions of exporter {prefix} are visible once" in answer

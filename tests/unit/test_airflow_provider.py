@@ -240,7 +240,9 @@ def _run_trigger(monkeypatch: pytest.MonkeyPatch, recover: Any) -> tuple[list[An
 def test_trigger_fires_when_nothing_is_open_and_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     passes: list[str] = []
 
-    def recover(self: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
+    def recover(
+        self: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> _Result:
         passes.append(prefix)
         time.sleep(0.3)  # blocking Kafka I/O: must not stall the triggerer's loop
         return _Result(done=len(passes) == 3)
@@ -252,7 +254,9 @@ def test_trigger_fires_when_nothing_is_open_and_never_blocks_the_event_loop(monk
 
 
 def test_trigger_reports_a_failure_as_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    def recover(self: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
+    def recover(
+        self: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> _Result:
         raise RuntimeError("broker down")
 
     events, _ = _run_trigger(monkeypatch, recover)

@@ -32,3 +32,30 @@ def test_an_undecided_transaction_is_explained_as_a_live_runs_and_resolve_is_nam
 def test_decided_transactions_need_no_such_note() -> None:
     html = page()
     assert "<td>roll forward</td>" in html and "never aborts another live run" not in html
+
+
+def test_a_lost_run_says_how_to_repair_it_and_a_repaired_run_says_who_repaired_what() -> None:
+    from airflow_provider_kafka2pc.plugins.page import run_rows
+    from airflow_provider_kafka2pc.txn.protocol.records import Covered, LostTxn, Repair, RunRecord, RunStatus
+    from airflow_provider_kafka2pc.txn.two_phase import survey
+
+    gone = LostTxn(Covered("orders-1", 7, 0, 10, ("events-1",), 1_000, "xxh64:10:00"), "timeout")
+    lost = RunRecord("orders", "dag/r1", RunStatus.LOST, 2, 20, 5_000, "d-1", (gone,))
+    loss = {
+        "run": "dag/r1", "prefix": "orders", "final": True, "visible_transactions": 1, "transactions": 2,
+        "visible_records": 10, "records": 20, "lost_transactions": 1, "lost_records": 10, "pending_transactions": 0,
+        "acknowledge": "kafka2pc acknowledge --prefix orders --run dag/r1",
+        "repair": "kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME",
+        "lost": [{"transactional_id": "orders-1", "producer_id": 7, "producer_epoch": 0, "records": 10,
+                  "partitions": ["events-1"], "reason": "timeout"}],
+    }  # fmt: skip
+    repaired = RunRecord("orders", "dag/r0", RunStatus.REPAIRED, 2, 20, 4_000, "d-0",
+                         repair=Repair("d-9", "orders_dag.prepare (try 2)", 9_000, 1, 10, 10))  # fmt: skip
+    runs = run_rows({"runs": [survey.run_json(repaired), survey.run_json(lost)], "decisions": []}, [])
+    x: dict[str, Any] = {"prefix": "orders", "transactions": [], "losses": [loss], "runs": runs}
+    topic = {"decision_topic": "kafka2pc_decisions", "decision_topic_exists": True, "known_prefixes": {}}
+    html = render_page("kafka2pc_default", ["orders"], {"exporters": [x], **topic}, True)
+    assert "<b>Repair it</b>: clear this DAG run (or its export task) in Airflow" in html
+    assert "<code>kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME</code>" in html
+    assert "Acknowledge loss</button>" in html
+    assert "repaired by orders_dag.prepare (try 2) at 1970-01-01T00:00:09Z: 10 lost records exported again" in html

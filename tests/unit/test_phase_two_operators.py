@@ -175,18 +175,21 @@ def test_pooling_sensor_recovers_once_it_is_its_turn(monkeypatch: pytest.MonkeyP
     Turns(None).install(monkeypatch)
     passes: list[tuple[str, str]] = []
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
-        passes.append((prefix, run))
+    def recover(
+        hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> _Result:
+        passes.append((prefix, run, spare_own_loss))
         return _Result(True)
 
     monkeypatch.setattr(Kafka2PCHook, "recover", recover)
     dag, s = sensor()
     assert s.poke(context(dag)) is True
-    assert passes == [("orders", f"{DAG_ID}/{RUN_ID}")]
+    # The loss of this run itself is left to its export task, which repairs it (repair_lost=True).
+    assert passes == [("orders", f"{DAG_ID}/{RUN_ID}", True)]
 
 
 def test_incrementing_sensor_never_takes_turns(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
-    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None: _Result(False))
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None, spare=False: _Result(False))
     dag, s = sensor("incrementing")
     assert s.poke(context(dag)) is False  # take_turn would fail the test
     assert s.poke(context(dag)) is False
@@ -203,6 +206,7 @@ def test_deferred_sensor_hands_its_turn_to_the_trigger_only_for_pooling() -> Non
         with pytest.raises(TaskDeferred) as deferred:
             s.execute(context(dag))
         assert deferred.value.trigger.serialize()[1]["turn"] == turn
+        assert deferred.value.trigger.serialize()[1]["spare_own_loss"] is True  # repair_lost, the default
 
 
 # --- recovery trigger ------------------------------------------------------------------------------
@@ -244,7 +248,9 @@ def test_trigger_fires_only_after_the_holder_goes_away(monkeypatch: pytest.Monke
         order.append("wait" if holder else "turn")
         return holder
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
+    def recover(
+        hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> _Result:
         order.append("recover")
         return _Result(True)
 
@@ -260,7 +266,9 @@ def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytes
     Turns(None).install(monkeypatch)
     lost = LostTransaction("orders-0", 7, 0, 10, ("events-0",), "aborted by the broker after its COMMIT")
 
-    def recover(hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None) -> _Result:
+    def recover(
+        hook: Kafka2PCHook, prefix: str, run: str, run_key: str | None = None, spare_own_loss: bool = False
+    ) -> _Result:
         raise TransactionLostError([lost])
 
     monkeypatch.setattr(Kafka2PCHook, "recover", recover)
@@ -271,7 +279,7 @@ def test_trigger_reports_a_loss_in_recovery_as_an_error_event(monkeypatch: pytes
 
 
 def test_trigger_without_a_turn_never_asks_for_one(monkeypatch: pytest.MonkeyPatch, no_kafka: None) -> None:
-    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None: _Result(True))
+    monkeypatch.setattr(Kafka2PCHook, "recover", lambda self, p, r, k=None, spare=False: _Result(True))
     assert [e["status"] for e in run_trigger(monkeypatch, turn=None)] == ["success"]
 
 

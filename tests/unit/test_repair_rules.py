@@ -290,3 +290,20 @@ def test_the_writer_sums_spark_s_hash_column_modulo_2_64_and_drops_it_before_pro
     assert split_digest("xxh64:7") is None and split_digest("xxh64:x:00") is None
     plain = pa.RecordBatch.from_pydict({"value": [b"v"]})
     assert _take_digest(plain, digest) is plain and digest.count == 7
+
+
+def test_a_recovery_that_spares_a_run_does_not_fail_on_its_loss_but_says_it_is_left_to_its_repair() -> None:
+    """The recovery sensor of a cleared LOST run: its own loss goes to its export task, another run's fails."""
+    from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+    from tests.unit.fakes import FakeBroker, MemoryDecisionLog
+
+    wire, log = FakeBroker(), MemoryDecisionLog(initial=[(LOST_RUN.key, LOST_RUN.to_json())])
+    with pytest.raises(TransactionLostError):
+        recover(wire, "orders", log, run="next")
+    result = recover(wire, "orders", log, run=RUN, spare=RUN)
+    assert result.done and not result.lost
+    assert [v.run for v in result.spared] == [RUN]
+    assert "left to this run's export task, which repairs it" in result.describe()
+    with pytest.raises(TransactionLostError):
+        recover(wire, "orders", log, run="other", spare="dag/another-run")

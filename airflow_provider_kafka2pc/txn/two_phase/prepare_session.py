@@ -63,11 +63,17 @@ class PrepareSession:
         with self._acl_named():
             return self.clients.decision_log().take_turn(lease, is_live)
 
-    def recover(self) -> RecoveryResult:
-        """One recovery pass over the exporter's open transactions (DESIGN §3.1)."""
+    def recover(self, spare_own_loss: bool = False) -> RecoveryResult:
+        """One recovery pass over the exporter's open transactions (DESIGN §3.1). ``spare_own_loss``:
+        a loss of this run does not fail it (its export task repairs it)."""
         with self._acl_named():
             return recover(
-                self.clients.wire(), self.prefix, self.clients.decision_log(), run=self.run, run_key=self.run_key
+                self.clients.wire(),
+                self.prefix,
+                self.clients.decision_log(),
+                run=self.run,
+                run_key=self.run_key,
+                spare=self.run if spare_own_loss else None,
             )
 
     def repair(self, export_again: Callable[[RepairPlan], Sequence[Committable]], actor: str) -> RepairReport:

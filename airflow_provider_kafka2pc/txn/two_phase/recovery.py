@@ -62,6 +62,7 @@ class RecoveryResult:
     resolutions: tuple[Resolution, ...]
     lost: tuple[LostTransaction, ...] = ()  # decided COMMIT, never visible, not acknowledged
     visibility: tuple[Visibility, ...] = ()  # per run with a loss: how much of it is visible
+    spared: tuple[Visibility, ...] = ()  # the loss of the run whose own export repairs it (``spare``)
 
     @property
     def done(self) -> bool:
@@ -70,9 +71,10 @@ class RecoveryResult:
 
     def describe(self) -> str:
         outcomes = [r.outcome.value for r in self.resolutions]
+        spared = "".join(f"; {v.sentence()}: left to this run's export task, which repairs it" for v in self.spared)
         return (
             f"committed {outcomes.count('committed')}, aborted {outcomes.count('aborted')}, "
-            f"lost {len(self.lost)}, still completing on the broker {len(self.plan.wait)}"
+            f"lost {len(self.lost)}, still completing on the broker {len(self.plan.wait)}{spared}"
         )
 
     def raise_for_loss(self) -> None:
@@ -104,10 +106,13 @@ def recover(
     raise_on_loss: bool = True,
     run_key: str | None = None,
     owns: Callable[[str], bool] | None = None,
+    spare: str | None = None,
 ) -> RecoveryResult:
     """One recovery pass. ``run_key`` (INCREMENTING): abort only this run's undecided transactions;
     another run's may belong to a run that is still live (decisions in force are obeyed for all).
-    ``owns`` instead: abort only the undecided transactions whose id it accepts (a repair's)."""
+    ``owns`` instead: abort only the undecided transactions whose id it accepts (a repair's).
+    ``spare``: a loss of that run does not fail the pass (a cleared run whose export repairs it);
+    it is reported in ``spared``."""
     naming.validate_prefix(prefix)
     mine = owns if owns is not None else (lambda tid: _of_run(tid, run_key))
     inspector = TransactionInspector(wire)
@@ -140,8 +145,10 @@ def recover(
     # This exporter's losses fail its recovery; another exporter's part of the same run fails that
     # exporter's recovery (the CLI reports both).
     found = [f for f in visibility.losses(state, prefix) if f.visibility.prefix == prefix]
+    spared = tuple(f.visibility for f in found if spare is not None and f.visibility.run == spare)
+    found = [f for f in found if spare is None or f.visibility.run != spare]
     lost = {t.transactional_id: t for f in found for t in f.lost}
-    result = RecoveryResult(plan, tuple(resolutions), tuple(lost.values()), tuple(f.visibility for f in found))
+    result = RecoveryResult(plan, tuple(resolutions), tuple(lost.values()), tuple(f.visibility for f in found), spared)
     if raise_on_loss:
         result.raise_for_loss()
     return result
