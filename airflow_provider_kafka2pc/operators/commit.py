@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
     from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
     from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport
@@ -159,7 +160,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         if not committables:
             finished = self._finished_exports(context, payloads)
             if finished:
-                return self._answer_finished(context, finished)
+                return self._answer_finished(context, finished, self._repaired_now(context, payloads))
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
         from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
@@ -218,9 +219,21 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         skipped = [ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) for t, p in payloads.items() if p is None]
         return sorted({str(v["prefix"]) for v in skipped if isinstance(v, Mapping) and v.get("prefix")})
 
-    def _answer_finished(self, context: Context, prefixes: Sequence[str]) -> dict[str, Any]:
+    def _repaired_now(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> set[str]:
+        """The prefixes whose export repaired the run in this clear (its records became visible now)."""
+        ti = context["ti"]
+        skipped = [ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) for t, p in payloads.items() if p is None]
+        return {str(v["prefix"]) for v in skipped if isinstance(v, Mapping) and v.get("repaired_now")}
+
+    def _answer_finished(
+        self,
+        context: Context,
+        prefixes: Sequence[str],
+        repaired_now: frozenset[str] | set[str] = frozenset(),
+    ) -> dict[str, Any]:
         """A clear of a finished run: green, with its records' answer first ("already committed: …");
-        a LOST one fails loudly. Writes nothing, emits no asset event (nothing new became visible)."""
+        a LOST one fails loudly. Writes nothing; emits asset events only for a run its export has just
+        repaired (the restored records became visible now), saying so."""
         from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import answer_from_run_records
 
@@ -239,6 +252,11 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 "this task then answers from the run's record"
             )
         report = answer_from_run_records(run, final)
+        repaired = [r for r in final if r.prefix in repaired_now and r.status is RunStatus.REPAIRED]
+        if repaired:
+            bootstrap = str(Kafka2PCHook(self.kafka2pc_conn_id).get_config()["bootstrap.servers"])
+            for rec in repaired:
+                self._emit_repaired(context, rec, bootstrap)
         return {"committed": 0, "records": 0, "already": report.note}
 
     def _log_window(self, payloads: Sequence[ExportPayload], run: str) -> None:
@@ -271,6 +289,32 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             for topic, n in c.counts_by_topic.items():
                 records[topic] = records.get(topic, 0) + n
                 transactions[topic] = transactions.get(topic, 0) + 1
+        self._emit(context, bootstrap, records, transactions, {})
+
+    def _emit_repaired(self, context: Context, rec: RunRecord, bootstrap: str) -> None:
+        """The events of a run repaired in this clear: per topic the records its repair restored (a
+        transaction's count goes to each topic it wrote; one topic each in the usual frame), and the repair."""
+        records: dict[str, int] = {}
+        transactions: dict[str, int] = {}
+        for t in rec.lost:
+            for topic in sorted({p.rsplit("-", 1)[0] for p in t.covered.partitions}):
+                records[topic] = records.get(topic, 0) + t.covered.records
+                transactions[topic] = transactions.get(topic, 0) + 1
+        r = rec.repair
+        assert r is not None
+        repaired = {"decision": r.decision_id, "actor": r.actor, "restored": r.restored, "atomic": False}
+        self._emit(context, bootstrap, records, transactions, {"repaired": repaired})
+        # Lineage names the topics the repair made visible, as for a commit.
+        self._visible = (bootstrap, tuple(sorted({*(self._visible[1] if self._visible else ()), *records})))
+
+    def _emit(
+        self,
+        context: Context,
+        bootstrap: str,
+        records: Mapping[str, int],
+        transactions: Mapping[str, int],
+        more: Mapping[str, Any],
+    ) -> None:
         declared = {o.uri for o in self.outlets if isinstance(o, Asset)}
         events = context["outlet_events"]
         for topic in sorted(records):
@@ -279,6 +323,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 "run": decision_run(context),
                 "records": records[topic],
                 "transactions": transactions[topic],
+                **more,
             }
             if asset.uri in declared:
                 events[asset].extra.update(extra)

@@ -89,6 +89,9 @@ class Kafka2PCExportOperator(BaseOperator):
     :param repair_lost: a clear of this task in a run that lost transactions after its COMMIT (LOST)
         repairs the run (default): it exports again exactly the lost Spark partitions, proves them the
         same records by their digest and commits them (DESIGN §6). False: the task fails on the loss.
+    :param repairable: record a digest of each transaction's keys and values (default), which a repair
+        proves its re-computation with; it costs one hash per record in Spark's JVM (docs/design.md).
+        False: a LOST run of this export cannot be repaired, only acknowledged.
     """
 
     operator_extra_links = (Kafka2PCExportersLink(),)
@@ -135,6 +138,7 @@ class Kafka2PCExportOperator(BaseOperator):
         value_format: RegistryFormat | None = None,
         schema_registry_conn_id: str | None = None,
         repair_lost: bool = True,
+        repairable: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -177,6 +181,7 @@ class Kafka2PCExportOperator(BaseOperator):
         self.value_format = value_format
         self.schema_registry_conn_id = schema_registry_conn_id
         self.repair_lost = repair_lost
+        self.repairable = repairable
         self._written: tuple[str, tuple[str, ...]] = ("", ())  # (bootstrap, topics), for lineage
         self._read: tuple[SourceTable, ...] = ()  # the source tables, for lineage
 
@@ -367,7 +372,8 @@ class Kafka2PCExportOperator(BaseOperator):
             if spark is not None:
                 spark.stop()
         self.log.info("kafka2pc: %s", report.note)
-        context["ti"].xcom_push(key=SKIPPED_KEY, value={"status": report.record.status.value, "prefix": session.prefix})
+        repaired = {"status": report.record.status.value, "prefix": session.prefix, "repaired_now": report.repaired_now}
+        context["ti"].xcom_push(key=SKIPPED_KEY, value=repaired)
         return None
 
     def execute(self, context: Context) -> dict[str, Any] | None:
@@ -448,6 +454,7 @@ class Kafka2PCExportOperator(BaseOperator):
             delivery_guarantee=self.delivery_guarantee,
             transaction_timeout_ms=self.transaction_timeout_ms,
             writer=self.writer,
+            repairable=self.repairable,
         )
         self.log.info(
             "prepare %s: %s, %s ids, producer config %s",

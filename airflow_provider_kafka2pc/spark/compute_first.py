@@ -39,7 +39,7 @@ def prepare_window(
     assert settings.transaction_timeout_ms is not None
     stored, estimate, unknown = None, None, NOT_MATERIALIZED
     if window.materialize:
-        stored = compute_first(df, window)
+        stored = compute_first(df, window, digest=settings.repairable)
         if stored.sizes is not None:
             busy = [s for s in stored.sizes if s.records > 0]
             log.info(
@@ -87,14 +87,19 @@ def prepare_window(
     return stored, budget
 
 
-def compute_first(df: Any, window: WindowSettings) -> Any:
+def compute_first(df: Any, window: WindowSettings, digest: bool = True) -> Any:
     """The source computed before any transaction opens: nothing to do for a frame stored already or
     a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
-    pass), else stored with a checkpoint; the task log says which, and why. Every way adds the
-    digest column (``spark/digest_column.py``): computed with the rest, or over stored rows by the
-    write job (one hash per row)."""
+    pass), else stored with a checkpoint; the task log says which, and why. Every way records the
+    digest (``spark/digest_column.py``) unless ``digest`` is False or the frame is stored already (a
+    repair cannot read it again): a column computed with the rest, or for a plain scan a hash per
+    row in the write job."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
-    from airflow_provider_kafka2pc.spark.digest_column import with_digest
+    from airflow_provider_kafka2pc.spark.digest_column import with_digest as hashed
+
+    def with_digest(frame: Any) -> Any:
+        return hashed(frame) if digest else frame
+
     from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
     from airflow_provider_kafka2pc.spark.staging import StagedFrame, stage, staging_unavailable
     from airflow_provider_kafka2pc.spark.window import Materialized, materialize, partition_sizes
@@ -108,8 +113,10 @@ def compute_first(df: Any, window: WindowSettings) -> Any:
             already.how,
             already.partitions,
         )
+        # No digest: a repair cannot read a cache or a checkpoint again (spark/repeatable_source.py),
+        # so hashing its rows (a third of the time of writing them) would buy nothing.
         where = f"{already.how}, stored already"
-        return Materialized(with_digest(df), sizes, time.monotonic() - started, where, already.partitions)
+        return Materialized(df, sizes, time.monotonic() - started, where, already.partitions)
     if window.store == "auto" and (scan := plain_file_scan(df)) is not None:
         # Writing it reads the files, as writing staged files would: staging would read them twice.
         # Sizing it costs a pass too, so only a rate the user states buys one (not a shown rate).

@@ -105,7 +105,7 @@ def export_dataframe(
         df = only_partitions(df, only_slots)
     writers = len(only_slots) if only_slots is not None else None
     stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
-    if transactional and stored is None:  # materialize=False: the digest is computed in the window
+    if transactional and stored is None and settings.repairable:  # materialize=False: hashed in the window
         from airflow_provider_kafka2pc.spark.digest_column import with_digest
 
         df = with_digest(df)

@@ -59,6 +59,7 @@ def repair_exporter(
             naming_strategy=naming.NamingStrategy.INCREMENTING,
             run_key=plan.attempt_key,
             delivery_guarantee=DeliveryGuarantee.EXACTLY_ONCE,
+            repairable=True,  # the digests are what the repair compares
         )
         result = export_dataframe(
             df, attempt, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,

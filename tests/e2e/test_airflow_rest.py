@@ -247,6 +247,25 @@ def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of
     ), answer[-3000:]
     exactly_once(airflow.keys(kafka), "rep", ROWS)
     assert kafka.open_transactions(prefix) == []
+    # The topic's asset event says the run was repaired (a consumer DAG is scheduled on the topic).
+    deadline, producer = time.monotonic() + RUN_TIMEOUT, f"{REPAIR_DAG_ID}/{run_id}"
+    while not (events := _events_of(af, producer)):
+        assert time.monotonic() < deadline, f"no consumer run for {producer}: {af.dag_runs(CONSUMER_DAG_ID)}"
+        time.sleep(1)
+    [extra] = events
+    assert extra["transactions"] == 2 and extra["records"] == extra["repaired"]["restored"] > 0, extra
+    assert extra["repaired"]["atomic"] is False and extra["repaired"]["actor"].startswith(REPAIR_DAG_ID), extra
+
+
+def _events_of(af: StandaloneAirflow, producer: str) -> list[Any]:
+    """The extras of the asset events run ``producer`` emitted, as the finished consumer runs saw them."""
+    return [
+        extra
+        for r in af.dag_runs(CONSUMER_DAG_ID)
+        if r["state"] == "success"
+        for extra in af.xcom(CONSUMER_DAG_ID, r["dag_run_id"], "triggered_by")
+        if extra["run"] == producer
+    ]
 
 
 def test_run_died_between_decision_and_commit_is_rolled_forward_by_the_next_run(

@@ -648,6 +648,40 @@ def test_commit_emits_one_asset_event_per_visible_topic_through_its_alias(monkey
     ]
 
 
+@pytest.mark.parametrize("now", [True, False])
+def test_the_commit_after_a_repair_emits_the_restored_topics_saying_so_and_only_then(
+    monkeypatch: pytest.MonkeyPatch, now: bool
+) -> None:
+    """The export repaired the run in this clear (repaired_now): the commit answers from the run's
+    REPAIRED record and emits the restored records' events with the repair; a later clear emits none."""
+    from airflow.sdk import AssetAlias
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY
+    from airflow_provider_kafka2pc.txn.protocol.records import Covered, LostTxn, Repair, RunRecord, RunStatus
+
+    run = f"{DAG_ID}/{RUN_ID}"
+    restored = tuple(
+        LostTxn(Covered(f"orders-{i}", 7, 0, 10, (f"events-{i}",), 1_000, "xxh64:10:00"), "timeout") for i in (1, 3)
+    )
+    rec = RunRecord("orders", run, RunStatus.REPAIRED, 4, 40, 9_000, "d-1", restored,
+                    repair=Repair("d-9", "dag.prepare (try 2)", 9_000, 2, 20, 20))  # fmt: skip
+    monkeypatch.setattr(
+        Kafka2PCHook, "decision_log", lambda self: MemoryDecisionLog(initial=[(rec.key, rec.to_json())])
+    )
+    monkeypatch.setattr(Kafka2PCHook, "get_config", lambda self: {"bootstrap.servers": "b1:9092"})
+    with make_dag() as dag:
+        op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
+    ti = FakeTI({("prepare", SKIPPED_KEY): {"status": "REPAIRED", "prefix": "orders", "repaired_now": now}})
+    events = OutletEventAccessors()
+    answer = op.execute({**context(dag, ti), "outlet_events": events})
+    assert answer["already"].startswith("repaired: all 40 records in 4 transactions of exporter orders")
+    emitted = [(e.dest_asset_key.uri, e.extra) for e in events[AssetAlias("kafka2pc")].asset_alias_events]
+    repaired = {"decision": "d-9", "actor": "dag.prepare (try 2)", "restored": 20, "atomic": False}
+    expected = [("kafka://b1:9092/events", {"run": run, "records": 20, "transactions": 2, "repaired": repaired})]
+    assert emitted == (expected if now else [])
+
+
 def test_commit_emits_nothing_unless_the_run_ended_committed(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk import AssetAlias
 

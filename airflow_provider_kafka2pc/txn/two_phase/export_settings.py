@@ -35,6 +35,9 @@ class ExportSettings:
     # can write the frame, the Python loop otherwise; "native" or "python" force one (native fails
     # loudly where it cannot).
     writer: str = "auto"
+    # Record a digest per transaction (``txn/protocol/record_digest.py``), so that a run that loses
+    # transactions after its COMMIT can be repaired; costs one hash per record in Spark's JVM.
+    repairable: bool = True
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -48,6 +51,7 @@ class ExportSettings:
         d["delivery_guarantee"] = DeliveryGuarantee(d["delivery_guarantee"])
         if d.get("fail_first_attempt") is not None:
             d["fail_first_attempt"] = tuple(d["fail_first_attempt"])
+
         return cls(**d)
 
     def transactional_id(self, slot: int) -> str:

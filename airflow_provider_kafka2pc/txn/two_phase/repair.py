@@ -150,7 +150,8 @@ def plan_repair(state: LogState, prefix: str, run: str, attempt_key: str) -> Rep
     if undigested:
         raise RepairRefusedError(
             f"run {run} of exporter {prefix} cannot be repaired: its lost transaction(s) {', '.join(undigested)} "
-            "carry no digest of their records (the run was prepared by a writer that recorded none), so a "
+            "carry no digest of their records (the export had repairable=False, or wrote a frame stored already, a "
+            "cache or a checkpoint, which a repair cannot read again, or ran a version before 0.2.0), so a "
             "re-computation cannot be proven identical. Nothing was written. Re-export the missing part in a run "
             f"of its own, or acknowledge the loss (`kafka2pc acknowledge --prefix {prefix} --run {run}`)"
         )
