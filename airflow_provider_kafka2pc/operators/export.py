@@ -237,13 +237,12 @@ class Kafka2PCExportOperator(BaseOperator):
         self.log.info("kafka2pc: %s", reason)  # the skip's reason is otherwise only in the collapsed post-execute group
         raise AirflowSkipException(reason)
 
-    def _skip_if_decided(self, session: PrepareSession, context: Context) -> None:
-        """A run whose record is final (COMMITTED, ACKNOWLEDGED; LOST fails) skips before anything else.
-        A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the recovery pass below,
-        which rolls it forward; the status check after it then skips."""
+    def _skip_if_decided(self, session: PrepareSession, context: Context, status: RunRecord | None) -> None:
+        """A run whose record is final (COMMITTED, REPAIRED, ACKNOWLEDGED; LOST fails) skips before
+        anything else. A run only DECIDED (its COMMIT in force, EndTxns missing) goes on to the
+        recovery pass below, which rolls it forward; the status check after it then skips."""
         from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 
-        status = session.run_status()
         if status is not None and status.status is not RunStatus.DECIDED:
             self._skip_or_fail(context, session.prefix, session.run, status)
 
@@ -420,11 +419,11 @@ class Kafka2PCExportOperator(BaseOperator):
         from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee
 
-        if self.repair_lost and self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
-            status = session.run_status()
-            if status is not None and status.status is RunStatus.LOST:
-                return self._repair(hook, session, context, seen)
-        self._skip_if_decided(session, context)
+        status = session.run_status()
+        exactly_once = self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+        if status is not None and status.status is RunStatus.LOST and self.repair_lost and exactly_once:
+            return self._repair(hook, session, context, seen)
+        self._skip_if_decided(session, context, status)
         if self.naming_strategy is naming.NamingStrategy.POOLING:
             holder = take_turn(session, self.dag_id, context["run_id"])
             if holder is not None:  # the recovery sensor waits for its turn; a bare export refuses
