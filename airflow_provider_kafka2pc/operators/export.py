@@ -334,6 +334,7 @@ class Kafka2PCExportOperator(BaseOperator):
         """Repair the run (``txn/two_phase/repair.py``): Spark exports the lost partitions again, the
         core compares and commits. Returns no XCom: the commit answers from the run's record."""
         from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         actor = f"{self.dag_id}.{self.task_id} (try {getattr(context['ti'], 'try_number', '?')})"
@@ -371,6 +372,8 @@ class Kafka2PCExportOperator(BaseOperator):
             if spark is not None:
                 spark.stop()
         self.log.info("kafka2pc: %s", report.note)
+        if report.record.status is not RunStatus.REPAIRED:  # decided, not all ended: not green yet
+            raise Kafka2PCError(report.note)
         repaired = {"status": report.record.status.value, "prefix": session.prefix, "repaired_now": report.repaired_now}
         context["ti"].xcom_push(key=SKIPPED_KEY, value=repaired)
         return None

@@ -45,10 +45,12 @@ def prepare_failure_line(run: str, prefix: str, error: BaseException, seen: Mapp
     """The state a failed prepare leaves, from what it saw (it cannot ask Spark or Kafka now)."""
     if seen.get("repairing"):
         return (
-            f"repair of run {run} (exporter {prefix}) failed ({type(error).__name__}): the run stays LOST and nothing "
-            "of the repair is visible (what it wrote is aborted before it fails, or by the next repair's first pass; "
-            "a repair whose decision was written is rolled forward by it). Next: fix the cause above and clear this "
-            f"task again, or acknowledge the loss with `{acknowledge_command(prefix, run)}`."
+            f"repair of run {run} (exporter {prefix}) failed ({type(error).__name__}): the run is not REPAIRED; "
+            "the error above says how far it got (refused or failed before its decision: nothing of it is visible "
+            "and it is aborted; decided: its transactions are committed by the next pass, and part of them may be "
+            "visible already). Next: fix the cause and clear this task again, which finishes a decided repair or "
+            "replaces an undecided one; acknowledge the loss "
+            f"(`{acknowledge_command(prefix, run)}`) only if the error says the source changed."
         )
     if isinstance(error, TransactionLostError):  # the run, or an earlier one, lost records: a clear cannot help
         return (

@@ -112,14 +112,18 @@ def test_the_deferred_sensor_names_the_cause_the_trigger_met() -> None:
     assert sensor.failure_line(wrapped, "BrokerUnavailableError").endswith("clear this task once Kafka answers.")
 
 
-def test_a_failed_repair_says_the_run_stays_lost_and_the_next_click() -> None:
+def test_a_failed_repair_says_the_run_is_not_repaired_how_far_it_got_and_the_next_click() -> None:
     from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
     from airflow_provider_kafka2pc.txn.protocol.errors import RepairRefusedError
 
     line = prepare_failure_line("dag/r1", "orders", RepairRefusedError("the source changed"), {"repairing": True})
-    assert line.startswith("repair of run dag/r1 (exporter orders) failed (RepairRefusedError): the run stays LOST")
+    assert line.startswith(
+        "repair of run dag/r1 (exporter orders) failed (RepairRefusedError): the run is not REPAIRED"
+    )
+    assert "decided: its transactions are committed by the next pass, and part of them may be visible" in line
     assert line.endswith(
-        "clear this task again, or acknowledge the loss with `kafka2pc acknowledge --prefix orders --run dag/r1`."
+        "acknowledge the loss (`kafka2pc acknowledge --prefix orders --run dag/r1`) only if the error says the source "
+        "changed."
     )
     plain = prepare_failure_line("dag/r1", "orders", RuntimeError("x"), {})
     assert plain.startswith("prepare of run dag/r1 (exporter orders) failed (RuntimeError) before its write job")

@@ -151,7 +151,8 @@ def plan_repair(state: LogState, prefix: str, run: str, attempt_key: str) -> Rep
         raise RepairRefusedError(
             f"run {run} of exporter {prefix} cannot be repaired: its lost transaction(s) {', '.join(undigested)} "
             "carry no digest of their records (the export had repairable=False, or wrote a frame stored already, a "
-            "cache or a checkpoint, which a repair cannot read again, or ran a version before 0.2.0), so a "
+            "cache or a checkpoint, which a repair cannot read again, or dealt its rows over the task slots of a "
+            "barrier stage, which a repair cannot deal again, or ran a version before 0.2.0), so a "
             "re-computation cannot be proven identical. Nothing was written. Re-export the missing part in a run "
             f"of its own, or acknowledge the loss (`kafka2pc acknowledge --prefix {prefix} --run {run}`)"
         )
@@ -291,7 +292,10 @@ def _check_same(
         abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
     raise RepairRefusedError(
         f"repair of run {plan.run} of exporter {plan.prefix} refused: the source no longer gives the records the "
-        f"run lost ({'; '.join(problems)}). Nothing of the repair is visible: its {len(committables)} transaction(s) "
+        f"run lost, Spark partition by Spark partition ({'; '.join(problems)}): its data changed, or its "
+        "partitioning did (another cluster size or parallelism splits files and coalesces shuffles "
+        "differently: repair with the run's Spark settings). "
+        f"Nothing of the repair is visible: its {len(committables)} transaction(s) "
         f"were aborted, and the run stays LOST. Restore the source to what run {plan.run} read and repair again, "
         f"or acknowledge the loss (`kafka2pc acknowledge --prefix {plan.prefix} --run {plan.run}`)"
     )
