@@ -158,9 +158,12 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         present = [p for p in payloads.values() if p is not None]
         committables = [c for p in present for c in p.committables]
         if not committables:
-            finished = self._finished_exports(context, payloads)
+            skipped = self._skipped_exports(context, payloads)
+            finished = sorted({str(v["prefix"]) for v in skipped if v.get("prefix")})
             if finished:
-                return self._answer_finished(context, finished, self._repaired_now(context, payloads))
+                # The prefixes whose export repaired the run in this clear: its records became visible now.
+                repaired_now = {str(v["prefix"]) for v in skipped if v.get("repaired_now")}
+                return self._answer_finished(context, finished, repaired_now)
             self.log.info("nothing to commit: the exports of this run prepared no transactions")
             return {"committed": 0, "records": 0}
         from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
@@ -212,18 +215,15 @@ class Kafka2PCCommitOperator(_PhaseTwo):
                 "exporter's next recovery ends them, or at the latest their broker deadline."
             )
 
-    def _finished_exports(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> list[str]:
-        """The prefixes of exports that skipped themselves because the run already reached its decision
-        (a cleared run): their state is in the decision log, not in an XCom."""
+    def _skipped_exports(
+        self, context: Context, payloads: Mapping[str, ExportPayload | None]
+    ) -> list[Mapping[str, Any]]:
+        """What the exports that pushed no committables said instead: each skipped itself because the
+        run already reached its decision (a cleared run), or repaired the run; their state is in the
+        decision log, not in an XCom."""
         ti = context["ti"]
         skipped = [ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) for t, p in payloads.items() if p is None]
-        return sorted({str(v["prefix"]) for v in skipped if isinstance(v, Mapping) and v.get("prefix")})
-
-    def _repaired_now(self, context: Context, payloads: Mapping[str, ExportPayload | None]) -> set[str]:
-        """The prefixes whose export repaired the run in this clear (its records became visible now)."""
-        ti = context["ti"]
-        skipped = [ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) for t, p in payloads.items() if p is None]
-        return {str(v["prefix"]) for v in skipped if isinstance(v, Mapping) and v.get("repaired_now")}
+        return [v for v in skipped if isinstance(v, Mapping)]
 
     def _answer_finished(
         self,

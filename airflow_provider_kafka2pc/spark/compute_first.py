@@ -130,11 +130,13 @@ def compute_first(df: Any, window: WindowSettings, digest: bool = True) -> Any:
         )
         where = f"{scan.how}, read by the write job"
         return Materialized(with_digest(df), sizes, time.monotonic() - started, where, scan.partitions)
-    df = with_digest(df)
+    # The barrier stage takes the frame without the digest: it deals the rows round-robin over the
+    # task slots the cluster has now, which a repair could not deal again.
+    plain, df = df, with_digest(df)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
     if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):
-        return _barrier_or_raise(df, window, why_not or "store='barrier'")
+        return _barrier_or_raise(plain, df, window, why_not or "store='barrier'")
     if why_not is None:
         try:
             staged = stage(df)
@@ -149,7 +151,7 @@ def compute_first(df: Any, window: WindowSettings, digest: bool = True) -> Any:
             if isinstance(staged, StagedFrame):
                 return staged
             if window.store == "auto" and staged.startswith(OTHER_HOSTS):
-                return _barrier_or_raise(df, window, staged)
+                return _barrier_or_raise(plain, df, window, staged)
             why_not = staged
     if window.store == "arrow":
         raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'") from refused
@@ -157,13 +159,14 @@ def compute_first(df: Any, window: WindowSettings, digest: bool = True) -> Any:
     return materialize(df, window)
 
 
-def _barrier_or_raise(df: Any, window: WindowSettings, why_not_staged: str) -> Any:
-    """The barrier plan where staging cannot serve because the executors are elsewhere (DESIGN §13:
-    never silently the slower checkpoint); else the checkpoint, or for ``store='barrier'`` an error."""
+def _barrier_or_raise(plain: Any, df: Any, window: WindowSettings, why_not_staged: str) -> Any:
+    """The barrier plan of ``plain`` (no digest) where staging cannot serve because the executors are
+    elsewhere (DESIGN §13: never silently the slower checkpoint); else the checkpoint of ``df``, or for
+    ``store='barrier'`` an error."""
     from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, plan_barrier
     from airflow_provider_kafka2pc.spark.window import materialize
 
-    plan = plan_barrier(df, why_not_staged)
+    plan = plan_barrier(plain, why_not_staged)
     if isinstance(plan, BarrierPlan):
         log.info(
             "kafka2pc computes the frame in the write job's barrier stage, before any transaction opens, on %s",

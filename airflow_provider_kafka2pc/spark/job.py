@@ -111,10 +111,6 @@ def export_dataframe(
         df = with_digest(df)
     staged = stored if isinstance(stored, StagedFrame) else None
     barrier = _budget_terms(stored, settings, window)
-    if barrier is not None:
-        # The barrier stage deals the rows round-robin over the task slots the cluster has now: a
-        # repair could not compute the same slots again, so they record no digest.
-        settings = replace(settings, repairable=False)
     staged_bytes = 0
     try:
         if staged is not None:

@@ -245,7 +245,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     committable_json: str | None = None
     if isinstance(writer, TransactionalWriter):
         c = writer.prepare()
-        if c is not None and digest.count and settings.repairable:
+        if c is not None and digest.count:
             if digest.count != c.records:  # the writer's own count rules; a mismatch is a bug here
                 raise Kafka2PCError(f"partition {slot}: {digest.count} rows hashed, {c.records} records written")
             c = replace(c, digest=digest.text())
