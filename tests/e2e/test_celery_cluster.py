@@ -29,6 +29,8 @@ from tests.helpers.kafka import REPO, KafkaEnv, kafka_on_hosts
 pytestmark = [pytest.mark.kafka, pytest.mark.airflow_standalone]
 
 DAG_ID = "kafka2pc_example"
+# tests/e2e/dags/e2e_kafka2pc.py's manual DAG, whose faults hold a commit where a kill must land.
+E2E_DAG = "e2e_kafka2pc"
 # tests/e2e/dags/e2e_kafka2pc.py's daily DAG: its backfill runs take turns with a live run.
 SCHEDULED = "e2e_kafka2pc_scheduled"
 E2E_PREFIX = "celery_e2e"
@@ -66,10 +68,11 @@ def airflow(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
     home = tmp_path_factory.mktemp("celery-airflow") / "home"
-    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID, SCHEDULED])
+    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID, E2E_DAG, SCHEDULED])
     af.start()  # a cluster that cannot start errors every test of the module
     try:
         af.unpause(DAG_ID)
+        af.unpause(E2E_DAG)
         af.unpause(SCHEDULED)
         yield af
     finally:
@@ -83,8 +86,9 @@ def _visible(kafka: KafkaEnv, run_id: str) -> tuple[int, int]:
     return len(keys), len(set(keys))
 
 
-def _hosts(af: CeleryAirflow, run_id: str, task: str) -> list[tuple[str, str]]:
-    return [(str(t["hostname"]), str(t["state"])) for t in af.task_tries(DAG_ID, run_id, f"orders.{task}")]
+def _hosts(af: CeleryAirflow, run_id: str, task: str, dag_id: str = DAG_ID) -> list[tuple[str, str]]:
+    task_id = f"orders.{task}" if dag_id == DAG_ID else task
+    return [(str(t["hostname"]), str(t["state"])) for t in af.task_tries(dag_id, run_id, task_id)]
 
 
 def test_the_example_dag_prepares_on_one_host_and_commits_on_another_exactly_once(
@@ -103,9 +107,9 @@ class _KillAfterTheDecision(threading.Thread):
     """As soon as the run's COMMIT is in the decision log: the host's link down (nothing more of it
     reaches a broker or Airflow), then every process of the host killed."""
 
-    def __init__(self, af: CeleryAirflow, kafka: KafkaEnv, run_id: str, host: str) -> None:
+    def __init__(self, af: CeleryAirflow, kafka: KafkaEnv, run_id: str, host: str, prefix: str) -> None:
         super().__init__(daemon=True)
-        self.af, self.kafka, self.run_id, self.host = af, kafka, run_id, host
+        self.af, self.kafka, self.run_id, self.host, self.prefix = af, kafka, run_id, host, prefix
         self.killed = 0
         self.open_at_kill: list[Any] = []  # the run's transactions still open then: where the kill landed
         self.error: BaseException | None = None
@@ -115,10 +119,11 @@ class _KillAfterTheDecision(threading.Thread):
         log = DecisionLog(self.kafka.config)
         try:
             while not self.give_up.is_set():
-                if any(d.kind is Kind.COMMIT and self.run_id in d.run for d in log.read_for(PREFIX).decisions.values()):
+                decisions = log.read_for(self.prefix).decisions.values()
+                if any(d.kind is Kind.COMMIT and self.run_id in d.run for d in decisions):
                     self.af.network.cut_link(self.host)
                     self.killed = self.af.kill_host(self.host)
-                    self.open_at_kill = self.kafka.open_transactions(PREFIX)
+                    self.open_at_kill = self.kafka.open_transactions(self.prefix)
                     return
                 time.sleep(0.05)
         except BaseException as e:  # reported by the test, not lost in the thread
@@ -130,29 +135,34 @@ class _KillAfterTheDecision(threading.Thread):
 def test_the_commit_host_killed_after_the_decision_is_retried_on_another_host_exactly_once(
     airflow: CeleryAirflow, host_kafka: KafkaEnv
 ) -> None:
-    """worker2 loses its link and then every process once the COMMIT is decided: Airflow fails the
-    lost try (its heartbeat stops), and the retry, on worker3 (the replacement host that serves
-    the commit's queue), commits what the decision says. Exactly once, nothing open. The abort,
-    which may have been on worker2 too, retries and skips itself: the run succeeds."""
-    rows = 100_000
-    run_id = airflow.trigger(DAG_ID, {"rows": rows, "partitions": 4})
-    killer = _KillAfterTheDecision(airflow, host_kafka, run_id, "worker2")
+    """worker2 runs the commit, which decides COMMIT and then hangs before its first EndTxn (the
+    e2e DAG's ``decided_then_hang``: without it the kill would race a commit that ends in well
+    under a second). The host loses its link and then every process: Airflow fails the lost try
+    (its heartbeat stops), and the retry, on worker3 (the replacement host that serves the commit's
+    queue), commits what the decision says. Exactly once, nothing open. The abort, which may have
+    been on worker2 too, retries and skips itself: the run succeeds."""
+    rows, partitions, topic = 100_000, 4, airflow.env["E2E_TOPIC"]
+    conf = {"tag": "hostkill", "rows": rows, "partitions": partitions, "fault": "decided_then_hang"}
+    run_id = airflow.trigger(E2E_DAG, conf)
+    killer = _KillAfterTheDecision(airflow, host_kafka, run_id, "worker2", E2E_PREFIX)
     killer.start()
     try:
-        while killer.is_alive() and airflow.run_state(DAG_ID, run_id) not in ("success", "failed"):
+        while killer.is_alive() and airflow.run_state(E2E_DAG, run_id) not in ("success", "failed"):
             killer.join(timeout=1)
         killer.give_up.set()
         killer.join(timeout=60)
         assert killer.error is None, killer.error
-        assert killer.killed > 0, f"the run ended before its COMMIT was seen: {airflow.task_states(DAG_ID, run_id)}"
-        print(f"the kill landed with {len(killer.open_at_kill)} of the run's transactions open")
+        assert killer.killed > 0, f"the run ended before its COMMIT was seen: {airflow.task_states(E2E_DAG, run_id)}"
+        # The kill landed between the decision and the first EndTxn: every transaction open.
+        assert len(killer.open_at_kill) == partitions, killer.open_at_kill
         airflow.start_worker("worker3", WORKERS["worker2"])
-        assert airflow.wait_run(DAG_ID, run_id, timeout=600) == "success", airflow.task_states(DAG_ID, run_id)
-        tries = _hosts(airflow, run_id, "commit")
+        assert airflow.wait_run(E2E_DAG, run_id, timeout=600) == "success", airflow.task_states(E2E_DAG, run_id)
+        tries = _hosts(airflow, run_id, "commit", E2E_DAG)
         assert tries[0][0] == "worker2" and tries[0][1] != "success", tries  # the kill landed in the try
         assert tries[-1] == ("worker3", "success"), tries
-        assert _visible(host_kafka, run_id) == (rows, rows)
-        assert host_kafka.open_transactions(PREFIX) == []
+        keys = [r.key for r in host_kafka.read_committed(topic) if r.key and r.key.startswith(b"hostkill-")]
+        assert (len(keys), len(set(keys))) == (rows, rows)
+        assert host_kafka.open_transactions(E2E_PREFIX) == []
     finally:
         killer.give_up.set()
         airflow.network.restore_link("worker2")

@@ -41,8 +41,9 @@ from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 # prepare_hangs:   the last row of the last partition sleeps: the test kills the run meanwhile.
 # commit_half:     first try of commit: decide, commit half of the transactions, then die.
 # decided_then_die: first try of commit: decide, then die before any EndTxn.
+# decided_then_hang: first try of commit: decide, then hang before any EndTxn (the test kills its host).
 # commit_waits:    first try of commit: wait for the conf's ``gate`` file (the test stops Kafka meanwhile).
-FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die", "commit_waits")
+FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die", "decided_then_hang", "commit_waits")
 FAULT = os.environ.get("E2E_FAULT", "")
 assert FAULT in FAULTS, FAULT
 PREFIX = os.environ.get("E2E_PREFIX", "e2e")
@@ -120,7 +121,7 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
             deadline = time.monotonic() + 300
             while not gate.exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        if fault in ("commit_half", "decided_then_die") and context["ti"].try_number == 1:
+        if fault in ("commit_half", "decided_then_die", "decided_then_hang") and context["ti"].try_number == 1:
             from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
             from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
             from airflow_provider_kafka2pc.txn.two_phase.coordinator import decide_commit
@@ -135,6 +136,8 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
             decide_commit(
                 committables, wire, decision_log, decision_run(context), prefixes=[p.prefix for p in payloads]
             )
+            if fault == "decided_then_hang":
+                time.sleep(600)  # killed long before; a try that outlives the test dies below
             done = refs[: len(refs) // 2] if fault == "commit_half" else []
             TransactionResolver(wire).resolve(done, Intent.COMMIT)
             decision_log.close()
