@@ -91,8 +91,11 @@ class Instance:
     def assert_recovered_in_triggerer(self, run_id: str, try_number: int, seen: dict[str, set[str | None]]) -> str:
         """The recover try's log (trigger part merged in by Airflow) shows passes run by the triggerer.
 
-        ``try_number`` is the run's first try here; the last one is read. A later one means the
-        sensor retried: Airflow 3.3 can fail a try with nothing wrong (issue 37, docs/runbook.md).
+        ``try_number`` is the run's first try here; the last one is checked. A later one means the
+        sensor retried: Airflow 3.3 can fail a try with nothing wrong (issue 37, docs/runbook.md;
+        in CI its first try's trigger committed the leftovers, then "Task Instance not found" when
+        it reported success). The logs of every try from ``try_number`` on are returned, in order:
+        what the recovery did is in the try that did it.
         """
         self.saw_deferred[f"{run_id}#{try_number}"] = "deferred" in seen.get("recover", set())
         last = int(self.af.task_instance(DAG_ID, run_id, "recover")["try_number"])
@@ -102,7 +105,7 @@ class Instance:
         log = self.log(run_id, "recover", last)
         assert f"recovery of {self.prefix}, pass 1:" in log, log  # logged by the trigger itself
         assert f"recovery of {self.prefix} done after 1 pass(es) in the triggerer" in log, log
-        return log
+        return "\n".join(self.log(run_id, "recover", n) for n in range(try_number, last + 1))
 
     def phase(self, name: str, since: float) -> float:
         self.timings[name] = round(time.monotonic() - since, 1)
