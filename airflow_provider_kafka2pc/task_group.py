@@ -42,8 +42,10 @@ def kafka2pc_export_group(
     shared: dict[str, Any] = {"transactional_id_prefix": prefix, "kafka2pc_conn_id": kafka2pc_conn_id}
     with TaskGroup(group_id or prefix.replace(".", "_")) as group:
         check_pooling_dag(strategy, group.dag, prefix)
+        # The sensor leaves the run's own loss to the export only if the export repairs it.
+        repair = {"repair_lost": export_kwargs["repair_lost"]} if "repair_lost" in export_kwargs else {}
         recover = Kafka2PCRecoverySensor(
-            task_id="recover", naming_strategy=strategy, **shared, **(recover_kwargs or {})
+            task_id="recover", naming_strategy=strategy, **shared, **{**repair, **(recover_kwargs or {})}
         )
         prepare = Kafka2PCExportOperator(task_id="prepare", naming_strategy=strategy, **shared, **export_kwargs)
         # The export budgets its window with the commit's headroom: one value for both.

@@ -307,6 +307,19 @@ def test_task_group_wires_recover_prepare_commit_abort() -> None:
     assert tasks["orders.prepare"].downstream_task_ids == {"orders.commit", "orders.abort"}
     assert tasks["orders.abort"].trigger_rule == "all_done"  # waits for every export, skips unless one failed
     assert tasks["orders.commit"].export_task_ids == "orders.prepare"
+    assert tasks["orders.recover"].repair_lost is True and tasks["orders.prepare"].repair_lost is True
+
+
+def test_the_group_gives_the_exports_repair_lost_to_its_recovery_sensor() -> None:
+    """A sensor that let the run's own loss through to an export that does not repair it would
+    only move the failure one task later."""
+    with _dag(1) as dag:
+        _group(repair_lost=False)
+    assert dag.task_dict["orders.recover"].repair_lost is False
+    assert dag.task_dict["orders.prepare"].repair_lost is False
+    with _dag(1) as dag:  # the sensor's own argument still wins
+        _group(repair_lost=False, recover_kwargs={"repair_lost": True})
+    assert dag.task_dict["orders.recover"].repair_lost is True
 
 
 def test_pooling_without_one_active_run_is_refused_at_parse_time() -> None:
