@@ -155,6 +155,17 @@ def test_a_changed_source_is_refused_before_anything_is_visible(lost: Lost, tmp_
     assert "Nothing of the repair is visible: its 4 transaction(s) were aborted, and the run stays LOST" in text
     assert lost.keys(prefix) == before and lost.left_open(prefix) == []
     assert lost.cli("list", prefix).returncode == 4
+    # The right records to another topic: the digest matches, the topic check refuses.
+    other = lost.env.topic(4)
+    code, _, text = _finish(*lost.repair(tmp_path, prefix, "--topic", other))
+    assert code == 14, text[-3000:]
+    assert "its re-export wrote to other topics than the run" in text
+    assert (
+        f"{prefix}-{TXNS - 1} (Spark partition {TXNS - 1}) wrote to {lost.topics[prefix]}; its re-export to {other}"
+        in text
+    )
+    assert lost.keys(prefix) == before and lost.left_open(prefix) == []
+    assert list(lost.env.read_committed(other)) == []
     # The source restored: the repair goes through.
     code, report, text = _finish(*lost.repair(tmp_path, prefix))
     assert code == 0 and report["status"] == "REPAIRED", text[-3000:]

@@ -58,6 +58,7 @@ from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     lost_of_decisions,
     now_ms,
     obey,
+    partitions_of,
     ref_of,
 )
 
@@ -267,8 +268,7 @@ def _check_same(
     plan: RepairPlan, committables: Sequence[Committable], wire: WireClient, decision_log: DecisionLog, actor: str
 ) -> None:
     """Every lost slot exported again, each with the records it lost: else nothing becomes visible."""
-    expected = {plan.transactional_id(s): t for s in plan.slots for t in plan.lost
-                if slot_of(t.covered.transactional_id) == s}  # fmt: skip
+    expected = _lost_by_new_id(plan)
     got = {c.transactional_id: c for c in committables}
     problems = [f"{tid}: not exported again" for tid in sorted(set(expected) - set(got))]
     problems += [f"{tid}: not a transaction this repair asked for" for tid in sorted(set(got) - set(expected))]
@@ -301,6 +301,39 @@ def _check_same(
     )
 
 
+def _lost_by_new_id(plan: RepairPlan) -> dict[str, LostTxn]:
+    """The lost transaction each of the repair's transactional ids exports again (same slot)."""
+    return {plan.transactional_id(s): t for s in plan.slots for t in plan.lost
+            if slot_of(t.covered.transactional_id) == s}  # fmt: skip
+
+
+def _moved_topics(
+    plan: RepairPlan, committables: Sequence[Committable], observed: Mapping[str, tuple[Observation, TxnState | None]]
+) -> list[str]:
+    """Each new transaction must write to the topics its lost one did, as the broker lists them: the
+    digest covers keys and values, not where they go (a repair given another topic would pass it).
+    Partitions are not compared: records without a key land where the producer's partitioner
+    chooses, differently each time."""
+    expected = _lost_by_new_id(plan)
+    problems = []
+    for c in committables:
+        lost = expected.get(c.transactional_id)
+        if lost is None or not lost.covered.partitions:  # an old record names no partitions
+            continue
+        was = _topics(lost.covered.partitions)
+        now = _topics(partitions_of(c, observed[c.transactional_id][1]))
+        if now != was:
+            problems.append(
+                f"{lost.covered.transactional_id} (Spark partition {slot_of(c.transactional_id)}) wrote to "
+                f"{', '.join(sorted(was))}; its re-export to {', '.join(sorted(now)) or 'no topic'}"
+            )
+    return problems
+
+
+def _topics(partitions: Sequence[str]) -> set[str]:
+    return {p.rsplit("-", 1)[0] for p in partitions}
+
+
 def _check_committable(
     plan: RepairPlan,
     committables: Sequence[Committable],
@@ -313,16 +346,24 @@ def _check_committable(
 ) -> None:
     """As the commit does before its decision: every new transaction open under its own producer,
     with the commit's headroom before its broker deadline (a re-export that outlived
-    ``transaction.timeout.ms`` was aborted by the broker already). Else all are aborted, nothing
-    of the repair is visible."""
+    ``transaction.timeout.ms`` was aborted by the broker already), and on its lost one's topics.
+    Else all are aborted, nothing of the repair is visible."""
     refs = [ref_of(c) for c in committables]
     check_current_producers(refs, observed, [plan.prefix])
     doomed = doomed_of(
         refs, observed, commit_headroom(len(refs), max_workers, decision_log.budget_s, end_txn_timeout_s)
     )
-    if not doomed:
+    moved = _moved_topics(plan, committables, observed) if not doomed else []
+    if not doomed and not moved:
         return
     abort_prepared(committables, wire, decision_log, f"repair of {plan.run}", actor=actor)
+    if moved:
+        raise RepairRefusedError(
+            f"repair of run {plan.run} of exporter {plan.prefix} refused: its re-export wrote to other topics than "
+            f"the run ({'; '.join(moved)}). Nothing of the repair is visible: its {len(committables)} transaction(s) "
+            "were aborted, and the run stays LOST. Repair again with the run's topic (`--topic`, or none: the "
+            "export's own)"
+        )
     raise RepairRefusedError(
         f"repair of run {plan.run} of exporter {plan.prefix}: {len(doomed)} of its {len(refs)} transaction(s) could "
         f"no longer commit ({'; '.join(f'{t}: {why}' for t, why in sorted(doomed.items()))}). They were aborted: "
