@@ -270,6 +270,67 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
     assert host_kafka.open_transactions(s.transactional_id_prefix) == []
 
 
+def test_a_parquet_run_that_lost_transactions_after_its_commit_is_repaired_on_the_cluster(
+    spark: Any, host_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A plain scan of Parquet files, written by executors on two hosts, keeps its digest (hashed in
+    the write job: nothing is staged or dealt by a barrier). Its COMMIT ends 2 of 4 transactions and
+    the broker aborts the rest at their 30 s timeout: the run is LOST. The repair, on the same
+    cluster, exports the 2 lost Spark partitions again and commits them: every key once, nothing
+    open. (Issue 40 at local[2] is ``test_repair_spark.py``; this is its cluster half.)"""
+    import logging
+    import uuid
+
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+    from airflow_provider_kafka2pc.txn.two_phase.repair import repair_lost_run
+    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+    from tests.helpers.lost_runs import record_lost
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+    files, records, timeout_ms, run = 4, 500, 30_000, "orders/manual__netns-repair"
+    tag = uuid.uuid4().hex[:6]
+    prefix, topic, decisions = f"nrep{tag}", host_kafka.topic(4), f"decisions_nrep_{tag}"
+    source = tmp_path / "orders"  # one file system: every host reads the files the executors wrote
+    spark.range(files * records, numPartitions=files).selectExpr(
+        f"concat('{tag}/', CAST(id AS STRING)) AS key", "CAST(id AS STRING) AS value"
+    ).write.parquet(str(source))
+    # One Spark partition per small file, in the run and in its repair alike.
+    spark.conf.set("spark.sql.files.openCostInBytes", str(128 * 1024 * 1024))
+    settings = ExportSettings(prefix, host_kafka.config, topic=topic, transaction_timeout_ms=timeout_ms)
+    window = WindowSettings(handover_ms=1_000)
+    result = export_dataframe(spark.read.parquet(str(source)), settings, window=window)
+    assert "barrier stage" not in caplog.text, caplog.text
+    cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
+    assert len(cs) == files and all(c.digest and c.digest.startswith("xxh64:") for c in cs), cs
+    log = DecisionLog(host_kafka.config, topic=decisions)
+    try:
+        with WireClient(host_kafka.config) as wire:
+            assert isinstance(decide_commit(cs, wire, log, run, end_txn_timeout_s=2), Decided)
+            TransactionResolver(wire).resolve([ref_of(c) for c in cs[:2]], Intent.COMMIT)
+        record_lost(host_kafka.config, decisions, [prefix], run, timeout_ms)  # the broker aborted the other 2
+        # Half of the run is visible (before the aborts, the open two held back every read_committed reader).
+        assert host_kafka.count_committed(topic, tag.encode()) == (2 * records, 2 * records)
+        with WireClient(host_kafka.config) as wire:
+            again = repair_exporter(lambda plan: spark.read.parquet(str(source)), settings, window=window)
+            report = repair_lost_run(wire, log, prefix, run, again)
+        assert report.record.status is RunStatus.REPAIRED and report.repaired_now, report
+        assert report.record.repair is not None and report.record.repair.restored == 2 * records, report.record
+    finally:
+        log.close()
+        spark.conf.unset("spark.sql.files.openCostInBytes")
+    assert host_kafka.count_committed(topic, tag.encode()) == (files * records, files * records)
+    assert host_kafka.open_transactions(prefix) == []
+
+
 def _cut_during_commit(
     cluster: NetnsSparkCluster, env: KafkaEnv, host: str, committables: Any, decisions: str, run: str
 ) -> str:
