@@ -2,8 +2,8 @@
 scheduler and dag-processor on host ``airflow``, the triggerer on ``trigger``, Celery workers on
 ``worker1`` (the prepare's queue) and ``worker2`` (the commit's), a broker on ``kafka1``; PostgreSQL
 and Redis on the bridge. The example DAG, unchanged, runs through the Celery executor with its
-prepare on one host and its commit on another, and survives the commit's host dying after the
-decision. Judged by a read_committed consumer and the transactions left open.
+prepare on one host and its commit on another; the e2e DAG's commit (held after its decision)
+survives its host dying there. Judged by a read_committed consumer and the transactions left open.
 """
 
 from __future__ import annotations

@@ -273,7 +273,7 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
 def test_a_parquet_run_that_lost_transactions_after_its_commit_is_repaired_on_the_cluster(
     spark: Any, host_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    """A plain scan of Parquet files, written by executors on two hosts, keeps its digest (hashed in
+    """A plain scan of Parquet files, exported by the cluster's executors, keeps its digest (hashed in
     the write job: nothing is staged or dealt by a barrier). Its COMMIT ends 2 of 4 transactions and
     the broker aborts the rest at their 30 s timeout: the run is LOST. The repair, on the same
     cluster, exports the 2 lost Spark partitions again and commits them: every key once, nothing

@@ -14,10 +14,11 @@ exports exactly those again and commits them, as a two-phase run of its own:
    lost one, with the same digest (``txn.protocol.record_digest``); otherwise all of them are
    aborted and ``RepairRefusedError`` names each difference;
 4. **decide**: the checks the commit makes (each transaction open under its own producer, the
-   commit's headroom before its broker deadline), then one COMMIT carrying the LOST run record it
-   was planned from. One repair per generation of a run wins (``txn.protocol.decisions``): a later
-   one, or one planned from a record another repair has since moved on, is void, aborts its own
-   transactions and reports the winner. A repair never touches a Kafka source's group: its
+   commit's headroom before its broker deadline) and one more (on the topics its lost one wrote
+   to), then one COMMIT carrying the LOST run record it was planned from. One repair per
+   generation of a run wins (``txn.protocol.decisions``): a later one, or one planned from a
+   record another repair has since moved on, is void, aborts its own transactions and reports
+   the winner. A repair never touches a Kafka source's group: its
    offsets moved with the run;
 5. **commit** (EndTxn) and record the run REPAIRED, or LOST again with what is still missing.
 
@@ -353,6 +354,7 @@ def _check_committable(
     doomed = doomed_of(
         refs, observed, commit_headroom(len(refs), max_workers, decision_log.budget_s, end_txn_timeout_s)
     )
+    # Topics only of transactions the broker lists open: a doomed one's partitions may be gone.
     moved = _moved_topics(plan, committables, observed) if not doomed else []
     if not doomed and not moved:
         return
@@ -361,8 +363,8 @@ def _check_committable(
         raise RepairRefusedError(
             f"repair of run {plan.run} of exporter {plan.prefix} refused: its re-export wrote to other topics than "
             f"the run ({'; '.join(moved)}). Nothing of the repair is visible: its {len(committables)} transaction(s) "
-            "were aborted, and the run stays LOST. Repair again with the run's topic (`--topic`, or none: the "
-            "export's own)"
+            "were aborted, and the run stays LOST. Repair again with the run's topic (the export's `topic`; from the "
+            "CLI, `--topic`, or none when the frame has a topic column)"
         )
     raise RepairRefusedError(
         f"repair of run {plan.run} of exporter {plan.prefix}: {len(doomed)} of its {len(refs)} transaction(s) could "
