@@ -32,7 +32,8 @@ def test_a_200_partition_commit_logs_a_handful_of_info_lines(
         broker.prepared(c)
     with caplog.at_level(logging.DEBUG, logger=OURS):
         report = commit_prepared(cs, broker, decision_log, run=RUN)
-    assert report.committed and broker.commits_sent() == [c.transactional_id for c in cs]
+    # Each commit sent once; in any order, since the EndTxns go out from a pool of threads.
+    assert report.committed and sorted(broker.commits_sent()) == sorted(c.transactional_id for c in cs)
 
     info = lines(caplog, logging.INFO)
     assert len(info) <= 5, info
