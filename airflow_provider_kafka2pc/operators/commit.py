@@ -297,7 +297,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
         records: dict[str, int] = {}
         transactions: dict[str, int] = {}
         for t in rec.lost:
-            for topic in sorted({p.rsplit("-", 1)[0] for p in t.covered.partitions}):
+            for topic in sorted(t.covered.topics):
                 records[topic] = records.get(topic, 0) + t.covered.records
                 transactions[topic] = transactions.get(topic, 0) + 1
         r = rec.repair

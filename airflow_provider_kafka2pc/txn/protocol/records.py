@@ -53,6 +53,12 @@ class RunStatus(StrEnum):
     REPAIRED = "REPAIRED"  # LOST, then what it lost was exported again and committed by a repair
 
 
+def topics_of(partitions: Iterable[str]) -> frozenset[str]:
+    """The topics of partitions named as the broker lists them, ``{topic}-{partition}`` (a topic
+    name may hold '-' too: the partition is after the last one)."""
+    return frozenset(p.rsplit("-", 1)[0] for p in partitions)
+
+
 @dataclass(frozen=True)
 class Covered:
     """One transaction a decision covers."""
@@ -70,6 +76,10 @@ class Covered:
     @property
     def ref(self) -> TxnRef:
         return TxnRef(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return topics_of(self.partitions)
 
     def to_list(self) -> list[Any]:
         v = [

@@ -47,7 +47,14 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import Observation
 from airflow_provider_kafka2pc.txn.protocol.record_digest import describe_difference
-from airflow_provider_kafka2pc.txn.protocol.records import Kind, LostTxn, RunRecord, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.records import (
+    Kind,
+    LostTxn,
+    RunRecord,
+    RunStatus,
+    new_decision,
+    topics_of,
+)
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
 from airflow_provider_kafka2pc.txn.two_phase.doomed import commit_headroom, doomed_of
@@ -321,18 +328,14 @@ def _moved_topics(
         lost = expected.get(c.transactional_id)
         if lost is None or not lost.covered.partitions:  # an old record names no partitions
             continue
-        was = _topics(lost.covered.partitions)
-        now = _topics(partitions_of(c, observed[c.transactional_id][1]))
+        was = lost.covered.topics
+        now = topics_of(partitions_of(c, observed[c.transactional_id][1]))
         if now != was:
             problems.append(
                 f"{lost.covered.transactional_id} (Spark partition {slot_of(c.transactional_id)}) wrote to "
                 f"{', '.join(sorted(was))}; its re-export to {', '.join(sorted(now)) or 'no topic'}"
             )
     return problems
-
-
-def _topics(partitions: Sequence[str]) -> set[str]:
-    return {p.rsplit("-", 1)[0] for p in partitions}
 
 
 def _check_committable(
