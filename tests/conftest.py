@@ -158,41 +158,46 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
 
 
-# The files by the seconds they took in a full run (2026-11-27, this 2-core machine, three workers;
-# their junit times, setup included), heaviest first. scripts/test hands whole files to its
-# workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long ones start
-# first, the short ones fill in at the end. A file not listed runs after these, in collection order.
+# The files by the seconds they took in a full run (2026-11-29, this 2-core machine, three workers, a
+# fast day: 1,714 s; their wall time per test, setup included, then the CPU-s of the worker's
+# processes meanwhile: its brokers, Spark, Airflow, actors), heaviest first. scripts/test hands whole
+# files to its workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long
+# ones start first, the short ones fill in at the end. A file not listed runs after these, in
+# collection order.
 HEAVIEST_FIRST = (
-    "tests/e2e/test_airflow_rest.py",  # 504 s
-    "tests/soak/test_soak.py",  # 417 s
-    "tests/e2e/test_celery_cluster.py",  # 541 s (2026-11-28, in a full run)
-    "tests/e2e/test_kafka_source_dag.py",  # 415 s
-    "tests/integration/test_leader_kill.py",  # 393 s
-    "tests/e2e/test_ui_browser.py",  # 285 s
-    "tests/integration/test_decisions_broker.py",  # 259 s
-    "tests/e2e/test_dag_runs.py",  # 220 s
-    "tests/integration/test_window_broker.py",  # 201 s
-    "tests/integration/test_netns_cluster.py",  # 184 s (2026-11-28, alone, at load 4-5)
-    "tests/integration/test_repair_broker.py",  # 130 s (2026-11-28, alone)
-    "tests/integration/test_security_broker.py",  # 155 s
-    "tests/integration/test_repair_spark.py",  # 186 s (2026-11-28, alone)
-    "tests/e2e/test_security_dag.py",  # 139 s
-    "tests/integration/test_spark_export.py",  # 132 s
-    "tests/integration/test_spark_cluster.py",  # 131 s
-    "tests/e2e/test_window_dag.py",  # 129 s
-    "tests/e2e/test_security_standalone.py",  # 116 s
-    "tests/integration/test_txn_broker.py",  # 113 s
-    "tests/integration/test_txn_cluster.py",  # 75 s
-    "tests/e2e/test_failure_lines_dag.py",  # 66 s
-    "tests/e2e/test_airflow_standalone_smoke.py",  # 58 s
-    "tests/e2e/test_lineage_dag.py",  # 54 s
-    "tests/integration/test_native_broker.py",  # 44 s
-    "tests/integration/test_registry_formats.py",  # 38 s
-    "tests/integration/test_failure_lines.py",  # 35 s
-    "tests/integration/test_spark_connect.py",  # 28 s
-    "tests/integration/test_cli.py",  # 26 s
-    "tests/integration/test_partitioning.py",  # 23 s
-    "tests/integration/test_security_visibility.py",  # 20 s; the rest take seconds
+    "tests/e2e/test_airflow_rest.py",  # 622 s, 386 CPU-s
+    "tests/soak/test_soak.py",  # 543 s, 344 CPU-s
+    "tests/integration/test_leader_kill.py",  # 431 s, 166 CPU-s: it waits on leader elections
+    "tests/e2e/test_celery_cluster.py",  # 373 s, 213 CPU-s
+    "tests/e2e/test_kafka_source_dag.py",  # 325 s, 216 CPU-s
+    "tests/e2e/test_ui_browser.py",  # 305 s, 262 CPU-s
+    "tests/integration/test_window_broker.py",  # 221 s, 82 CPU-s
+    "tests/integration/test_decisions_broker.py",  # 216 s, 136 CPU-s
+    "tests/integration/test_netns_cluster.py",  # 182 s, 82 CPU-s
+    "tests/e2e/test_dag_runs.py",  # 168 s, 100 CPU-s
+    "tests/integration/test_repair_spark.py",  # 152 s, 77 CPU-s
+    "tests/integration/test_security_broker.py",  # 148 s, 71 CPU-s
+    "tests/e2e/test_window_dag.py",  # 134 s, 56 CPU-s
+    "tests/integration/test_repair_broker.py",  # 131 s, 72 CPU-s
+    "tests/integration/test_txn_broker.py",  # 102 s, 33 CPU-s
+    "tests/e2e/test_security_standalone.py",  # 89 s, 70 CPU-s
+    "tests/integration/test_spark_export.py",  # 81 s, 41 CPU-s
+    "tests/e2e/test_security_dag.py",  # 77 s, 56 CPU-s
+    "tests/integration/test_spark_cluster.py",  # 77 s, 58 CPU-s
+    "tests/e2e/test_airflow_standalone_smoke.py",  # 68 s, 46 CPU-s
+    "tests/integration/test_txn_cluster.py",  # 59 s, 43 CPU-s
+    "tests/integration/test_registry_formats.py",  # 54 s, 30 CPU-s
+    "tests/e2e/test_lineage_dag.py",  # 50 s, 42 CPU-s
+    "tests/integration/test_native_broker.py",  # 47 s, 14 CPU-s
+    "tests/integration/test_failure_lines.py",  # 38 s, 16 CPU-s
+    "tests/e2e/test_failure_lines_dag.py",  # 37 s, 29 CPU-s
+    "tests/integration/test_source_offsets_broker.py",  # 35 s, 20 CPU-s
+    "tests/integration/test_spark_connect.py",  # 32 s, 22 CPU-s
+    "tests/integration/test_cli.py",  # 29 s, 11 CPU-s
+    "tests/integration/test_partitioning.py",  # 27 s, 21 CPU-s
+    "tests/unit/test_reachability.py",  # 23 s, 10 CPU-s
+    "tests/packaging/test_install_beside_others.py",  # 23 s, 15 CPU-s
+    "tests/e2e/test_provider_registration.py",  # 22 s, 16 CPU-s; the rest take seconds
 )
 
 
