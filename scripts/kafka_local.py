@@ -87,6 +87,14 @@ TOOL_JVM_OPTS: tuple[str, ...] = (
     "-Djava.awt.headless=true",
 )
 
+# Class-data sharing: a node maps the classes that an earlier node of the same Java, jars and main
+# class loaded, from a dynamic archive in the cache that such a node wrote when it stopped on SIGTERM
+# (a killed one writes none). Measured on this 2-core machine: a 1-node broker starts on 2.4 CPU-s
+# instead of 3.8 (1.8 s instead of 3.0); the tests start some 80 of them, restarts included. A JVM
+# that cannot map the archive (another Java, jars fetched again) goes on without it, quietly.
+CDS_QUIET: tuple[str, ...] = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+ARCHIVE_DIR_NAME = "jvm-archives"
+
 TOOL_ALIASES: dict[str, str] = {
     "transactions": "org.apache.kafka.tools.TransactionsCommand",
     "topics": "org.apache.kafka.tools.TopicCommand",
@@ -161,6 +169,7 @@ class NodeState(TypedDict):
     log4j_config: str
     host: NotRequired[str]  # its own address (a host of an emulated network); else HOST
     netns: NotRequired[str]  # the network namespace its JVM runs in (``ip netns exec``)
+    class_archive_dump: NotRequired[str]  # where this JVM writes its class archive when it exits
 
 
 class BrokerHost(NamedTuple):
@@ -659,6 +668,48 @@ def _stdout_log(node: NodeState) -> Path:
     return Path(node["log_dir"]) / "stdout.log"
 
 
+def _class_archive(state: ClusterState, main_class: str) -> Path:
+    """The cache's class archive for JVMs of this Java, these jars and this main class."""
+    key = f"{state['java']}|{Path(state['libs_dir']).resolve()}|{main_class}|{'|'.join(BROKER_JVM_OPTS)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / ARCHIVE_DIR_NAME / f"{main_class.rsplit('.', 1)[-1]}-{digest}.jsa"
+
+
+def _class_archive_options(state: ClusterState, node: NodeState, main_class: str) -> list[str]:
+    """Map the archive if there is one; else have this JVM write one when it exits."""
+    node.pop("class_archive_dump", None)
+    archive = _class_archive(state, main_class)
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}", *CDS_QUIET]
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    dump = archive.with_name(f"{archive.name}.{os.getpid()}.{node['id']}.{uuid.uuid4().hex[:8]}")
+    node["class_archive_dump"] = str(dump)
+    return [f"-XX:ArchiveClassesAtExit={dump}", *CDS_QUIET]
+
+
+def _keep_class_archive(node: NodeState) -> None:
+    """After a clean exit: the archive the JVM wrote becomes the cache's (the last one wins)."""
+    dump = node.pop("class_archive_dump", None)
+    if dump is None:
+        return
+    path = Path(dump)
+    if path.is_file() and path.stat().st_size > 0:
+        os.replace(path, path.with_name(path.name.split(".jsa.", 1)[0] + ".jsa"))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _jvm_env() -> dict[str, str]:
+    """This environment without a class archive named in JDK_JAVA_OPTIONS (a test run names Spark's
+    there): the node names its own."""
+    env = dict(os.environ)
+    options = env.get("JDK_JAVA_OPTIONS")
+    if options:
+        kept = [o for o in options.split() if not o.startswith(("-XX:SharedArchiveFile=", "-XX:ArchiveClassesAtExit="))]
+        env["JDK_JAVA_OPTIONS"] = " ".join(kept)
+    return env
+
+
 def _launch(state: ClusterState, node: NodeState, main_class: str = "kafka.Kafka") -> None:
     """Start the node's JVM (a broker, or ``main_class``) detached and record its pid in ``node``."""
     log_dir = Path(node["log_dir"])
@@ -669,6 +720,7 @@ def _launch(state: ClusterState, node: NodeState, main_class: str = "kafka.Kafka
         *(["ip", "netns", "exec", node["netns"]] if "netns" in node else []),
         state["java"],
         *BROKER_JVM_OPTS,
+        *_class_archive_options(state, node, main_class),
         # Kafka 4 fetches only the OAuth URLs this system property allows.
         *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={jwks}"] if jwks else []),
         f"-Dlog4j2.configurationFile={node['log4j_config']}",
@@ -685,6 +737,7 @@ def _launch(state: ClusterState, node: NodeState, main_class: str = "kafka.Kafka
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=node["dir"],
+            env=_jvm_env(),
             start_new_session=True,
         )
     _CHILDREN[process.pid] = process
@@ -1085,9 +1138,13 @@ def _stop_nodes(state: ClusterState, nodes: Sequence[NodeState], timeout: float)
         with contextlib.suppress(ProcessLookupError):
             os.kill(node["pid"] or 0, signal.SIGTERM)
     deadline = time.monotonic() + timeout
+    stopping = list(live)
     while live and time.monotonic() < deadline:
         time.sleep(0.1)
         live = [n for n in live if _alive(n)]
+    for node in stopping:
+        if node not in live:
+            _keep_class_archive(node)
     for node in live:
         _log(f"node {node['id']} ignored SIGTERM for {timeout:.0f}s; killing it")
         with contextlib.suppress(ProcessLookupError):

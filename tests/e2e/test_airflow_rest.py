@@ -94,18 +94,22 @@ class Instance:
         ``try_number`` is the run's first try here; the last one is checked. A later one means the
         sensor retried: Airflow 3.3 can fail a try with nothing wrong (issue 37, docs/runbook.md;
         in CI its first try's trigger committed the leftovers, then "Task Instance not found" when
-        it reported success). The logs of every try from ``try_number`` on are returned, in order:
-        what the recovery did is in the try that did it.
+        it reported success). The logs of every try Airflow lists from ``try_number`` on are
+        returned, in order: what the recovery did is in the try that did it. A try can be missing
+        from that list: under load the scheduler once failed a queued try before it started
+        ("Cannot start Task Instance in invalid state"), and Airflow kept no record of it (its log
+        answered 404 "TaskInstance not found"); the next try ran the recovery.
         """
         self.saw_deferred[f"{run_id}#{try_number}"] = "deferred" in seen.get("recover", set())
         last = int(self.af.task_instance(DAG_ID, run_id, "recover")["try_number"])
         assert last >= try_number, (last, try_number)
+        tries = [t for t in self.tries(run_id, "recover") if t[0] >= try_number]
         if last > try_number:
-            self.recover_retried[f"{run_id}#{try_number}"] = self.tries(run_id, "recover")[try_number - 1 :]
+            self.recover_retried[f"{run_id}#{try_number}"] = tries
         log = self.log(run_id, "recover", last)
         assert f"recovery of {self.prefix}, pass 1:" in log, log  # logged by the trigger itself
         assert f"recovery of {self.prefix} done after 1 pass(es) in the triggerer" in log, log
-        return "\n".join(self.log(run_id, "recover", n) for n in range(try_number, last + 1))
+        return "\n".join(self.log(run_id, "recover", n) for n, _ in tries)
 
     def phase(self, name: str, since: float) -> float:
         self.timings[name] = round(time.monotonic() - since, 1)
