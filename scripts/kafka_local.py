@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -379,13 +380,36 @@ def _alive(node: NodeState) -> bool:
     return not info[1]
 
 
+# Ports below the kernel's ephemeral range: no outgoing connection is ever given one. A node keeps its
+# ports across a restart, and while it was down an ephemeral port could be taken by a client, or by a
+# peer reconnecting to it that met itself (TCP's self-connect): its restart failed with "Address
+# already in use" (seen in a leader-kill test's restart of a node's controller port).
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports, outside the ephemeral range where it leaves room (else any)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
     # All sockets stay bound until every port is picked, so none repeats.
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        attempts = 0
+        while len(ports) < count:
+            attempts += 1
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((HOST, 0))
+            wanted = rng.randrange(LOWEST_PORT, low) if low - LOWEST_PORT > 1000 and attempts < 200 else 0
+            try:
+                sock.bind((HOST, wanted))
+            except OSError:
+                continue
             ports.append(sock.getsockname()[1])
         return ports
 

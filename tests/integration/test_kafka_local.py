@@ -1,6 +1,6 @@
-"""scripts/kafka-local's class-data-sharing archive: a node that stops on SIGTERM leaves one in the jar
-cache, a node started after it maps it, and a test run's JDK_JAVA_OPTIONS (Spark's archive) does not
-reach the node's JVM."""
+"""scripts/kafka-local's nodes. A node that stops on SIGTERM leaves a class-data-sharing archive in
+the jar cache, a node started after it maps it, and a test run's JDK_JAVA_OPTIONS (Spark's archive)
+does not reach the node's JVM. A node's ports lie below the kernel's ephemeral range."""
 
 from __future__ import annotations
 
@@ -45,3 +45,12 @@ def test_a_node_maps_the_class_archive_a_cleanly_stopped_node_wrote(tmp_path: Pa
 def test_a_nodes_environment_names_no_other_class_archive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/x/spark.jsa -Xlog:cds=off")
     assert kafka_local()._jvm_env()["JDK_JAVA_OPTIONS"] == "-XX:TieredStopAtLevel=1 -Xlog:cds=off"
+
+
+def test_a_nodes_ports_lie_below_the_ephemeral_range() -> None:
+    """A restarted node binds its old ports again: no outgoing connection may hold one meanwhile."""
+    kl = kafka_local()
+    low = kl._ephemeral_low()
+    ports = kl._free_ports(20)
+    assert len(set(ports)) == 20
+    assert all(kl.LOWEST_PORT <= p < low for p in ports), (low, ports)
