@@ -295,15 +295,24 @@ class Kafka2PCExportOperator(BaseOperator):
 
         return send_offsets(writer, read, abort_now)
 
-    def _window_with_shown_rate(self, context: Context) -> Any:
+    def _window_with_shown_rate(self, context: Context, prefix: str) -> Any:
         """The window settings with the write rate the exporter's last successful prepare showed (an
-        XCom of this task in an earlier run), which the budget uses when the user states none."""
+        XCom of this task in an earlier run), which the budget uses when the user states none. A rate
+        another exporter showed (the task's prefix changed, or is templated per run) is not used: the
+        budget says its rate came from this exporter."""
         from airflow_provider_kafka2pc.txn.protocol.window import WriteRate
 
         try:
             kept = context["ti"].xcom_pull(task_ids=self.task_id, key=WRITE_RATE_KEY, include_prior_dates=True)
         except Exception as e:  # a courtesy: without it nothing is refused up front
             self.log.info("kafka2pc: no earlier write rate readable (%s: %s)", type(e).__name__, e)
+            kept = None
+        if isinstance(kept, dict) and kept.get("exporter", prefix) != prefix:
+            self.log.info(
+                "kafka2pc: the last write rate of this task was shown by exporter %s, not %s: not used",
+                kept.get("exporter"),
+                prefix,
+            )
             kept = None
         shown = WriteRate.from_json(kept)
         return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
@@ -483,7 +492,7 @@ class Kafka2PCExportOperator(BaseOperator):
             seen["aborted"] = self._abort_opened(session)
             return bool(seen["aborted"])
 
-        window = self._window_with_shown_rate(context)
+        window = self._window_with_shown_rate(context, prefix)
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
             seen["writing"] = True
@@ -503,7 +512,7 @@ class Kafka2PCExportOperator(BaseOperator):
         self._stand_down_if_decided_meanwhile(session, context, result.committables)
         if result.write_rate is not None:  # the next run's budget refuses by what this one showed
             shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
-            context["ti"].xcom_push(key=WRITE_RATE_KEY, value=shown.to_json())
+            context["ti"].xcom_push(key=WRITE_RATE_KEY, value={**shown.to_json(), "exporter": prefix})
         summary = result.summary()
         self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(

@@ -149,3 +149,29 @@ def test_a_prepare_that_ends_too_close_to_its_deadline_aborts_and_fails(opened_a
     # With time to spare the prepare stays green and aborts nothing.
     _check_window_left(result, WindowBudget(900_000, 90_250, 10_000, None), abort_opened, now)
     assert aborted == [True]
+
+
+class _KeptRate:
+    """A task instance whose earlier run kept ``value`` as its write-rate XCom."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def xcom_pull(self, **kwargs: object) -> object:
+        assert kwargs["key"] == "kafka2pc_write_rate" and kwargs["include_prior_dates"] is True
+        return self.value
+
+
+def test_the_export_budgets_with_a_rate_only_its_own_exporter_showed() -> None:
+    from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
+
+    op = Kafka2PCExportOperator(task_id="prepare", transactional_id_prefix="orders", topic="t", table="db.orders")
+    kept = {"records_per_s": 877.0, "bytes_per_s": 17761.0, "source": "shown by run r1"}
+
+    def rate(value: object, prefix: str = "orders") -> object:
+        return op._window_with_shown_rate({"ti": _KeptRate(value)}, prefix).shown_rate  # type: ignore[arg-type]
+
+    assert rate({**kept, "exporter": "orders"}) == WriteRate(877.0, 17761.0, "shown by run r1")
+    assert rate({**kept, "exporter": "orders"}, prefix="orders_v2") is None  # another exporter's rate
+    assert rate(kept) == WriteRate(877.0, 17761.0, "shown by run r1")  # kept before the exporter was
+    assert rate(None) is None
