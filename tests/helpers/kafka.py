@@ -290,6 +290,62 @@ def wait_in_sync(env: KafkaEnv, topics: list[str], timeout_s: float = 60.0) -> f
         time.sleep(0.1)
 
 
+def wait_brokers_agree(env: KafkaEnv, topics: list[str], timeout_s: float = 60.0) -> float:
+    """Wait until every broker, asked itself, reports the same leader, leader epoch and full ISR for
+    every partition of ``topics``; returns the seconds waited. A broker whose link was cut answers
+    from what it knew when the link went down (itself the leader of partitions that moved, an older
+    leader epoch) until it has read the controller's newer metadata: a client that asks it meanwhile
+    fetches from the stale leader, whose log lacks the commit markers written elsewhere
+    (``wait_in_sync`` asks whichever broker answers first, which can be that one)."""
+    from kafka.protocol.metadata import MetadataRequest
+
+    request = MetadataRequest(
+        topics=[MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+    started = time.monotonic()
+    while True:
+        views = _partitions_seen_by_each_broker(env, request)
+        first = views[1]
+        if (
+            not isinstance(first, str)
+            and all(v == first for v in views.values())
+            and len(first) > 0
+            and all(leader >= 0 and isr == replicas for _, _, leader, _, isr, replicas in first)
+        ):
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"brokers disagree after {timeout_s:g} s: {views}"
+        time.sleep(0.2)
+
+
+def _partitions_seen_by_each_broker(env: KafkaEnv, request: Any) -> dict[int, Any]:
+    """Each broker's answer to ``request`` (a Metadata request): (topic, partition, leader, leader
+    epoch, ISR, replicas) per partition, or the error's name. A client of its own each time: one
+    made while a broker was fenced does not know that broker's id."""
+    from kafka.errors import KafkaError as WireError
+
+    views: dict[int, Any] = {}
+    with env.new_wire() as wire:
+
+        async def ask(node_id: int) -> Any:
+            return await wire._send(request, node_id)
+
+        for node_id in range(1, env.brokers + 1):
+            try:
+                response = wire._run(ask, node_id)
+            except (WireError, OSError) as e:  # not listed yet, or not answering
+                views[node_id] = type(e).__name__
+                continue
+            views[node_id] = sorted(
+                (t.name, p.partition_index, p.leader_id, p.leader_epoch, sorted(p.isr_nodes), sorted(p.replica_nodes))
+                for t in response.topics
+                for p in t.partitions
+            )
+    return views
+
+
 # The broker line below the supported ones (Kafka 3.0+): tests/integration/test_old_broker.py
 # starts it (ZooKeeper mode) to prove kafka2pc refuses it before writing anything.
 OLD_KAFKA_VERSION = "2.8.2"
