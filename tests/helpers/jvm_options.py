@@ -19,13 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.kafka import REPO
+from tests.helpers.kafka import REPO, kafka_local
 
 # Per checkout, beside the run's other build output; scripts/test makes it before the workers start.
 ARCHIVE_DIR = REPO / "build" / "jvm-archives"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
-# The CDS messages of a JVM that cannot use the archive would land on stdout.
-CDS_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+# The CDS messages of a JVM that cannot use the archive would land on stdout (the brokers' own).
+CDS_QUIET: tuple[str, ...] = kafka_local().CDS_QUIET
 
 # Runs in a fresh interpreter: Spark's driver JVM dumps the classes it loaded when it exits.
 _ARCHIVE_JOB = """
