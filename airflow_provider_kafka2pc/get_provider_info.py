@@ -32,6 +32,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     f"{_PKG}.operators.export",
                     f"{_PKG}.operators.commit",
+                    f"{_PKG}.operators.abort",
                     f"{_PKG}.operators.create_topic",
                 ],
             }

@@ -8,7 +8,8 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
-from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
+from airflow_provider_kafka2pc.operators.abort import Kafka2PCAbortOperator
+from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
 from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator, check_pooling_dag
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 from airflow_provider_kafka2pc.txn.protocol import naming

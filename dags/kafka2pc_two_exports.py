@@ -11,7 +11,8 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
+from airflow_provider_kafka2pc.operators.abort import Kafka2PCAbortOperator
+from airflow_provider_kafka2pc.operators.commit import Kafka2PCCommitOperator
 from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 

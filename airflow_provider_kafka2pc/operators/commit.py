@@ -1,30 +1,27 @@
-"""Phase two: Kafka2PCCommitOperator (decide and commit) and Kafka2PCAbortOperator (roll back)."""
+"""Phase two: Kafka2PCCommitOperator decides the run and commits it (the abort is ``operators/abort.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, TriggerRule
+from airflow.sdk import Asset, AssetAlias, TriggerRule
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.exceptions import ConnectionMismatchError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
-from airflow_provider_kafka2pc.operators.idempotent_retries import idempotent_retries
 from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
-from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
-from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload, pull_exports
+from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
+from airflow_provider_kafka2pc.operators.phase_two import PhaseTwoOperator, members_of
 from airflow_provider_kafka2pc.txn.protocol import naming
-from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-    from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
     from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
     from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
@@ -41,63 +38,7 @@ def topic_asset(bootstrap_servers: str, topic: str) -> Asset:
     return Asset(f"{kafka_namespace(bootstrap_servers)}/{topic}")
 
 
-def _task_ids(export_task_ids: str | Sequence[str]) -> list[str]:
-    return [export_task_ids] if isinstance(export_task_ids, str) else list(export_task_ids)
-
-
-class _PhaseTwo(BaseOperator):
-    """What commit and abort share: the export payloads of this run and the Kafka clients."""
-
-    operator_extra_links = (Kafka2PCExportersLink(),)
-    template_fields: Sequence[str] = ("export_task_ids",)
-    ui_color = "#fdf3e1"
-
-    def __init__(
-        self,
-        *,
-        export_task_ids: str | Sequence[str],
-        kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
-        max_workers: int = 16,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.export_task_ids = export_task_ids
-        self.kafka2pc_conn_id = kafka2pc_conn_id
-        self.max_workers = max_workers
-
-    def payloads(self, context: Context) -> dict[str, ExportPayload | None]:
-        payloads = pull_exports(context, _task_ids(self.export_task_ids))
-        for task_id, p in payloads.items():
-            if p is None:
-                continue
-            if p.conn_id != self.kafka2pc_conn_id:
-                raise ConnectionMismatchError(
-                    f"export task {task_id!r} prepared on connection {p.conn_id!r}, but {self.task_id!r} uses "
-                    f"{self.kafka2pc_conn_id!r}: one decision needs one Kafka cluster and one decision log"
-                )
-            # Early, before connecting; the core checks the same again before it decides anything.
-            naming.check_members((c.transactional_id for c in p.committables), [members_of(p, context)])
-        return payloads
-
-    @staticmethod
-    def counts(report: CommitReport) -> dict[str, Any]:
-        """The task's XCom: how many ended committed, aborted, lost. The log has them already: the
-        core's summary line per decision (``txn.two_phase.ruling.log_resolutions``)."""
-        from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
-
-        return {v.name.lower(): report.count(v) for v in (Verdict.COMMITTED, Verdict.ABORTED, Verdict.LOST)}
-
-
-def members_of(payload: ExportPayload, context: Context) -> naming.Members:
-    """The ids the payload's exporter writes for this run, by its naming strategy."""
-    strategy = naming.NamingStrategy(payload.naming_strategy)
-    incrementing = strategy is naming.NamingStrategy.INCREMENTING
-    return naming.Members(
-        payload.prefix, strategy, naming.sanitize_run_key(context["run_id"]) if incrementing else None
-    )
-
-
-class Kafka2PCCommitOperator(_PhaseTwo):
+class Kafka2PCCommitOperator(PhaseTwoOperator):
     """Commit the transactions prepared by one or more export tasks of this DAG run, as one decision.
 
     Checks that every committable is one of its exporter's ids for this run, appends ONE COMMIT
@@ -378,137 +319,7 @@ class Kafka2PCCommitOperator(_PhaseTwo):
             wire.close()
 
 
-class Kafka2PCAbortOperator(_PhaseTwo):
-    """Roll back a failed run: its prepared committables and the open transactions of its exporters.
+# The abort operator was in this module in 0.1.0: DAGs that import it from here keep working.
+from airflow_provider_kafka2pc.operators.abort import Kafka2PCAbortOperator  # noqa: E402
 
-    Runs once EVERY export that feeds it has finished (``trigger_rule="all_done"``) and skips
-    itself unless one of them failed: an abort that fired on the first failure would miss what a
-    still-running export prepares afterwards. ABORT is appended to the decision log and read back
-    before any EndTxn; a transaction whose first decision is COMMIT is rolled forward, never
-    aborted, and that is logged.
-
-    :param export_task_ids: the export task(s) of the run.
-    :param transactional_id_prefixes: the exporters' prefixes, to find transactions of a prepare
-        that failed before it could push its committables (default: none).
-    :param naming_strategy: their naming strategy; with INCREMENTING only this run's ids are aborted.
-    :param retries: default 2, ``retry_delay`` 5 s (``operators/idempotent_retries.py``): a try whose
-        worker host died, even one that would have skipped itself, must not fail a committed run.
-    """
-
-    template_fields: Sequence[str] = ("export_task_ids", "transactional_id_prefixes")
-
-    def __init__(
-        self,
-        *,
-        transactional_id_prefixes: str | Sequence[str] = (),
-        naming_strategy: str | naming.NamingStrategy = naming.NamingStrategy.POOLING,
-        trigger_rule: str = TriggerRule.ALL_DONE,
-        retries: int | None = None,
-        retry_delay: timedelta | float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        # Named here so that Airflow fills them from default_args before this default applies.
-        super().__init__(trigger_rule=trigger_rule, **idempotent_retries(retries, retry_delay), **kwargs)
-        self.transactional_id_prefixes = transactional_id_prefixes
-        self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
-        from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
-        from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
-
-        payloads = self.payloads(context)
-        ti = context["ti"]
-        failed = [t for t, p in payloads.items() if p is None and ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) is None]
-        if not failed:
-            raise AirflowSkipException("every export of this run succeeded or was skipped: nothing to abort")
-        never_ran = self._never_ran(context, failed)
-        if len(never_ran) == len(failed) and all(p is None for p in payloads.values()):
-            # No prepare of this run started: it opened nothing, so there is nothing of it to end.
-            raise AirflowSkipException(
-                f"nothing to abort: export task(s) {sorted(never_ran)} never ran ({_states(never_ran)}), so this run "
-                "prepared nothing; what an earlier run left open is ended by the exporter's next recovery"
-            )
-        ran = [t for t in failed if t not in never_ran]
-        why = [f"export task(s) {ran} failed"] if ran else []
-        if never_ran:
-            why.append(f"export task(s) {sorted(never_ran)} never ran ({_states(never_ran)})")
-        self.log.info("%s: aborting the run", ", ".join(why))
-        hook = Kafka2PCHook(self.kafka2pc_conn_id)
-        refs: dict[str, TxnRef] = {}
-        for p in payloads.values():
-            if p is not None:
-                refs.update((c.transactional_id, ref_of(c)) for c in p.committables)
-        try:  # a bounded first contact: an unreachable broker is one line, within the connect timeout
-            wire = hook.wire_client()
-        except BrokerUnavailableError as e:
-            raise BrokerUnavailableError(
-                f"abort of run {decision_run(context)}: {e}. Nothing was aborted: clear this task once Kafka is "
-                "back; otherwise what this run left open ends at its broker deadline at the latest"
-            ) from None
-        decision_log = hook.decision_log()
-        try:
-            run_key = (
-                naming.sanitize_run_key(context["run_id"])
-                if self.naming_strategy is naming.NamingStrategy.INCREMENTING
-                else None
-            )
-            prefixes = _task_ids(self.transactional_id_prefixes)
-            for prefix in prefixes:
-                if run_key is None and (holder := hook.take_turn(prefix, self.dag_id, context["run_id"])) is not None:
-                    # Another run holds the POOLING ids: what is open under them is its, not ours.
-                    self.log.warning("not aborting open transactions of %s: run %s holds it", prefix, holder.run_id)
-                    continue
-                for s in TransactionInspector(wire).describe_prefix(prefix):
-                    parsed = naming.parse_transactional_id(s.transactional_id)
-                    if run_key is not None and (parsed is None or parsed.run_key != run_key):
-                        continue  # another run's transaction: INCREMENTING runs may overlap
-                    # The broker's current holder of the id: newer than any committable of it.
-                    refs[s.transactional_id] = ref_of(s)
-            if not refs:
-                self.log.info("nothing to abort")
-                return {"committed": 0, "aborted": 0, "lost": 0}
-            exporters = sorted({p.prefix for p in payloads.values() if p is not None} | set(prefixes))
-            try:
-                report = abort_prepared(
-                    list(refs.values()), wire, decision_log, decision_run(context), self.max_workers, prefixes=exporters
-                )
-            except Exception as e:
-                # Last, so that it is the line a user reads first: the run's state and what to click.
-                shows = " or ".join(f"`kafka2pc list --prefix {p}`" for p in exporters)
-                self.log.error(
-                    "kafka2pc: abort of run %s failed (%s): %d transaction(s) may still be open; none of the run is "
-                    "visible unless a COMMIT decision rules it. Next: clear this abort task once Kafka answers; "
-                    "otherwise they end at their broker deadline at the latest%s",
-                    decision_run(context),
-                    type(e).__name__,
-                    len(refs),
-                    f" ({shows} shows them)" if shows else "",
-                )
-                raise
-        finally:
-            decision_log.close()
-            wire.close()
-        return self.counts(report)
-
-    def _never_ran(self, context: Context, task_ids: Sequence[str]) -> dict[str, str]:
-        """Which of ``task_ids`` never ran in this DAG run (upstream_failed, skipped, removed), with
-        their states, as the scheduler says (Task SDK ``get_task_states``); empty when it cannot say."""
-        try:
-            states = context["ti"].get_task_states(
-                dag_id=self.dag_id, task_ids=list(task_ids), run_ids=[context["run_id"]]
-            )
-            of_run = dict(states.get(context["run_id"]) or {})
-        except Exception as e:  # unknown: treat them as failed, as before (abort what is there)
-            self.log.debug("cannot read the export tasks' states: %s", e)
-            return {}
-        named = {t: str(getattr(of_run.get(t), "value", of_run.get(t))) for t in task_ids}
-        return {t: state for t, state in named.items() if state in NEVER_RAN_STATES}
-
-
-# An export task in one of these states did not run in this DAG run: it prepared nothing.
-NEVER_RAN_STATES = frozenset({"upstream_failed", "skipped", "removed"})
-
-
-def _states(tasks: dict[str, str]) -> str:
-    return ", ".join(sorted(set(tasks.values())))
+__all__ = ["KAFKA2PC_ASSET_ALIAS", "Kafka2PCAbortOperator", "Kafka2PCCommitOperator", "topic_asset"]

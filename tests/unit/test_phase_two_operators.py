@@ -787,3 +787,10 @@ def test_an_export_with_an_avro_format_asks_for_spark_avro_and_never_shows_the_r
             op.execute(context(dag))
     assert [a["avro"] for a in asked] == [True, False]  # spark-avro only where an Avro format needs it
     assert "pw-never-shown" not in capsys.readouterr().out
+
+
+def test_the_abort_operator_still_imports_from_the_commit_module() -> None:
+    """It lived there in 0.1.0; DAGs written then import it from there."""
+    from airflow_provider_kafka2pc.operators import abort, commit
+
+    assert commit.Kafka2PCAbortOperator is abort.Kafka2PCAbortOperator
