@@ -48,8 +48,14 @@ def run_logs_dir() -> Path | None:
 
 
 def _start(
-    tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int, oidc_url: str | None = None, **kwargs: object
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    brokers: int,
+    oidc_url: str | None = None,
+    fixture: str | None = None,
+    **kwargs: object,
 ) -> Iterator[KafkaEnv]:
+    """A broker (or 3) for the session; ``fixture`` names a fixture in ``STOPPED_WHEN_DONE``."""
     kl = kafka_local()
     logs = run_logs_dir()
     directory = logs / name if logs else tmp_path_factory.mktemp(name)
@@ -57,11 +63,28 @@ def _start(
     security = {k: v for k, v in kl.client_config(state).items() if k != "bootstrap.servers"}
     bootstrap = state["bootstrap_servers"]
     env = KafkaEnv(Path(directory), bootstrap, brokers, security=security, oidc_url=oidc_url)
+    if fixture is not None:
+        _running[fixture] = env
     try:
         yield env
     finally:
+        _running.pop(fixture or "", None)
         env.close()
         kl.stop_cluster(directory)  # logs stay in the directory for a failed run
+
+
+# Session brokers that a worker stops as soon as no file left in the run's order uses them: an idle
+# 1-node broker costs 0.9 CPU-s a minute, the 3-node cluster 2.9, and the suite is bound by the CPU
+# of two cores (a full run kept the 3-node cluster of the leader kills idle for 19 minutes). Sound
+# because scripts/test hands files out in collection order (--dist loadfile --no-loadscope-reorder:
+# each worker is given the lowest file left), so once a worker runs a file ranked after the last
+# user of a broker, no later file of that worker uses it. The broker `kafka` serves nearly every
+# file and stays up.
+STOPPED_WHEN_DONE = ("kafka_short_timeout", "kafka_cap30", "kafka_cluster", "kafka_secure")
+_running: dict[str, KafkaEnv] = {}  # of STOPPED_WHEN_DONE, those this worker started and has not stopped
+_stopped_early: set[str] = set()
+_file_rank: dict[str, int] = {}  # test file -> its place in the run's order
+_last_user: dict[str, int] = {}  # fixture -> the place of the last file that uses it
 
 
 @pytest.fixture(scope="session")
@@ -71,17 +94,21 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
 
 @pytest.fixture(scope="session")
 def kafka_short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
-    yield from _start(tmp_path_factory, "kafka1short", 1, txn_max_timeout_ms=SHORT_TXN_MAX_TIMEOUT_MS)
+    yield from _start(
+        tmp_path_factory, "kafka1short", 1, fixture="kafka_short_timeout", txn_max_timeout_ms=SHORT_TXN_MAX_TIMEOUT_MS
+    )
 
 
 @pytest.fixture(scope="session")
 def kafka_cap30(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
-    yield from _start(tmp_path_factory, "kafka1cap30", 1, txn_max_timeout_ms=CAP30_TXN_MAX_TIMEOUT_MS)
+    yield from _start(
+        tmp_path_factory, "kafka1cap30", 1, fixture="kafka_cap30", txn_max_timeout_ms=CAP30_TXN_MAX_TIMEOUT_MS
+    )
 
 
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]:
-    yield from _start(tmp_path_factory, "kafka3", 3)
+    yield from _start(tmp_path_factory, "kafka3", 3, fixture="kafka_cluster")
 
 
 # The secured broker's SCRAM user and OIDC client for the exporter; made per test session, never committed.
@@ -104,6 +131,7 @@ def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaEnv]
             "kafka1secure",
             1,
             oidc_url=idp.url,
+            fixture="kafka_secure",
             security="sasl_ssl",
             scram_users={SECURE_EXPORTER: SECURE_EXPORTER_PASSWORD, SECURE_OPERATOR: SECURE_OPERATOR_PASSWORD},
             oauth_jwks_url=f"{idp.url}/jwks",
@@ -163,32 +191,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # processes meanwhile: its brokers, Spark, Airflow, actors), heaviest first. scripts/test hands whole
 # files to its workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long
 # ones start first, the short ones fill in at the end. A file not listed runs after these, in
-# collection order.
+# collection order. The files that use one of the brokers in STOPPED_WHEN_DONE follow its heaviest
+# user (the 3-node cluster: the leader kills, then test_txn_cluster), so that each worker stops it early.
 HEAVIEST_FIRST = (
     "tests/e2e/test_airflow_rest.py",  # 622 s, 386 CPU-s
     "tests/soak/test_soak.py",  # 543 s, 344 CPU-s
     "tests/integration/test_leader_kill.py",  # 431 s, 166 CPU-s: it waits on leader elections
+    "tests/integration/test_txn_cluster.py",  # 59 s, 43 CPU-s
     "tests/e2e/test_celery_cluster.py",  # 373 s, 213 CPU-s
     "tests/e2e/test_kafka_source_dag.py",  # 325 s, 216 CPU-s
     "tests/e2e/test_ui_browser.py",  # 305 s, 262 CPU-s
     "tests/integration/test_window_broker.py",  # 221 s, 82 CPU-s
-    "tests/integration/test_decisions_broker.py",  # 216 s, 136 CPU-s
-    "tests/integration/test_netns_cluster.py",  # 182 s, 82 CPU-s
-    "tests/e2e/test_dag_runs.py",  # 168 s, 100 CPU-s
-    "tests/integration/test_repair_spark.py",  # 152 s, 77 CPU-s
-    "tests/integration/test_security_broker.py",  # 148 s, 71 CPU-s
     "tests/e2e/test_window_dag.py",  # 134 s, 56 CPU-s
+    "tests/integration/test_repair_spark.py",  # 152 s, 77 CPU-s
+    "tests/integration/test_decisions_broker.py",  # 216 s, 136 CPU-s
     "tests/integration/test_repair_broker.py",  # 131 s, 72 CPU-s
     "tests/integration/test_txn_broker.py",  # 102 s, 33 CPU-s
+    "tests/integration/test_netns_cluster.py",  # 182 s, 82 CPU-s
+    "tests/e2e/test_dag_runs.py",  # 168 s, 100 CPU-s
+    "tests/integration/test_security_broker.py",  # 148 s, 71 CPU-s
     "tests/e2e/test_security_standalone.py",  # 89 s, 70 CPU-s
-    "tests/integration/test_spark_export.py",  # 81 s, 41 CPU-s
     "tests/e2e/test_security_dag.py",  # 77 s, 56 CPU-s
+    "tests/integration/test_native_broker.py",  # 47 s, 14 CPU-s
+    "tests/integration/test_security_visibility.py",  # 36 s, 21 CPU-s (2026-11-29, four workers)
+    "tests/integration/test_reach_broker.py",  # 15 s, 8 CPU-s (2026-11-29, four workers)
+    "tests/integration/test_spark_export.py",  # 81 s, 41 CPU-s
     "tests/integration/test_spark_cluster.py",  # 77 s, 58 CPU-s
     "tests/e2e/test_airflow_standalone_smoke.py",  # 68 s, 46 CPU-s
-    "tests/integration/test_txn_cluster.py",  # 59 s, 43 CPU-s
     "tests/integration/test_registry_formats.py",  # 54 s, 30 CPU-s
     "tests/e2e/test_lineage_dag.py",  # 50 s, 42 CPU-s
-    "tests/integration/test_native_broker.py",  # 47 s, 14 CPU-s
     "tests/integration/test_failure_lines.py",  # 38 s, 16 CPU-s
     "tests/e2e/test_failure_lines_dag.py",  # 37 s, 29 CPU-s
     "tests/integration/test_source_offsets_broker.py",  # 35 s, 20 CPU-s
@@ -201,9 +232,33 @@ HEAVIEST_FIRST = (
 )
 
 
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: a file stays whole
+    items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable: a file stays whole
+    for item in items:
+        place = _file_rank.setdefault(_file_of(item), len(_file_rank))
+        for name in STOPPED_WHEN_DONE:
+            if name in getattr(item, "fixturenames", ()):
+                _last_user[name] = place
+
+
+@pytest.hookimpl(tryfirst=True)  # before the item's fixtures are set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    place = _file_rank.get(_file_of(item))
+    if place is None:
+        return
+    for name, env in list(_running.items()):
+        if _last_user.get(name, len(_file_rank)) < place:
+            kafka_local().stop_cluster(env.directory)
+            del _running[name]
+            _stopped_early.add(name)
+    needed = sorted(_stopped_early & set(getattr(item, "fixturenames", ())))
+    if needed:  # the run's order broke the rule above: say so, rather than test against a stopped broker
+        pytest.fail(f"{needed} were stopped as no longer used, but {item.nodeid} uses them: see STOPPED_WHEN_DONE")
 
 
 _skipped: list[str] = []
