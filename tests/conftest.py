@@ -253,6 +253,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     for name, env in list(_running.items()):
         if _last_user.get(name, len(_file_rank)) < place:
+            env.close()  # its clients first: a kafka-python client of a stopped broker logs warnings
             kafka_local().stop_cluster(env.directory)
             del _running[name]
             _stopped_early.add(name)
