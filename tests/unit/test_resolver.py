@@ -771,23 +771,3 @@ def test_an_older_epoch_of_the_same_producer_is_a_timeout_not_an_edited_committa
     broker.time_out("orders-1")
     with pytest.raises(RunAbortedError):
         commit_prepared([a, b], broker, decision_log, "run-1", prefixes=["orders"])
-
-
-def test_a_broker_that_left_the_metadata_before_its_turn_is_asked_again_afresh() -> None:
-    """ListTransactions goes to every broker in kafka-python's metadata, one after another; a broker
-    killed meanwhile drops out of it before its turn (UnknownBrokerIdError: seen in a full run as a
-    recovery started while the decision log's leader died). The request is made again."""
-    import kafka.errors as Errors
-
-    from airflow_provider_kafka2pc.txn.kafka.transactions import retry
-
-    calls: list[int] = []
-
-    def listing() -> list[str]:
-        calls.append(1)
-        if len(calls) == 1:
-            raise Errors.UnknownBrokerIdError(2)
-        return ["orders-0"]
-
-    assert retry("ListTransactions", listing, timeout_s=5) == ["orders-0"]
-    assert len(calls) == 2

@@ -381,9 +381,7 @@ def error_name(code: int) -> str:
 
 
 def is_connection_error(exc: BaseException) -> bool:
-    """Network-level failures (broker restarting, connection reset) that a retry may cure. And a
-    broker that left kafka-python's metadata between a request's choice of it and its send (killed,
-    then fenced): ListTransactions asks each broker the metadata listed, and a retry asks afresh."""
+    """Network-level failures (broker restarting, connection reset) that a retry may cure."""
     import kafka.errors as Errors
 
     return isinstance(
@@ -391,7 +389,6 @@ def is_connection_error(exc: BaseException) -> bool:
         (
             Errors.KafkaConnectionError,
             Errors.NodeNotReadyError,
-            Errors.UnknownBrokerIdError,
             Errors.KafkaTimeoutError,
             Errors.RequestTimedOutError,
             ConnectionError,
