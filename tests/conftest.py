@@ -239,7 +239,11 @@ def _file_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable: a file stays whole
-    for item in items:
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The final order (after --ff/--nf and deselection reorder or drop items), which xdist hands out.
+    for item in session.items:
         place = _file_rank.setdefault(_file_of(item), len(_file_rank))
         for name in STOPPED_WHEN_DONE:
             if name in getattr(item, "fixturenames", ()):
@@ -253,10 +257,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     for name, env in list(_running.items()):
         if _last_user.get(name, len(_file_rank)) < place:
-            env.close()  # its clients first: a kafka-python client of a stopped broker logs warnings
-            kafka_local().stop_cluster(env.directory)
             del _running[name]
             _stopped_early.add(name)
+            env.close()  # its clients first: a kafka-python client of a stopped broker logs warnings
+            kafka_local().stop_cluster(env.directory)
     needed = sorted(_stopped_early & set(getattr(item, "fixturenames", ())))
     if needed:  # the run's order broke the rule above: say so, rather than test against a stopped broker
         pytest.fail(f"{needed} were stopped as no longer used, but {item.nodeid} uses them: see STOPPED_WHEN_DONE")

@@ -327,7 +327,11 @@ def _partitions_seen_by_each_broker(env: KafkaEnv, request: Any) -> dict[int, An
     from kafka.errors import KafkaError as WireError
 
     views: dict[int, Any] = {}
-    with env.new_wire() as wire:
+    try:
+        wire = env.new_wire()
+    except Exception as e:  # no broker answered the bootstrap yet
+        return dict.fromkeys(range(1, env.brokers + 1), type(e).__name__)
+    with wire:
 
         async def ask(node_id: int) -> Any:
             return await wire._send(request, node_id)
