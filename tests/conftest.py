@@ -191,8 +191,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # processes meanwhile: its brokers, Spark, Airflow, actors), heaviest first. scripts/test hands whole
 # files to its workers in this order (pytest-xdist --dist loadfile --no-loadscope-reorder): the long
 # ones start first, the short ones fill in at the end. A file not listed runs after these, in
-# collection order. The files that use one of the brokers in STOPPED_WHEN_DONE follow its heaviest
-# user (the 3-node cluster: the leader kills, then test_txn_cluster), so that each worker stops it early.
+# collection order. The files that use one of the brokers in STOPPED_WHEN_DONE sit close together
+# (the 3-node cluster: the leader kills, then test_txn_cluster), so that each worker stops it early;
+# the SASL_SSL broker's are ranks 14-20, except the UI module's, which stays among the heaviest.
 HEAVIEST_FIRST = (
     "tests/e2e/test_airflow_rest.py",  # 622 s, 386 CPU-s
     "tests/soak/test_soak.py",  # 543 s, 344 CPU-s
