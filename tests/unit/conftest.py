@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_kafka2pc.txn.kafka import transactions as txn_inspect
+from airflow_provider_kafka2pc.txn.kafka import retries
 from airflow_provider_kafka2pc.txn.two_phase import resolver
 from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog
 
@@ -13,7 +13,7 @@ from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """Back-off and waits of the retry loops advance a fake clock instead of sleeping."""
     fake = FakeClock()
-    monkeypatch.setattr(txn_inspect, "time", fake)
+    monkeypatch.setattr(retries, "time", fake)
     monkeypatch.setattr(resolver, "time", fake)
     return fake
 

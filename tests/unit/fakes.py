@@ -17,12 +17,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import struct_time
+from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, Position
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
-from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
-from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse, error_name
+from airflow_provider_kafka2pc.txn.kafka.markers import Fate, PartitionFate
+from airflow_provider_kafka2pc.txn.kafka.wire import Coordinator, TxnListing, TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import (
     CONCURRENT_TRANSACTIONS,
@@ -161,6 +163,8 @@ class FakeBroker(WireClient):
         self.find_calls: list[tuple[str, ...]] = []
         self.describe_calls: list[tuple[int, tuple[str, ...]]] = []
         self.list_calls: list[tuple[tuple[str, ...], str | None]] = []
+        # What the data partitions show of each (id, producer id, epoch) once ended: its markers.
+        self.fates: dict[tuple[str, int, int], Fate] = {}
 
     # -- arranging the broker -------------------------------------------------
     def add(self, *states: TxnState) -> None:
@@ -188,6 +192,9 @@ class FakeBroker(WireClient):
     ) -> None:
         with self._lock:
             s = self.states[tid]
+            if state in ("PrepareCommit", "CompleteCommit", "PrepareAbort", "CompleteAbort"):
+                ended = Fate.COMMITTED if "Commit" in state else Fate.ABORTED
+                self.fates.setdefault((tid, s.producer_id, s.producer_epoch), ended)  # markers stay
             self.states[tid] = dataclasses.replace(
                 s,
                 state=state,
@@ -289,6 +296,15 @@ class FakeBroker(WireClient):
         if s.state in ("PrepareCommit", "PrepareAbort"):
             return CONCURRENT_TRANSACTIONS
         return INVALID_TXN_STATE
+
+    def transaction_fate(
+        self, ref: Any, partitions: Sequence[str], since_ms: int, timeout_s: float
+    ) -> tuple[Fate, tuple[PartitionFate, ...]]:
+        with self._lock:
+            fate = self.fates.get((ref.transactional_id, ref.producer_id, ref.producer_epoch), Fate.ABSENT)
+            return fate, tuple(
+                PartitionFate(p, fate, 7 if fate in (Fate.COMMITTED, Fate.ABORTED) else None) for p in partitions
+            )
 
     def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
         wanted = tuple(states)

@@ -430,6 +430,7 @@ def _random_step(rng: random.Random, log: MemoryDecisionLog, clock: list[int]) -
         items = finalize(state, did, clock[0])
         if items:
             log.append(items)
+            log.read()  # the writer's re-read (``ruling.obey``): a run record that came too late is settled
     elif op < 0.92:
         tid = rng.choice(TIDS)
         log.append(

@@ -207,6 +207,12 @@ def test_a_stale_run_record_written_after_the_repair_cannot_start_another() -> N
     log.decide(first)
     assert _finalized(log, first).status is RunStatus.REPAIRED
     log.put(LOST_RUN.key, LOST_RUN.to_json())  # the stale record, now the latest
+    state = replay(log.entries)
+    assert plan_repair(state, "orders", RUN, "z").status is RunStatus.REPAIRED  # type: ignore[union-attr]
+    assert state.overruled == {("orders", RUN): RunStatus.LOST}  # came too late: its writer writes REPAIRED again
+    # Compacted before anyone settled it, only the stale record is left of the key:
+    repaired = next(e for e in log.entries if e.key == LOST_RUN.key and b'"REPAIRED"' in (e.value or b""))
+    log.entries.remove(repaired)
     plan = plan_repair(replay(log.entries), "orders", RUN, "z")
     assert not isinstance(plan, RunRecord)  # it looks LOST again...
     again = _repair("z")

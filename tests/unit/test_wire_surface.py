@@ -39,6 +39,7 @@ from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, Fin
 from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
 from packaging.requirements import Requirement
 
+from airflow_provider_kafka2pc.txn.kafka import errors as kafka_errors
 from airflow_provider_kafka2pc.txn.kafka import wire
 from airflow_provider_kafka2pc.txn.kafka.broker_support import UnsupportedBrokerError
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
@@ -149,11 +150,11 @@ def test_list_transactions_v2_filters_by_pattern_and_describe_is_there() -> None
 
 
 def test_error_helpers() -> None:
-    assert wire.error_name(0) == "NONE"
-    assert wire.error_name(90) == "ProducerFencedError"
-    assert wire.is_connection_error(kafka.errors.KafkaConnectionError("reset"))
-    assert wire.is_connection_error(ConnectionResetError())
-    assert not wire.is_connection_error(kafka.errors.ProducerFencedError())
+    assert kafka_errors.error_name(0) == "NONE"
+    assert kafka_errors.error_name(90) == "ProducerFencedError"
+    assert kafka_errors.is_connection_error(kafka.errors.KafkaConnectionError("reset"))
+    assert kafka_errors.is_connection_error(ConnectionResetError())
+    assert not kafka_errors.is_connection_error(kafka.errors.ProducerFencedError())
 
 
 # --- configuration ------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def _no_runs(_prefix: str, _run: str, _raw: bytes) -> bool:
     return False
 
 
-def _is_committed(raw: bytes) -> bool:
+def is_committed(raw: bytes) -> bool:
     return f'"status":"{RunStatus.COMMITTED.value}"'.encode() in raw
 
 
@@ -139,8 +139,11 @@ class DecisionLog(DecisionTopic):
 
             # History first, flushed, then the protocol: a reader that reads partition 0 and then 1
             # and no longer finds a decision finds the run record it left.
+            # A run record's tombstone is for partition 0 only: the history keeps every run record.
             history = (
-                [i for i, (key, _) in enumerate(items) if key.startswith(RUN_KEY_BYTES)] if self._partitions > 1 else []
+                [i for i, (key, v) in enumerate(items) if key.startswith(RUN_KEY_BYTES) and v is not None]
+                if self._partitions > 1
+                else []
             )
             for batch in (history, [i for i in range(len(items)) if i not in set(history)]):
                 for i in batch:
@@ -152,7 +155,7 @@ class DecisionLog(DecisionTopic):
                         )
                     partition = HISTORY_PARTITION if batch is history else 0
                     self._produce(producer, key, value, partition, on_delivery(i))
-                    if batch is history and value is not None and not _is_committed(value):
+                    if batch is history and value is not None and not is_committed(value):
                         # LOST / ACKNOWLEDGED runs also live in the protocol's partition: recovery meets them.
                         self._produce(producer, key, value, 0, _extra)
                     producer.poll(0)
@@ -286,7 +289,35 @@ class DecisionLog(DecisionTopic):
             if history and self._partitions > 1:
                 keys = None if history == "all" else frozenset(history)
                 entries = itertools.chain(entries, self.scan(None, HISTORY_PARTITION, keys))
-            return replay(entries, keep_run)
+            state = replay(entries, keep_run)
+        self.settle(state)
+        return state
+
+    def settle(self, state: LogState) -> None:
+        """Append again each run's record in effect whose key's latest value is a record that came too
+        late to take effect (a stale writer's, ``txn.protocol.run_history``): compaction keeps a key's
+        latest value, and must keep the truth. A COMMITTED run also loses the overruled copy on
+        partition 0, where recovery would meet it. Best effort: a reader without Write leaves it to
+        the next writer, and replay ignores the overruled record meanwhile."""
+        items: list[Item] = []
+        for key, status in state.overruled.items():
+            rec = state.runs.get(key)
+            if rec is None:
+                continue
+            log.warning(
+                "run %s of %s: a %s record came after its %s record and changes nothing; writing the %s record again",
+                key[1], key[0], status.value, rec.status.value, rec.status.value,
+            )  # fmt: skip
+            items.append((rec.key, rec.to_json()))
+            if rec.status is RunStatus.COMMITTED and self._partitions > 1:
+                items.append((rec.key, None))
+        if not items:
+            return
+        try:
+            self.append(items)
+        except Kafka2PCError as e:
+            log.warning("could not write the run records in effect again (%s); the next reader will", e)
+        state.overruled.clear()
 
     def read_for(self, prefix: str, run: str | None = None) -> LogState:
         """The state one exporter needs: the protocol, the prefix's losses, and its own run's
@@ -297,7 +328,7 @@ class DecisionLog(DecisionTopic):
     def keep_for(self, prefix: str, run: str | None = None) -> KeepRun:
         """Run records of ``run`` and the prefix's runs that are not COMMITTED (a loss must be met)."""
         self.prefixes.add(prefix)
-        return lambda p, r, raw: p == prefix and (r == run or not _is_committed(raw))
+        return lambda p, r, raw: p == prefix and (r == run or not is_committed(raw))
 
     def keep_run_of(self, prefixes: Sequence[str], run: str) -> KeepRun:
         wanted = set(prefixes)

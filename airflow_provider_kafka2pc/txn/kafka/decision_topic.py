@@ -16,10 +16,11 @@ from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
 from airflow_provider_kafka2pc.txn.kafka.config import connection_only
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import TOPIC_CONFIG, DecisionTopicClient, failure_of
 from airflow_provider_kafka2pc.txn.kafka.errors import UnsafeDecisionTopicError
+from airflow_provider_kafka2pc.txn.protocol.run_history import HISTORY
 
 log = logging.getLogger(__name__)
 
-HISTORY_PARTITION = 1
+HISTORY_PARTITION = HISTORY  # the run records of finished runs (``txn.protocol.run_history``)
 
 
 class DecisionTopic(DecisionTopicClient):

@@ -109,3 +109,26 @@ class DecisionLogUnavailableError(DecisionLogError, BrokerUnavailableError):
     """The decision topic (its partition's leader, or every broker) stayed unavailable for a read's or
     an append's whole budget (``DecisionLog.budget_s``); the message names the topic, the partition,
     the last error, what the call did or did not write, and what to do."""
+
+
+def error_name(code: int) -> str:
+    import kafka.errors as Errors
+
+    return str(Errors.for_code(code).__name__) if code else "NONE"
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Network-level failures (broker restarting, connection reset) that a retry may cure."""
+    import kafka.errors as Errors
+
+    return isinstance(
+        exc,
+        (
+            Errors.KafkaConnectionError,
+            Errors.NodeNotReadyError,
+            Errors.KafkaTimeoutError,
+            Errors.RequestTimedOutError,
+            ConnectionError,
+            OSError,
+        ),
+    )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.access import principal_of
 from airflow_provider_kafka2pc.txn.kafka.client_logs import with_log
@@ -14,14 +13,10 @@ from airflow_provider_kafka2pc.txn.kafka.errors import (
     BrokerErrorResponse,
     KafkaAuthorizationError,
     RetriableCoordinatorError,
-)
-from airflow_provider_kafka2pc.txn.kafka.wire import (
-    TxnListing,
-    TxnState,
-    WireClient,
     error_name,
-    is_connection_error,
 )
+from airflow_provider_kafka2pc.txn.kafka.retries import retry
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnListing, TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, CoordinatorError
 from airflow_provider_kafka2pc.txn.protocol.outcome import RETRIABLE, TRANSACTIONAL_ID_NOT_FOUND
@@ -29,8 +24,6 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import RETRIABLE, TRANSACTIO
 log = logging.getLogger(__name__)
 
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
-
-T = TypeVar("T")
 
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -55,26 +48,6 @@ def not_allowed(wire: WireClient, transactional_id: str, prefix: str | None = No
         "which implies Describe",
         bootstrap=getattr(wire, "bootstrap", "") or "the-brokers:9092",
     )
-
-
-def retry(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
-    """Run ``fn`` until it stops failing with retriable coordinator or connection errors."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while True:
-        try:
-            return fn()
-        except RetriableCoordinatorError as e:
-            last: Exception = e
-        except Exception as e:
-            if not is_connection_error(e):
-                raise
-            last = e
-        if time.monotonic() + delay > deadline:
-            raise CoordinatorError(f"{what}: gave up after {timeout_s:.0f} s: {last}") from last
-        log.debug("%s: %s; retrying in %.2f s", what, last, delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
 
 
 def coordinator_error(code: int, what: str) -> CoordinatorError:

@@ -178,6 +178,21 @@ class WireClient:
     async def _send(self, request: Any, node_id: int | None = None) -> Any:
         return await self._manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
 
+    def request(self, request: Any, node_id: int | None = None) -> Any:
+        """One request of kafka-python's generated protocol classes (public), answered by ``node_id``
+        (None: any broker); for ``txn.kafka.markers``, which reads data partitions' batches."""
+
+        async def go() -> Any:
+            return await self._send(request, node_id)
+
+        return self._run(go)
+
+    def transaction_fate(self, ref: Any, partitions: Sequence[str], since_ms: int, timeout_s: float) -> Any:
+        """What became of ``ref``'s records, read from its data partitions (``txn.kafka.markers``)."""
+        from airflow_provider_kafka2pc.txn.kafka.markers import transaction_fate
+
+        return transaction_fate(self, ref, partitions, since_ms, timeout_s)
+
     def broker_ids(self) -> list[int]:
         return sorted(int(b.node_id) for b in self._manager.cluster.brokers())
 
@@ -372,26 +387,3 @@ def _txn_state(transactional_id: str, d: Any) -> TxnState:
 def _state_name(state: Any) -> str:
     """kafka-python's ``TransactionState`` is a str Enum; keep the broker's wire value."""
     return str(getattr(state, "value", state))
-
-
-def error_name(code: int) -> str:
-    import kafka.errors as Errors
-
-    return str(Errors.for_code(code).__name__) if code else "NONE"
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """Network-level failures (broker restarting, connection reset) that a retry may cure."""
-    import kafka.errors as Errors
-
-    return isinstance(
-        exc,
-        (
-            Errors.KafkaConnectionError,
-            Errors.NodeNotReadyError,
-            Errors.KafkaTimeoutError,
-            Errors.RequestTimedOutError,
-            ConnectionError,
-            OSError,
-        ),
-    )

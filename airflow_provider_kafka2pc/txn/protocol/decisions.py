@@ -76,6 +76,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     prefix_of,
     repair_claim_key,
 )
+from airflow_provider_kafka2pc.txn.protocol.run_history import RunHistory
 
 
 @dataclass
@@ -89,7 +90,8 @@ class LogState:
     void: dict[str, str] = field(default_factory=dict)  # decision id -> why it rules nothing
     voided_by: dict[str, str] = field(default_factory=dict)  # void decision id -> the one that came first
     outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
-    runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
+    runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)  # each run's record in effect
+    overruled: dict[tuple[str, str], RunStatus] = field(default_factory=dict)  # runs a late record tried to change
     claims: dict[str, str] = field(default_factory=dict)
     positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
     group_owners: dict[str, str] = field(default_factory=dict)  # a source's consumer group -> its exporter
@@ -174,21 +176,19 @@ class LogState:
 
 
 def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
-    """The state every actor derives from the same log. ``keep_run(prefix, run, raw)`` filters run
-    records (a reader that needs one run should not hold a hundred thousand)."""
+    """The state every actor derives from the same log. ``keep_run(prefix, run, raw)`` filters the
+    run records in effect (a reader that needs one run should not hold a hundred thousand); which
+    record of a run is in effect is ``run_history``'s rule, not the latest value."""
     latest: dict[bytes, Entry] = {}
     state = LogState()
+    history = RunHistory()
     for e in entries:
         if e.partition == 0:
             state.end_offset = max(state.end_offset, e.offset)
             state.broker_time_ms = max(state.broker_time_ms, e.timestamp_ms)
         key = e.key
-        if key.startswith(RUN_KEY.encode()):
-            prefix, _, run = key[len(RUN_KEY) :].decode().partition(":")
-            if e.value is not None and (keep_run is None or keep_run(prefix, run, e.value)):
-                state.runs[(prefix, run)] = RunRecord.from_json(e.value)
-            else:  # latest value wins, as after compaction: a newer unwanted value hides an older one
-                state.runs.pop((prefix, run), None)
+        if key.startswith(RUN_KEY.encode()):  # first final wins: a late record changes nothing
+            history.add(e)
             continue
         if key.startswith(LEASE_KEY.encode()):
             state.leases.pop(key, None)
@@ -224,6 +224,7 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         latest.pop(key, None)
         if e.value is not None:
             latest[key] = e
+    state.runs, state.overruled = history.runs(keep_run), history.overruled
     for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
         assert e.value is not None
         if key.startswith(DECISION_KEY.encode()):

@@ -72,6 +72,7 @@ class Covered:
     # What a repair compares a re-computation with: the writer's digest of the records' keys and
     # values (``txn.protocol.record_digest``); None when the writer recorded none.
     digest: str | None = None
+    start_ms: int | None = None  # broker clock: when the transaction began (DescribeTransactions)
 
     @property
     def ref(self) -> TxnRef:
@@ -90,12 +91,17 @@ class Covered:
             self.deadline_ms,
             list(self.partitions),
         ]
+        if self.start_ms is not None:
+            return [*v, self.digest, self.start_ms]
         return v if self.digest is None else [*v, self.digest]
 
     @classmethod
     def from_list(cls, v: Sequence[Any]) -> Covered:
         digest = str(v[6]) if len(v) > 6 and v[6] is not None else None
-        return cls(str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]), digest)
+        start = _opt_int(v[7]) if len(v) > 7 else None
+        return cls(
+            str(v[0]), int(v[1]), int(v[2]), int(v[3]), tuple(str(p) for p in v[5]), _opt_int(v[4]), digest, start
+        )
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from airflow_provider_kafka2pc.txn.kafka.errors import RetriableCoordinatorError
-from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector, retry
-from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient, error_name
+from airflow_provider_kafka2pc.txn.kafka.errors import RetriableCoordinatorError, error_name
+from airflow_provider_kafka2pc.txn.kafka.retries import retry
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import outcome
 from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, MalformedCommittableError
 from airflow_provider_kafka2pc.txn.protocol.outcome import (

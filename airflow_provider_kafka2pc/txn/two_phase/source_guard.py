@@ -25,14 +25,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.access import authorization_error_of
-from airflow_provider_kafka2pc.txn.kafka.errors import KafkaAuthorizationError, RetriableCoordinatorError
+from airflow_provider_kafka2pc.txn.kafka.errors import (
+    KafkaAuthorizationError,
+    RetriableCoordinatorError,
+    error_name,
+    is_connection_error,
+)
+from airflow_provider_kafka2pc.txn.kafka.retries import retry
 from airflow_provider_kafka2pc.txn.kafka.source_snapshot import (
     group_offsets,
     offsets_not_moved_sentence,
     settled_group_offsets,
 )
-from airflow_provider_kafka2pc.txn.kafka.transactions import coordinator_error, retry
-from airflow_provider_kafka2pc.txn.kafka.wire import WireClient, error_name, is_connection_error
+from airflow_provider_kafka2pc.txn.kafka.transactions import coordinator_error
+from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, Kafka2PCError, OffsetsNotMovedError
 from airflow_provider_kafka2pc.txn.protocol.source_range import (
