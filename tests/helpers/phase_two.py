@@ -9,7 +9,7 @@ refused (SourceError).
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
             [--source-topic S --source-group G --range-out FILE]
     commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS] [--source-range FILE]
-            [--await-committables]
+            [--await-committables] [--pause-after-decision]
     recover --prefix P --run R
     abort   --prefix P --run R --committables FILE [--hold-ms H]
 
@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -159,6 +160,21 @@ def hold_after_decision(log: DecisionLog, hold_ms: int) -> None:
     log.decide = decide_then_hold  # type: ignore[method-assign]
 
 
+def pause_after_decision(log: DecisionLog) -> None:
+    """Make this process stop itself (SIGSTOP, a real pause: a VM or GC freeze, a black-holed host)
+    right after its decision is read back, before its first EndTxn; the test resumes it with SIGCONT
+    once other actors have moved on. "paused" on stderr says it is about to stop."""
+    decide = log.decide
+
+    def decide_then_pause(*args: Any, **kwargs: Any) -> Any:
+        state = decide(*args, **kwargs)
+        print("paused", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return state
+
+    log.decide = decide_then_pause  # type: ignore[method-assign]
+
+
 def await_file(log: DecisionLog, path: str) -> None:
     log.ensure_topic()
     print("awaiting", file=sys.stderr, flush=True)
@@ -184,6 +200,7 @@ def main() -> int:
     ap.add_argument("--max-workers", type=int, default=16)
     ap.add_argument("--stall-after-ends", type=int, default=None)
     ap.add_argument("--hold-before-decision-ms", type=int, default=0)
+    ap.add_argument("--pause-after-decision", action="store_true")
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--end-txn-timeout", type=float, default=60.0)
     ap.add_argument("--source-topic", default="", help="prepare: a Kafka-sourced export's, reading this topic")
@@ -218,6 +235,8 @@ def main() -> int:
             return 0
         if args.hold_before_decision_ms:
             hold_before_decision(log, args.hold_before_decision_ms)
+        if args.pause_after_decision:
+            pause_after_decision(log)
         guard, sources = source_of(args, committables)
         if args.stall_after_ends is None:
             report = commit_prepared(

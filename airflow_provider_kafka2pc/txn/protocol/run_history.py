@@ -9,7 +9,10 @@ effect, in log order:
 - nothing yet, or DECIDED (0.1.0's run mark) → anything;
 - LOST → ACKNOWLEDGED, REPAIRED, or LOST again by a later repair generation (a repair that lost
   part of what it exported again);
-- COMMITTED, REPAIRED, ACKNOWLEDGED → nothing: they are final.
+- ACKNOWLEDGED → REPAIRED only: a repair decided from the LOST record before the acknowledgement
+  was read back makes the records visible whatever was acknowledged (``acknowledge_loss`` reads
+  again after its append and says its acknowledgement is void);
+- COMMITTED, REPAIRED → nothing: they are final.
 
 A record of the same status and generation as the one in effect replaces it, as the latest value
 did before (two actors finishing one decision write it twice; the settle step writes it again).
@@ -56,7 +59,7 @@ def may_follow(before: tuple[RunStatus, int] | None, after: tuple[RunStatus, int
     status, generation = before
     if status is RunStatus.LOST:
         return after[0] in _AFTER_LOST or (after[0] is RunStatus.LOST and after[1] > generation)
-    return False
+    return status is RunStatus.ACKNOWLEDGED and after[0] is RunStatus.REPAIRED
 
 
 @dataclass

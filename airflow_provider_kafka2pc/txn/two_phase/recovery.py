@@ -186,7 +186,24 @@ def acknowledge_loss(decision_log: DecisionLog, prefix: str, run: str, note: str
             f"run {run!r} of prefix {prefix!r} {status} in decision log {decision_log.topic}; only a LOST run "
             f"can be acknowledged (`kafka2pc list --prefix {prefix}` shows the LOST ones)"
         )
+    _refuse_under_repair(state, prefix, run)
     acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, at_ms=now_ms(), note=note)
     position = decision_log.append([(acked.key, acked.to_json())])[0]
+    # Read again (DESIGN §15): a repair decided meanwhile makes the lost records visible, and wins.
+    _refuse_under_repair(decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run), prefix, run)
     log.warning("run %s of %s: LOST acknowledged (%s)", run, prefix, note or "no note")
     return rec, acked, position.offset
+
+
+def _refuse_under_repair(state: LogState, prefix: str, run: str) -> None:
+    """An acknowledged loss stays lost: refused while a repair's COMMIT in force would still make the
+    lost records visible (a repair killed past its decision), naming what finishes it."""
+    repair = state.repair_of(prefix, run)
+    if repair is None:
+        return
+    raise NotLostError(
+        f"run {run!r} of prefix {prefix!r} has a repair in force (decision {repair.decision_id} by {repair.actor}, "
+        f"{sum(c.records for c in repair.txns)} records in {len(repair.txns)} transaction(s)): its records become "
+        f"visible, so the loss cannot be acknowledged. Finish it with `kafka2pc resolve --prefix {prefix}` (or the "
+        "exporter's next recovery), then `kafka2pc list` shows the run REPAIRED"
+    )

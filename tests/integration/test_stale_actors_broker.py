@@ -1,0 +1,104 @@
+"""Stale actors on a real broker (DESIGN §15): a process that pauses (SIGSTOP) and comes back
+(SIGCONT) after others moved on changes nothing, judged by a read_committed consumer, the
+transactions left open and the decision log's verdicts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.markers import Fate, transaction_fate
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
+from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
+from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+from tests.helpers.actors import sigkill, wait_for_line
+from tests.helpers.kafka import KafkaEnv
+from tests.integration.test_decisions_broker import prepare, settle, spawn, write_committables
+
+pytestmark = pytest.mark.kafka
+
+
+def _new(stem: str) -> str:
+    return f"{stem}{uuid.uuid4().hex[:8]}"
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_markers_tell_committed_from_aborted_after_the_id_moved_on(kafka: KafkaEnv) -> None:
+    """DescribeTransactions shows only the newest epoch of a POOLING id; the data partitions still show
+    each earlier transaction's marker."""
+    prefix, topic = _new("m"), kafka.topic()
+    log = DecisionLog(kafka.config, topic=_new("decisions_"))
+    committed = prepare(kafka, prefix, 2, topic, records=300, tag="first")
+    commit_prepared(committed, kafka.wire, log, "run-1")
+    aborted = prepare(kafka, prefix, 2, topic, records=300, tag="second")
+    abort_prepared(aborted, kafka.wire, log, "run-2")
+    prepare(kafka, prefix, 2, topic, records=300, tag="third")  # the ids move on again, left open
+    for cs, fate in ((committed, Fate.COMMITTED), (aborted, Fate.ABORTED)):
+        for c in cs:
+            state = kafka.describe(c.transactional_id)[c.transactional_id]
+            assert state is not None and state.producer_epoch > c.producer_epoch  # superseded: no more to see
+            got, where = transaction_fate(kafka.wire, ref_of(c), c.describe_partitions(), 0)
+            assert got is fate, where
+    never = TxnRef(committed[0].transactional_id, committed[0].producer_id, committed[0].producer_epoch + 50)
+    assert transaction_fate(kafka.wire, never, committed[0].describe_partitions(), 0)[0] is Fate.ABSENT
+    open_now = ref_of(kafka.describe(committed[0].transactional_id)[committed[0].transactional_id])
+    assert transaction_fate(kafka.wire, open_now, committed[0].describe_partitions(), 0)[0] is Fate.OPEN
+    settle(kafka, prefix, log)
+
+
+@pytest.mark.parametrize("resumed", ["before the next run", "after the next run reused the ids"])
+def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
+    kafka: KafkaEnv, tmp_path: Path, resumed: str
+) -> None:
+    """The zombie of issue 46: a commit frozen between its COMMIT and its first EndTxn, retried
+    elsewhere, resumed later (after the next run took the ids under new epochs). It must not call the
+    committed run LOST, and every tool must keep saying COMMITTED."""
+    prefix, topic, log_topic = _new("z"), kafka.topic(), _new("decisions_")
+    log = DecisionLog(kafka.config, topic=log_topic)
+    first = prepare(kafka, prefix, 2, topic, records=4000, tag="run1")
+    path = write_committables(tmp_path, first)
+    args = ("--run", "run-1", "--committables", path, "--decision-topic", log_topic, "--pause-after-decision")
+    zombie, err = spawn(kafka, tmp_path, "commit", *args)
+    try:
+        wait_for_line(zombie, err, "paused")
+        while not _stopped(zombie.pid):
+            assert zombie.poll() is None, err.read_text()[-3000:]
+        # The retry on another worker commits the run; the paused try holds its old reading.
+        assert commit_prepared(first, kafka.wire, log, "run-1").committed
+        if resumed != "before the next run":
+            settle(kafka, prefix, log)  # the next run's recovery sensor: nothing open
+            second = prepare(kafka, prefix, 2, topic, records=4000, tag="run2")
+            assert commit_prepared(second, kafka.wire, log, "run-2").committed
+            assert all(
+                s is not None and s.producer_epoch > c.producer_epoch
+                for c in first
+                for s in [kafka.describe(c.transactional_id)[c.transactional_id]]
+            )
+        os.killpg(zombie.pid, signal.SIGCONT)
+        out, _ = zombie.communicate(timeout=180)
+    finally:
+        if zombie.poll() is None:
+            sigkill(zombie)
+    said = err.read_text()
+    assert zombie.returncode == 0, said[-3000:]
+    assert "TransactionLost" not in said and "lost" not in out
+    expected = 8000 if resumed == "before the next run" else 16000
+    keys = [r.key for r in kafka.read_committed(topic)]
+    assert len(keys) == expected and len(set(keys)) == expected
+    state = DecisionLog(kafka.config, topic=log_topic).read()
+    assert state.runs[(prefix, "run-1")].status is RunStatus.COMMITTED
+    assert state.overruled == {}
+    result = recover(kafka.wire, prefix, log, run="run-3")
+    assert result.done and not result.lost
+    assert kafka.open_transactions(prefix) == []

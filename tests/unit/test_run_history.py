@@ -1,0 +1,80 @@
+"""A run's record in effect is derived from the ordered log, and a late record cannot overturn it
+(``txn.protocol.run_history``, DESIGN §15)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from airflow_provider_kafka2pc.txn.protocol.decisions import replay
+from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
+from airflow_provider_kafka2pc.txn.protocol.records import Entry, Repair, RunRecord, RunStatus
+from airflow_provider_kafka2pc.txn.two_phase.recovery import acknowledge_loss
+from tests.unit.fakes import MemoryDecisionLog
+from tests.unit.test_repair_rules import LOST_RUN, _repair
+
+COMMITTED = dataclasses.replace(LOST_RUN, status=RunStatus.COMMITTED, lost=())
+ACKED = dataclasses.replace(LOST_RUN, status=RunStatus.ACKNOWLEDGED, note="dealt with")
+REPAIR = Repair("d-repair", "repair", 7_000, 2, 20, 20, 1)
+REPAIRED = dataclasses.replace(LOST_RUN, status=RunStatus.REPAIRED, repair=REPAIR)
+LOST_AGAIN = dataclasses.replace(LOST_RUN, repair=dataclasses.replace(REPAIR, restored=10))
+
+
+def _entries(*records: tuple[int, RunRecord | None]) -> list[Entry]:
+    key = LOST_RUN.key
+    return [Entry(i, i, key, None if r is None else r.to_json(), p) for i, (p, r) in enumerate(records)]
+
+
+@pytest.mark.parametrize(
+    ("order", "expected", "late"),
+    [
+        ((COMMITTED, LOST_RUN), RunStatus.COMMITTED, True),  # the zombie of issue 46
+        ((LOST_RUN, REPAIRED, LOST_RUN), RunStatus.REPAIRED, True),  # a stale finalize after the repair
+        ((LOST_RUN, ACKED, LOST_RUN), RunStatus.ACKNOWLEDGED, True),
+        ((LOST_RUN, ACKED, REPAIRED), RunStatus.REPAIRED, False),  # a repair decided before the acknowledgement
+        ((LOST_RUN, REPAIRED, ACKED), RunStatus.REPAIRED, True),
+        ((LOST_RUN, LOST_AGAIN, LOST_RUN), RunStatus.LOST, True),  # generation 0 after generation 1
+        ((LOST_RUN, LOST_AGAIN, REPAIRED), RunStatus.REPAIRED, False),
+        ((LOST_RUN, COMMITTED, COMMITTED), RunStatus.LOST, True),
+        ((LOST_RUN,), RunStatus.LOST, False),
+    ],
+)
+def test_the_first_final_record_holds_whatever_comes_later(
+    order: tuple[RunRecord, ...], expected: RunStatus, late: bool
+) -> None:
+    state = replay(_entries(*((1, r) for r in order)))
+    assert state.runs[("orders", LOST_RUN.run)].status is expected
+    assert bool(state.overruled) is late
+
+
+def test_lost_again_keeps_the_later_generation_not_a_stale_first_one() -> None:
+    state = replay(_entries((1, LOST_RUN), (1, LOST_AGAIN), (1, LOST_RUN)))
+    rec = state.runs[("orders", LOST_RUN.run)]
+    assert rec.repair is not None and rec.repair.restored == 10
+
+
+def test_the_history_decides_over_the_protocols_copy_and_a_tombstone_clears_the_copy() -> None:
+    """Partition 0 holds copies of the records recovery must meet; the history holds them all, in order."""
+    zombie_copy_then_history = _entries((0, LOST_RUN), (1, COMMITTED), (1, LOST_RUN))
+    state = replay(zombie_copy_then_history)
+    assert state.runs[("orders", LOST_RUN.run)].status is RunStatus.COMMITTED and state.overruled
+    only_protocol = replay(_entries((0, LOST_RUN), (0, None)))  # settled: the copy is tombstoned
+    assert ("orders", LOST_RUN.run) not in only_protocol.runs
+
+
+def test_a_reader_settles_what_a_late_writer_left_so_that_compaction_keeps_the_truth() -> None:
+    log = MemoryDecisionLog(initial=[(COMMITTED.key, COMMITTED.to_json()), (LOST_RUN.key, LOST_RUN.to_json())])
+    assert log.read().runs[("orders", LOST_RUN.run)].status is RunStatus.COMMITTED  # and it wrote COMMITTED again
+    log.compact()
+    state = log.read()
+    assert state.runs[("orders", LOST_RUN.run)].status is RunStatus.COMMITTED and not state.overruled
+
+
+def test_acknowledge_is_refused_while_a_repair_in_force_would_make_the_records_visible() -> None:
+    """A repair killed past its decision: acknowledging would call records lost that `resolve` shows."""
+    log = MemoryDecisionLog(initial=[(LOST_RUN.key, LOST_RUN.to_json())])
+    log.decide(_repair())
+    with pytest.raises(NotLostError, match=r"repair in force .* `kafka2pc resolve --prefix orders`"):
+        acknowledge_loss(log, "orders", LOST_RUN.run, "re-exported by hand")
+    assert log.read().runs[("orders", LOST_RUN.run)].status is RunStatus.LOST  # nothing was written
