@@ -146,8 +146,10 @@ def _check(code: int, partition: str) -> None:
         raise RetriableCoordinatorError(code, f"reading {partition}", error_name(code))
     if code and code not in (_UNKNOWN_TOPIC_OR_PARTITION, _OFFSET_OUT_OF_RANGE):
         raise CoordinatorError(
-            f"reading {partition} to see whether a transaction's records are visible: {error_name(code)} (the "
-            "committing principal needs Read on the exported topics to prove a loss before it is recorded)"
+            f"reading {partition} to see whether a transaction's records are visible: {error_name(code)}. A "
+            "transaction whose id moved on before its outcome was recorded is proven committed or lost from its "
+            f"partitions' markers: grant this principal Read on topic {_split(partition)[0]!r} (docs/acls.md); "
+            "nothing was recorded"
         )
 
 
