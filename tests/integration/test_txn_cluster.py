@@ -3,10 +3,13 @@ between prepare and commit."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
 
 import pytest
 
+from airflow_provider_kafka2pc.txn.kafka import listing
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
@@ -74,3 +77,67 @@ def test_g_recovery_on_the_cluster_after_a_coordinator_restart(kafka_cluster: Ka
     assert {tid: s.state if s else None for tid, s in described.items()} == {
         c.transactional_id: "CompleteCommit" if i < 3 else "CompleteAbort" for i, c in enumerate(cs)
     }
+
+
+def test_the_probes_land_on_the_leader_of_their_transaction_log_partition(kafka_cluster: KafkaEnv) -> None:
+    """The complete listing asks each partition's owner about a probe id hashing to it: the hash must
+    be the broker's (FindCoordinator answers with the partition's leader)."""
+    tid = f"probe{uuid.uuid4().hex[:6]}-0"  # the transaction log exists once a transaction began
+    began = prepare_in_subprocess(kafka_cluster, tid, generate(kafka_cluster.topic(1), 1))
+    abort_prepared([began], kafka_cluster.wire, DecisionLog(kafka_cluster.config, topic=f"decisions_{tid}"), "probe")
+    view = listing.leaders(kafka_cluster.wire)
+    assert view is not None and len({node for node, _ in view.values()}) > 1  # spread over several brokers
+    probes = listing.probe_ids(f"probe{uuid.uuid4().hex[:6]}", len(view))
+    found = kafka_cluster.wire.find_transaction_coordinators(list(probes))
+    assert {p: found[probes[p]].node_id for p in view} == {p: node for p, (node, _) in view.items()}
+
+
+def test_a_listing_stays_complete_while_transaction_log_leadership_moves(kafka_cluster: KafkaEnv) -> None:
+    """Each broker in turn is stopped (its transaction-log partitions move away), started again and made
+    preferred leader again, while recovery's listing runs over a long-lived client and fresh ones:
+    every listing holds every open transaction of the prefix (issue 46: 947 of 6,917 did not)."""
+    env = kafka_cluster
+    prefix = f"lm{uuid.uuid4().hex[:8]}"
+    topic = env.topic(3)
+    cs = [prepare_in_subprocess(env, f"{prefix}-{i}", generate(topic, 10, f"{i}-")) for i in range(8)]
+    expected = {c.transactional_id for c in cs}
+    moved = threading.Event()
+    errors: list[BaseException] = []
+
+    def move_leadership() -> None:
+        from confluent_kafka import ElectionType, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        kl = kafka_local()
+        try:
+            for node in range(1, env.brokers + 1):
+                kl.stop_node(env.directory, node)
+                kl.start_node(env.directory, node)
+                parts = [TopicPartition(listing.TRANSACTION_LOG, p) for p in range(4)]
+                with contextlib.suppress(Exception):  # ELECTION_NOT_NEEDED for partitions already home
+                    AdminClient(env.config).elect_leaders(ElectionType.PREFERRED, parts).result(30)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            moved.set()
+
+    mover = threading.Thread(target=move_leadership, daemon=True)
+    mover.start()
+    passes = 0
+    try:
+        while not moved.is_set() or passes < 2:
+            fresh = env.new_wire()
+            try:
+                for wire in (env.wire, fresh):
+                    listed = {t.transactional_id for t in TransactionInspector(wire, 60).list_prefix(prefix)}
+                    assert listed == expected, f"pass {passes}: missing {sorted(expected - listed)}"
+                    passes += 1
+            finally:
+                fresh.close()
+    finally:
+        mover.join(300)
+    assert not errors, errors
+    assert passes >= 4
+    log = DecisionLog(env.config, topic=f"decisions_{prefix}")
+    assert recover(env.wire, prefix, log).done
+    assert env.open_transactions(prefix) == []

@@ -306,7 +306,9 @@ class FakeBroker(WireClient):
                 PartitionFate(p, fate, 7 if fate in (Fate.COMMITTED, Fate.ABORTED) else None) for p in partitions
             )
 
-    def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
+    def list_transactions(
+        self, states: Iterable[str], pattern: str | None, prefix: str | None = None, timeout_s: float = 30.0
+    ) -> list[TxnListing]:
         wanted = tuple(states)
         with self._lock:
             self.list_calls.append((wanted, pattern))

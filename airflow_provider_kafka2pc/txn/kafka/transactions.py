@@ -108,7 +108,7 @@ class TransactionInspector:
 
         def go() -> list[TxnListing]:
             try:
-                return self.wire.list_transactions(states, pattern)
+                return self.wire.list_transactions(states, pattern, prefix, self.timeout_s)
             except BrokerErrorResponse as e:  # e.g. a broker loading its transaction log: retriable
                 raise coordinator_error(e.code, e.request) from e
 

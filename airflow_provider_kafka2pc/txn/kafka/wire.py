@@ -30,6 +30,7 @@ from typing import Any
 from airflow_provider_kafka2pc.txn.kafka.broker_support import check_api_versions
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
+from airflow_provider_kafka2pc.txn.kafka.listing import complete_listing
 from airflow_provider_kafka2pc.txn.kafka.reachability import (
     DEFAULT_CONNECT_TIMEOUT_S,
     answering_bootstrap,
@@ -313,8 +314,16 @@ class WireClient:
             return transactional_id, TxnState(transactional_id, int(e.errno), "", -1, -1, -1, -1, (), -1)
         return transactional_id, _txn_state(transactional_id, d)
 
-    def list_transactions(self, states: Iterable[str], pattern: str | None) -> list[TxnListing]:
-        """ListTransactions on every broker (kafka-python's public API), sorted by broker id.
+    def refresh_brokers(self) -> None:
+        """Metadata asked again now: kafka-python forgets a broker that was fenced and relearns it only here."""
+        self._run(self._manager.cluster.refresh_metadata)
+
+    def list_transactions(
+        self, states: Iterable[str], pattern: str | None, prefix: str | None = None, timeout_s: float = 30.0
+    ) -> list[TxnListing]:
+        """With ``prefix``: ``listing.complete_listing`` (every transaction-log partition listed once by
+        its loaded owner, probes under the prefix), where this principal may describe the transaction
+        log. Otherwise, ListTransactions on every broker (kafka-python's public API), sorted by broker id.
 
         The pattern filter is sent only where the broker has it (ListTransactions v2, Kafka 4.1+);
         callers filter again themselves. Only the states asked for come back, so kafka-python's
@@ -324,6 +333,12 @@ class WireClient:
         """
         import kafka.errors as Errors
 
+        states = list(states)
+        if prefix is not None:
+            complete = complete_listing(self, prefix, states, pattern, timeout_s)
+            if complete is not None:
+                return [TxnListing(t.transactional_id, t.producer_id, t.state) for t in complete]
+            self.refresh_brokers()  # at least every broker the cluster has now
         use_pattern = pattern is not None and self.supports_list_pattern()
         try:
             by_broker = self._admin.list_transactions(
