@@ -62,6 +62,9 @@ KINDS = (
     "leader_kill_commit",  # a commit (then its retry, if it failed, once the broker is back)
     "leader_kill_recover",  # a recovery (then the sensor's next pass)
     "leader_kill_prepare",  # a prepare (then the commit, or the abort if it failed)
+    # SIGSTOP of the commit right after its decision; its retry commits the run; SIGCONT once the
+    # next run has committed on the same ids (new epochs): the zombie must change nothing (DESIGN §15).
+    "pause_commit",
 )
 EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
 # A commit struck by a leader kill gets either the soak's short budgets (the decision log gives up
@@ -89,6 +92,7 @@ class Plan:
     commit_end: str = ""  # "" | "kill_after_decision" | "timeout" | "timeout_after_decision"
     broker_in_commit: bool = False
     clear: str = ""  # "" | "commit" | "run"
+    pause_commit: bool = False  # the plain commit's first try paused after its decision, resumed a run later
     leader_kill: str = ""  # phases ("recover,prepare,commit") when the decision topic's leader is killed
     leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
     # A Kafka-sourced export (the raw prepare only: the Spark actor exports a frame of its own): it
@@ -121,6 +125,7 @@ class Plan:
             commit_end=commit_end,
             broker_in_commit=r() < 0.4,
             clear=rng.choice(["commit", "run"]) if r() < 0.35 else "",
+            pause_commit=commit_end == "" and r() < 0.9,
             # A leader kill in about half the runs per phase (the commit's wherever a commit follows):
             # each of the three kinds strikes about 50 times in 100 runs.
             leader_kill=",".join(
@@ -145,7 +150,7 @@ SHORT_PLANS = (
     Plan(kill_prepare="retry", broker_in_prepare=True, leader_kill="commit", source=True),
     Plan(spark=True, kill_commit_before=True, leader_kill="prepare"),
     Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover", source=True),
-    Plan(broker_in_commit=True, resolve_in="commit", source=True),
+    Plan(broker_in_commit=True, resolve_in="commit", source=True, pause_commit=True),
     Plan(commit_end="timeout", source=True),
     Plan(commit_end="timeout_after_decision", source=True),
     Plan(commit_end="timeout_after_decision"),  # not sourced: nothing keeps its repair from the output
@@ -268,6 +273,8 @@ class Soak:
         self.leader_outcomes: Counter[str] = Counter()  # how the actor struck by a leader kill ended
         self._admin: Any = None
         self._source_producer: Any = None
+        # Commits paused after their decision (SIGSTOP), each with its run and the run after which it resumes.
+        self.paused: list[tuple[Run, subprocess.Popen[str], Path, int]] = []
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -607,6 +614,7 @@ class Soak:
                 self.committed.append((r, file))
         if plan.clear:
             self.clear_earlier(r, plan.clear)
+        self.resume_paused(after=len(self.runs) - 1)  # a paused commit of an earlier run: the ids moved on
         return r
 
     def prepare_phase(self, r: Run, plan: Plan) -> Path | None:
@@ -798,6 +806,8 @@ class Soak:
         if plan.commit_end == "timeout":
             time.sleep(5)  # the prepare's 4 s transaction timeout has passed; the broker aborts it
             self.inject(r, "timeout", "before-commit")
+        if plan.pause_commit:
+            self.pause_commit(r, commit)
         if lk is not None:
             lk.before()
         proc, err = self.spawn([*commit[: -len(COMMIT_TIMEOUTS)], *PATIENT_COMMIT] if patient else commit)
@@ -821,6 +831,43 @@ class Soak:
         alone = not (plan.commit_end or plan.broker_in_commit or plan.resolve_in)
         if lk is not None and lk.node is not None and alone and r.status != "success":
             self.broken.append(Violation(r.run, f"{lk.kind} {lk.at}: the commit ended {r.status}: {r.notes}"))
+
+    def pause_commit(self, r: Run, commit: list[str]) -> None:
+        """The commit's first try stops itself (SIGSTOP) once its decision is read back, before any
+        EndTxn: a frozen VM, a long GC, a black-holed host. Airflow's retry (the commit that follows)
+        finishes the run; this one resumes once the next run has committed (``resume_paused``)."""
+        proc, err = self.spawn([*commit, "--pause-after-decision"])
+        self.wait_for(proc, err, "paused", 120)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and not _stopped(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if proc.poll() is None and _stopped(proc.pid):
+            self.inject(r, "pause_commit", "after-decision")
+            self.paused.append((r, proc, err, len(self.runs)))
+        else:  # it never reached its decision (a broker fault in its way): the retry is the commit
+            r.notes.append(f"the commit to pause ended first: {err.read_text().strip().splitlines()[-1:]}")
+            self.kill(proc)
+
+    def resume_paused(self, after: int | None = None) -> None:
+        """SIGCONT the paused commits whose next run has ended (all, with ``after`` None): each must end
+        well and write nothing that changes what happened (the truth check follows)."""
+        for item in list(self.paused):
+            r, proc, err, index = item
+            if after is not None and index > after:
+                continue
+            self.paused.remove(item)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+            try:
+                code = proc.wait(300)
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+                code = -9
+            said = err.read_text().strip().splitlines()
+            r.notes.append(f"the paused commit resumed after {len(self.runs) - index} run(s): exit {code}")
+            if code != 0:
+                self.broken.append(Violation(r.run, f"its paused commit, resumed later, exit {code}: {said[-3:]}"))
+            self.check_truth(f"after the paused commit of {r.run} resumed")
 
     def clear_earlier(self, r: Run, what: str) -> None:
         """A user clears an earlier, committed run: its commit task, or the whole run (export again)."""
@@ -956,6 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.airflow and not stop["asked"] and not soak.first_violations:
                 soak.settle()  # a loss the protocol runs reported is acknowledged before Airflow's runs
                 run_airflow(soak, args.airflow, args.short, directory / "airflow", stop)
+            soak.resume_paused()
             soak.settle()
             soak.check_truth("at the end, settled")
         except UnexpectedLoss as e:
@@ -986,6 +1034,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if violations else 0
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP), by its state in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
 
 
 def enough(spec: str) -> tuple[int, int] | None:

@@ -49,6 +49,7 @@ from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgre
 from airflow_provider_kafka2pc.txn.two_phase.doomed import aborted_whole, commit_headroom, doomed_of
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
+    FORGOTTEN,
     CommitReport,
     abort_reopened,
     committed_in,
@@ -134,7 +135,9 @@ def commit_prepared(
         seen = [visibility.of_decision(state, did, p)[0] for p in _prefixes(decided.decision)]
         raise TransactionLostError(lost, seen)
     if (guard := options.get("guard")) is not None:
-        guard.after_commit(run, [r.ref.transactional_id for r in resolutions if r.outcome is Verdict.COMMITTED])
+        # Not what the markers proved committed: its id moved on, so later runs moved the group on too.
+        ours = [r for r in resolutions if r.outcome is Verdict.COMMITTED and r.observation not in FORGOTTEN]
+        guard.after_commit(run, [r.ref.transactional_id for r in ours])
     return CommitReport(tuple(resolutions), committed=all(r.outcome is Verdict.COMMITTED for r in resolutions))
 
 

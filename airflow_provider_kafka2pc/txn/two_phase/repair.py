@@ -45,9 +45,10 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     RepairRefusedError,
     TransactionLostError,
 )
-from airflow_provider_kafka2pc.txn.protocol.outcome import Observation
+from airflow_provider_kafka2pc.txn.protocol.outcome import Observation, Verdict
 from airflow_provider_kafka2pc.txn.protocol.record_digest import describe_difference
 from airflow_provider_kafka2pc.txn.protocol.records import (
+    DecisionRecord,
     Kind,
     LostTxn,
     RunRecord,
@@ -183,14 +184,17 @@ def repair_lost_run(
     the attempt that died."""
     naming.validate_prefix(prefix)
     attempts = attempts_of(run)
-    _recovery_pass(wire, decision_log, prefix, run, actor, _attempt_of(run))
+    # A repair decided by an earlier try (killed past its decision) is finished here: say what this call did.
+    decided = decision_log.read_for(prefix, run).repair_of(prefix, run)
+    ended = _recovery_pass(wire, decision_log, prefix, run, actor, _attempt_of(run))
     state = decision_log.read_for(prefix, run)
-    if state.repair_of(prefix, run) is not None:  # another repair decided since: finish it, export nothing
-        _recovery_pass(wire, decision_log, prefix, run, actor)
+    if (later := state.repair_of(prefix, run)) is not None:  # another repair decided since: finish it, export nothing
+        decided = decided or later
+        ended += _recovery_pass(wire, decision_log, prefix, run, actor)
         state = decision_log.read_for(prefix, run)
     plan = plan_repair(state, prefix, run, f"{attempts}{uuid.uuid4().hex[:8]}")
     if isinstance(plan, RunRecord):
-        return _repaired_already(plan)
+        return _repaired_already(plan, _finished_here(decided, ended))
     log.info("repair of %s: exporting again", plan.describe())
     committables = list(export_again(plan))
     _check_same(plan, committables, wire, decision_log, actor)
@@ -266,10 +270,20 @@ def _recovery_pass(
     run: str,
     actor: str,
     aborts: Callable[[str], bool] = lambda _tid: False,
-) -> None:
+) -> list[str]:
     """Obey every decision in force of the exporter (a decided repair is rolled forward); abort only
-    the undecided transactions ``aborts`` accepts (by default none: another attempt may be exporting)."""
-    recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=aborts)
+    the undecided transactions ``aborts`` accepts (by default none: another attempt may be exporting).
+    Returns the transactions this pass committed itself."""
+    result = recover(wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=aborts)
+    return [r.ref.transactional_id for r in result.resolutions if r.ended_here and r.outcome is Verdict.COMMITTED]
+
+
+def _finished_here(decided: DecisionRecord | None, ended: Sequence[str]) -> tuple[int, int, str] | None:
+    """(transactions, records, decision) of a repair decided earlier that this call committed."""
+    mine = [c for c in (decided.txns if decided is not None else ()) if c.transactional_id in set(ended)]
+    if decided is None or not mine:
+        return None
+    return len(mine), sum(c.records for c in mine), decided.decision_id
 
 
 def _check_same(
@@ -404,10 +418,17 @@ def _lost_the_race(
     )
 
 
-def _repaired_already(rec: RunRecord) -> RepairReport:
-    note = f"nothing to do: {_repaired_sentence(rec)}"
+def _repaired_already(rec: RunRecord, finished: tuple[int, int, str] | None = None) -> RepairReport:
+    if finished is None:
+        note = f"nothing to do: {_repaired_sentence(rec)}"
+    else:
+        txns, records, did = finished
+        note = (
+            f"this call finished repair decision {did}, which an earlier repair appended and did not end: it "
+            f"committed {txns} transaction(s) with {records} records, which are visible now; {_repaired_sentence(rec)}"
+        )
     log.info("repair of run %s: %s", rec.run, note)
-    return RepairReport(rec, note, repaired_now=False)
+    return RepairReport(rec, note, repaired_now=finished is not None)
 
 
 def _repaired_sentence(rec: RunRecord) -> str:

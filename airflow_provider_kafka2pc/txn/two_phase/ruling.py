@@ -156,7 +156,7 @@ def obey(
 
 
 # What DescribeTransactions cannot tell apart once the id moved on: committed, or aborted, before.
-_FORGOTTEN = (Observation.SUPERSEDED, Observation.UNKNOWN_ID)
+FORGOTTEN = (Observation.SUPERSEDED, Observation.UNKNOWN_ID)
 
 
 def proven(resolver: TransactionResolver, d: DecisionRecord, resolutions: Sequence[Resolution]) -> list[Resolution]:
@@ -168,7 +168,7 @@ def proven(resolver: TransactionResolver, d: DecisionRecord, resolutions: Sequen
     out: list[Resolution] = []
     for r in resolutions:
         c = by_tid[r.ref.transactional_id]
-        if r.outcome is not Verdict.LOST or r.observation not in _FORGOTTEN or not c.partitions:
+        if r.outcome is not Verdict.LOST or r.observation not in FORGOTTEN or not c.partitions:
             out.append(r)
             continue
         fate, where = resolver.wire.transaction_fate(r.ref, c.partitions, _began_by(c, d), resolver.timeout_s)
@@ -285,6 +285,7 @@ def iso(ms: int) -> str:
 
 
 __all__ = [
+    "FORGOTTEN",
     "CommitReport",
     "abort_reopened",
     "committed_in",
