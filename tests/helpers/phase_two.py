@@ -11,7 +11,7 @@ refused (SourceError).
     commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS] [--source-range FILE]
             [--await-committables] [--pause-after-decision]
     recover --prefix P --run R
-    abort   --prefix P --run R --committables FILE [--hold-ms H]
+    abort   --prefix P --run R --committables FILE [--hold-ms H] [--pause-after-decision]
 
 --await-committables starts a commit before its prepare: it connects, makes its decision topic,
 says "awaiting" and waits for FILE to appear (tests write it by rename), so that a short broker cap
@@ -215,6 +215,8 @@ def main() -> int:
         return prepare(conf, args)
     wire, log = WireClient(conf), DecisionLog(conf, topic=args.decision_topic, timeout_s=args.decision_timeout)
     try:
+        if args.pause_after_decision:  # a commit, an abort or a recovery that decides
+            pause_after_decision(log)
         if args.action == "recover":
             result = recover(wire, args.prefix, log, run=args.run)
             print(json.dumps({"done": result.done, "summary": result.describe()}), flush=True)
@@ -235,8 +237,6 @@ def main() -> int:
             return 0
         if args.hold_before_decision_ms:
             hold_before_decision(log, args.hold_before_decision_ms)
-        if args.pause_after_decision:
-            pause_after_decision(log)
         guard, sources = source_of(args, committables)
         if args.stall_after_ends is None:
             report = commit_prepared(

@@ -65,6 +65,7 @@ KINDS = (
     # SIGSTOP of the commit right after its decision; its retry commits the run; SIGCONT once the
     # next run has committed on the same ids (new epochs): the zombie must change nothing (DESIGN §15).
     "pause_commit",
+    "pause_abort",  # the same for the abort task after a failed prepare: its retry aborts, it resumes a run later
 )
 EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
 # A commit struck by a leader kill gets either the soak's short budgets (the decision log gives up
@@ -93,6 +94,7 @@ class Plan:
     broker_in_commit: bool = False
     clear: str = ""  # "" | "commit" | "run"
     pause_commit: bool = False  # the plain commit's first try paused after its decision, resumed a run later
+    pause_abort: bool = False  # the abort task's first try, likewise (only where the abort is not killed)
     leader_kill: str = ""  # phases ("recover,prepare,commit") when the decision topic's leader is killed
     leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
     # A Kafka-sourced export (the raw prepare only: the Spark actor exports a frame of its own): it
@@ -126,6 +128,7 @@ class Plan:
             broker_in_commit=r() < 0.4,
             clear=rng.choice(["commit", "run"]) if r() < 0.35 else "",
             pause_commit=commit_end == "" and r() < 0.9,
+            pause_abort=kill_prepare == "abort" and r() < 0.5,
             # A leader kill in about half the runs per phase (the commit's wherever a commit follows):
             # each of the three kinds strikes about 50 times in 100 runs.
             leader_kill=",".join(
@@ -151,6 +154,7 @@ SHORT_PLANS = (
     Plan(spark=True, kill_commit_before=True, leader_kill="prepare"),
     Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover", source=True),
     Plan(broker_in_commit=True, resolve_in="commit", source=True, pause_commit=True),
+    Plan(kill_prepare="abort", pause_abort=True, source=True),
     Plan(commit_end="timeout", source=True),
     Plan(commit_end="timeout_after_decision", source=True),
     Plan(commit_end="timeout_after_decision"),  # not sourced: nothing keeps its repair from the output
@@ -273,7 +277,7 @@ class Soak:
         self.leader_outcomes: Counter[str] = Counter()  # how the actor struck by a leader kill ended
         self._admin: Any = None
         self._source_producer: Any = None
-        # Commits paused after their decision (SIGSTOP), each with its run and the run after which it resumes.
+        # Actors paused after their decision (SIGSTOP), each with its run and the run after which it resumes.
         self.paused: list[tuple[Run, subprocess.Popen[str], Path, int]] = []
 
     # -- plumbing -------------------------------------------------------------------------
@@ -648,7 +652,9 @@ class Soak:
                 self.inject(r, "kill_abort", "after-decision" if "decided" in err.read_text() else "before-decision")
             self.kill(proc)
         else:
-            self.call(abort)
+            if plan.pause_abort:
+                self.pause(r, abort, "pause_abort")
+            self.call(abort)  # with a paused first try: its retry
         return None
 
     def prepare_once(self, r: Run, plan: Plan, timeout_ms: int | None, faults: bool) -> tuple[list[str], bool]:
@@ -711,9 +717,9 @@ class Soak:
             return list(answer.get("committables", [])), "error" not in answer
         assert proc is not None
         if faults and plan.kill_prepare:
-            # Inside its open transactions (always when its abort is to be struck too: a prepare killed
+            # Inside its open transactions (always when its abort is to be struck or paused too: a prepare killed
             # before it opened anything leaves its abort nothing to do), else at any moment.
-            if plan.kill_abort or self.rng.random() < 0.75:
+            if plan.kill_abort or plan.pause_abort or self.rng.random() < 0.75:
                 self.wait_for(proc, err, "holding", 60)
                 time.sleep(self.rng.uniform(0.0, 1.0))
             else:  # at any moment, its start included
@@ -807,7 +813,7 @@ class Soak:
             time.sleep(5)  # the prepare's 4 s transaction timeout has passed; the broker aborts it
             self.inject(r, "timeout", "before-commit")
         if plan.pause_commit:
-            self.pause_commit(r, commit)
+            self.pause(r, commit, "pause_commit")
         if lk is not None:
             lk.before()
         proc, err = self.spawn([*commit[: -len(COMMIT_TIMEOUTS)], *PATIENT_COMMIT] if patient else commit)
@@ -832,24 +838,24 @@ class Soak:
         if lk is not None and lk.node is not None and alone and r.status != "success":
             self.broken.append(Violation(r.run, f"{lk.kind} {lk.at}: the commit ended {r.status}: {r.notes}"))
 
-    def pause_commit(self, r: Run, commit: list[str]) -> None:
-        """The commit's first try stops itself (SIGSTOP) once its decision is read back, before any
-        EndTxn: a frozen VM, a long GC, a black-holed host. Airflow's retry (the commit that follows)
-        finishes the run; this one resumes once the next run has committed (``resume_paused``)."""
-        proc, err = self.spawn([*commit, "--pause-after-decision"])
+    def pause(self, r: Run, argv: list[str], kind: str) -> None:
+        """The actor's first try (a commit, an abort) stops itself (SIGSTOP) once its decision is read
+        back, before any EndTxn: a frozen VM, a long GC, a black-holed host. Airflow's retry (the call
+        that follows) finishes the run; this one resumes once the next run has ended (``resume_paused``)."""
+        proc, err = self.spawn([*argv, "--pause-after-decision"])
         self.wait_for(proc, err, "paused", 120)
         deadline = time.monotonic() + 30
         while proc.poll() is None and not _stopped(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
         if proc.poll() is None and _stopped(proc.pid):
-            self.inject(r, "pause_commit", "after-decision")
+            self.inject(r, kind, "after-decision")
             self.paused.append((r, proc, err, len(self.runs)))
         else:  # it never reached its decision (a broker fault in its way): the retry is the commit
-            r.notes.append(f"the commit to pause ended first: {err.read_text().strip().splitlines()[-1:]}")
+            r.notes.append(f"the {kind} actor ended first: {err.read_text().strip().splitlines()[-1:]}")
             self.kill(proc)
 
     def resume_paused(self, after: int | None = None) -> None:
-        """SIGCONT the paused commits whose next run has ended (all, with ``after`` None): each must end
+        """SIGCONT the paused actors whose next run has ended (all, with ``after`` None): each must end
         well and write nothing that changes what happened (the truth check follows)."""
         for item in list(self.paused):
             r, proc, err, index = item
@@ -864,10 +870,10 @@ class Soak:
                 self.kill(proc)
                 code = -9
             said = err.read_text().strip().splitlines()
-            r.notes.append(f"the paused commit resumed after {len(self.runs) - index} run(s): exit {code}")
+            r.notes.append(f"the paused actor resumed after {len(self.runs) - index} run(s): exit {code}")
             if code != 0:
-                self.broken.append(Violation(r.run, f"its paused commit, resumed later, exit {code}: {said[-3:]}"))
-            self.check_truth(f"after the paused commit of {r.run} resumed")
+                self.broken.append(Violation(r.run, f"its paused actor, resumed later, exit {code}: {said[-3:]}"))
+            self.check_truth(f"after the paused actor of {r.run} resumed")
 
     def clear_earlier(self, r: Run, what: str) -> None:
         """A user clears an earlier, committed run: its commit task, or the whole run (export again)."""
