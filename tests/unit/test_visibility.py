@@ -124,3 +124,23 @@ def test_the_loss_error_says_how_much_is_visible_with_a_command_to_paste(visible
     # Without counts it says where to look, not what it does not know.
     text = str(TransactionLostError(lost))
     assert "`kafka2pc list --prefix orders` shows how much of it is visible" in text
+
+
+def test_an_id_that_moved_on_is_visible_when_its_markers_say_committed() -> None:
+    """DESIGN §15: the epoch moved on under a COMMIT the log does not record as ended; the partitions'
+    markers tell a transaction another process committed (visible) from one the broker aborted (lost)."""
+    from airflow_provider_kafka2pc.txn.kafka.markers import Fate
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+    from tests.unit.fakes import FakeBroker, txn_state
+
+    state, did = state_with("orders-0", "orders-1")
+    broker = FakeBroker()
+    for tid in ("orders-0", "orders-1"):
+        broker.add(txn_state(tid, "CompleteCommit", producer_id=7, producer_epoch=1))  # the next run's epoch
+    broker.fates[("orders-0", 7, 0)] = Fate.COMMITTED
+    broker.fates[("orders-1", 7, 0)] = Fate.ABORTED
+    observed = visibility.observe_broker(TransactionInspector(broker), [ref("orders-0"), ref("orders-1")], state)
+    assert observed == {ref("orders-0"): Observation.COMMITTED, ref("orders-1"): Observation.SUPERSEDED}
+    v, lost = visibility.of_decision(state, did, "orders", observed)
+    assert (v.visible_transactions, v.lost_transactions) == (1, 1)
+    assert [t.transactional_id for t in lost] == ["orders-1"]

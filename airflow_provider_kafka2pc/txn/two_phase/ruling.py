@@ -171,7 +171,7 @@ def proven(resolver: TransactionResolver, d: DecisionRecord, resolutions: Sequen
         if r.outcome is not Verdict.LOST or r.observation not in FORGOTTEN or not c.partitions:
             out.append(r)
             continue
-        fate, where = resolver.wire.transaction_fate(r.ref, c.partitions, _began_by(c, d), resolver.timeout_s)
+        fate, where = resolver.wire.transaction_fate(r.ref, c.partitions, began_by(c, d), resolver.timeout_s)
         if fate is Fate.COMMITTED:
             at = next(f for f in where if f.fate is Fate.COMMITTED)
             detail = f"committed by another process (its COMMIT marker is in {at.partition}, offset {at.marker_offset})"
@@ -192,7 +192,7 @@ def proven(resolver: TransactionResolver, d: DecisionRecord, resolutions: Sequen
     return out
 
 
-def _began_by(c: Covered, d: DecisionRecord) -> int:
+def began_by(c: Covered, d: DecisionRecord) -> int:
     """No later than the transaction's start, by the broker's clock: its recorded start, else its
     deadline less the longest timeout a broker allows by default, else the decision's own time less
     that (a transaction is decided after it began)."""
@@ -288,6 +288,7 @@ __all__ = [
     "FORGOTTEN",
     "CommitReport",
     "abort_reopened",
+    "began_by",
     "committed_in",
     "covered",
     "covered_state",

@@ -78,7 +78,7 @@ def losses_report(inspector: TransactionInspector, state: LogState, prefix: str)
     """The prefix's losses, counted from the broker (DescribeTransactions of every transaction a COMMIT
     in force still rules) and the run records, before any recovery ran; read-only."""
     unresolved = visibility.unresolved_commits(state, prefix)
-    found = visibility.losses(state, prefix, visibility.observe_broker(inspector, unresolved))
+    found = visibility.losses(state, prefix, visibility.observe_broker(inspector, unresolved, state))
     return {
         "losses": [loss_json(f) for f in found],
         # The older two views of the same losses, kept for scripts that read them.

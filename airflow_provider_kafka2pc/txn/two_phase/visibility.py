@@ -6,7 +6,8 @@ exporter of the run, transaction by transaction, from what is known for certain:
 - the outcome recorded in the decision log (an actor saw it committed, or lost);
 - else the broker's view (DescribeTransactions) looked up in the outcome table: committed or
   committing is visible; aborted, being fenced, or another epoch that the log does not record
-  committed is lost; still open under its own producer id and epoch is *pending* (it can still be
+  committed is lost unless its partitions' markers show it committed (by another process); still
+  open under its own producer id and epoch is *pending* (it can still be
   committed, by the commit or by recovery);
 - else, when nobody asked the broker, pending.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_provider_kafka2pc.txn.kafka.markers import Fate
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction, Visibility
@@ -32,13 +34,26 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     verdict,
 )
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, RunRecord, RunStatus, prefix_of
+from airflow_provider_kafka2pc.txn.two_phase.ruling import FORGOTTEN, began_by
 
 
-def observe_broker(inspector: TransactionInspector, refs: Iterable[TxnRef]) -> dict[TxnRef, Observation]:
-    """The broker's view of each transaction, as the outcome table names it."""
+def observe_broker(
+    inspector: TransactionInspector, refs: Iterable[TxnRef], state: LogState
+) -> dict[TxnRef, Observation]:
+    """The broker's view of each transaction under a COMMIT of ``state``, as the outcome table names
+    it; one whose id has moved on is looked up in its partitions' markers (DESIGN §15): committed by
+    another process is visible, not lost."""
     wanted = list(refs)
     states = inspector.describe(r.transactional_id for r in wanted)
-    return {r: observe_row(r, states.get(r.transactional_id)) for r in wanted}
+    observed = {r: observe_row(r, states.get(r.transactional_id)) for r in wanted}
+    covers = {c.ref: (c, d) for d in state.decisions.values() if d.kind is Kind.COMMIT for c in d.txns}
+    for ref, seen in observed.items():
+        c, d = covers.get(ref, (None, None))
+        if seen in FORGOTTEN and c is not None and d is not None and c.partitions:
+            fate, _ = inspector.wire.transaction_fate(ref, c.partitions, began_by(c, d), inspector.timeout_s)
+            if fate is Fate.COMMITTED:
+                observed[ref] = Observation.COMMITTED
+    return observed
 
 
 def unresolved_commits(state: LogState, prefix: str) -> list[TxnRef]:
