@@ -8,8 +8,10 @@ host's name, and a mount namespace where the host's own directory is mounted on 
 (the same path on every host) and every host's backing directory is hidden under an empty tmpfs,
 so a file one host writes there is seen by no other host and not by the root namespace.
 
-A host fault is every process of its namespace killed at once (:meth:`Network.kill_host`), or its
-link set down (:meth:`Network.cut_link`, :meth:`Network.restore_link`). The state file, written
+A host fault is every process of its namespace killed at once (:meth:`Network.kill_host`), its
+link set down (:meth:`Network.cut_link`, :meth:`Network.restore_link`: sockets fail fast), or its
+packets dropped on the bridge (:meth:`Network.black_hole`, :meth:`Network.end_black_hole`: an nft
+table of the bridge family; sockets hang, its processes live on). The state file, written
 before anything is created, lets :func:`destroy` remove a network by its name after a crash;
 :func:`reap_orphans` removes the networks whose owning process has died.
 """
@@ -106,8 +108,25 @@ class Network:
     def restore_link(self, name: str) -> None:
         _run(["ip", "link", "set", self.host(name).veth, "up"])
 
+    def black_hole(self, name: str) -> None:
+        """Drop every packet to and from the host on the bridge, silently: its sockets hang (no
+        refusal, no unreachable), as in a partition or a frozen VM; its processes live on."""
+        table = _hole_table(self.host(name))
+        _run(["nft", "add", "table", "bridge", table])
+        for hook in ("forward", "input", "output"):
+            _run(["nft", "add", "chain", "bridge", table, hook, f"{{ type filter hook {hook} priority -200 ; }}"])
+            for direction in ("iifname", "oifname"):
+                _run(["nft", "add", "rule", "bridge", table, hook, direction, self.host(name).veth, "drop"])
+
+    def end_black_hole(self, name: str) -> None:
+        _run(["nft", "delete", "table", "bridge", _hole_table(self.host(name))], check=False)
+
     def destroy(self) -> None:
         destroy(self.prefix)
+
+
+def _hole_table(host: Host) -> str:
+    return f"{host.veth.replace('-', '_')}_hole"
 
 
 def _private_root(network: Network) -> Path:
@@ -290,6 +309,9 @@ def leftovers(prefix: str, directory: Path | None = None) -> list[str]:
 def destroy(prefix: str) -> None:
     """Remove every process, namespace, veth, bridge and file of network ``prefix``, found by name
     (and the processes by namespace); idempotent, and works after the creator crashed."""
+    for table in _run(["nft", "list", "tables", "bridge"], check=False).split():
+        if table.startswith(prefix.replace("-", "_") + "_"):  # a black hole left in place
+            _run(["nft", "delete", "table", "bridge", table], check=False)
     for ns in _namespaces(prefix):
         _kill_netns(ns)  # before deleting the name: processes would outlive it in a nameless namespace
     for ns in _namespaces(prefix):

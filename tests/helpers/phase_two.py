@@ -9,7 +9,7 @@ refused (SourceError).
     prepare --prefix P --count N --records R --topic T [--hold-ms H]   committables as JSON lines on stdout
             [--source-topic S --source-group G --range-out FILE]
     commit  --run R --committables FILE [--stall-after-ends K] [--hold-before-decision-ms MS] [--source-range FILE]
-            [--await-committables] [--pause-after-decision]
+            [--await-committables] [--pause-after-decision] [--hold-after-decision-ms MS]
     recover --prefix P --run R
     abort   --prefix P --run R --committables FILE [--hold-ms H] [--pause-after-decision]
 
@@ -201,6 +201,7 @@ def main() -> int:
     ap.add_argument("--stall-after-ends", type=int, default=None)
     ap.add_argument("--hold-before-decision-ms", type=int, default=0)
     ap.add_argument("--pause-after-decision", action="store_true")
+    ap.add_argument("--hold-after-decision-ms", type=int, default=0)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--end-txn-timeout", type=float, default=60.0)
     ap.add_argument("--source-topic", default="", help="prepare: a Kafka-sourced export's, reading this topic")
@@ -217,6 +218,8 @@ def main() -> int:
     try:
         if args.pause_after_decision:  # a commit, an abort or a recovery that decides
             pause_after_decision(log)
+        if args.hold_after_decision_ms:  # "decided", then a hold: a black hole lands before the first EndTxn
+            hold_after_decision(log, args.hold_after_decision_ms)
         if args.action == "recover":
             result = recover(wire, args.prefix, log, run=args.run)
             print(json.dumps({"done": result.done, "summary": result.describe()}), flush=True)

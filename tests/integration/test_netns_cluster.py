@@ -497,3 +497,57 @@ def test_a_worker_host_killed_while_writing_leaves_nothing_visible_and_nothing_o
     assert aborted == [True]
     assert host_kafka.open_transactions(s.transactional_id_prefix) == []
     assert host_kafka.count_committed(topic, b"z-", timeout_s=10) == (0, 0)
+
+
+def test_a_commit_host_black_holed_after_its_decision_changes_nothing_when_it_comes_back(
+    netns_spark_cluster: NetnsSparkCluster, host_kafka: KafkaEnv, tmp_path: Path
+) -> None:
+    """Issue 46's scenario on hosts: the commit runs on a worker host; once its COMMIT is read back the
+    host is black-holed (every packet dropped: its EndTxn hangs, nothing is refused). The commit is
+    retried from elsewhere and commits; the next run recovers, prepares on the same ids (new epochs)
+    and commits; then the host's packets flow again and its commit goes on with what it read before
+    the hole. It must not call the run lost: it proves the commit from the markers and exits 0; Kafka
+    shows both runs once, the run's record stays COMMITTED, and nothing is open."""
+    import uuid
+
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+    from tests.helpers.actors import spawn, wait_for_line
+    from tests.integration.test_decisions_broker import prepare, settle, write_committables
+
+    net, env = netns_spark_cluster.network, host_kafka
+    prefix, topic, decisions = f"bh{uuid.uuid4().hex[:8]}", env.topic(4), f"d{uuid.uuid4().hex[:8]}"
+    log = DecisionLog(env.config, topic=decisions)
+    first = prepare(env, prefix, 2, topic, records=3000, tag="run1")
+    path = write_committables(tmp_path, first)
+    argv = [sys.executable, "-m", "tests.helpers.phase_two", "commit", "--bootstrap", env.bootstrap,
+            "--decision-topic", decisions, "--run", "run-1", "--committables", path,
+            "--hold-after-decision-ms", "1000", "--end-txn-timeout", "600"]  # fmt: skip
+    zombie, err = spawn(net.command(WORKERS[0], argv), tmp_path, "black-holed-commit")
+    try:
+        wait_for_line(zombie, err, "decided")
+        net.black_hole(WORKERS[0])
+        try:
+            assert commit_prepared(first, env.wire, log, "run-1").committed  # the retry, elsewhere
+            settle(env, prefix, log)  # the next run's recovery sensor
+            second = prepare(env, prefix, 2, topic, records=3000, tag="run2")
+            assert commit_prepared(second, env.wire, log, "run-2").committed
+            assert zombie.poll() is None, err.read_text()[-3000:]  # still hanging in the hole
+        finally:
+            net.end_black_hole(WORKERS[0])
+        zombie.communicate(timeout=600)
+    finally:
+        if zombie.poll() is None:
+            os.killpg(zombie.pid, 9)
+            zombie.wait(30)
+    said = err.read_text()
+    assert zombie.returncode == 0, said[-3000:]
+    assert "committed by another process" in said and "TransactionLost" not in said, said[-3000:]
+    keys = [r.key for r in env.read_committed(topic)]
+    assert len(keys) == 12_000 and len(set(keys)) == 12_000
+    state = DecisionLog(env.config, topic=decisions).read()
+    assert state.runs[(prefix, "run-1")].status is RunStatus.COMMITTED and state.overruled == {}
+    assert recover(env.wire, prefix, log, run="run-3").done
+    assert env.open_transactions(prefix) == []
