@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def test_markers_tell_committed_from_aborted_after_the_id_moved_on(kafka: KafkaE
         for c in cs:
             state = kafka.describe(c.transactional_id)[c.transactional_id]
             assert state is not None and state.producer_epoch > c.producer_epoch  # superseded: no more to see
-            got, where = transaction_fate(kafka.wire, ref_of(c), c.describe_partitions(), 0)
-            assert got is fate, where
+            for since in (0, c.first_write_ms or 0):  # from the log's start, and from the transaction's start
+                got, where = transaction_fate(kafka.wire, ref_of(c), c.describe_partitions(), since)
+                assert got is fate, (since, where)
     never = TxnRef(committed[0].transactional_id, committed[0].producer_id, committed[0].producer_epoch + 50)
     assert transaction_fate(kafka.wire, never, committed[0].describe_partitions(), 0)[0] is Fate.ABSENT
     open_now = ref_of(kafka.describe(committed[0].transactional_id)[committed[0].transactional_id])
@@ -72,8 +74,9 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     zombie, err = spawn(kafka, tmp_path, "commit", *args)
     try:
         wait_for_line(zombie, err, "paused")
-        while not _stopped(zombie.pid):
+        while not _stopped(zombie.pid):  # the line comes just before its SIGSTOP: the next event is the stop
             assert zombie.poll() is None, err.read_text()[-3000:]
+            time.sleep(0.001)
         # The retry on another worker commits the run; the paused try holds its old reading.
         assert commit_prepared(first, kafka.wire, log, "run-1").committed
         if resumed != "before the next run":

@@ -37,6 +37,8 @@ def _entries(*records: tuple[int, RunRecord | None]) -> list[Entry]:
         ((LOST_RUN, LOST_AGAIN, LOST_RUN), RunStatus.LOST, True),  # generation 0 after generation 1
         ((LOST_RUN, LOST_AGAIN, REPAIRED), RunStatus.REPAIRED, False),
         ((LOST_RUN, COMMITTED, COMMITTED), RunStatus.LOST, True),
+        ((LOST_RUN, LOST_AGAIN, ACKED), RunStatus.LOST, True),  # an acknowledgement of the earlier loss: stale
+        ((LOST_RUN, ACKED, LOST_AGAIN), RunStatus.LOST, False),  # a repair decided before it lost again
         ((LOST_RUN,), RunStatus.LOST, False),
     ],
 )
@@ -78,3 +80,35 @@ def test_acknowledge_is_refused_while_a_repair_in_force_would_make_the_records_v
     with pytest.raises(NotLostError, match=r"repair in force .* `kafka2pc resolve --prefix orders`"):
         acknowledge_loss(log, "orders", LOST_RUN.run, "re-exported by hand")
     assert log.read().runs[("orders", LOST_RUN.run)].status is RunStatus.LOST  # nothing was written
+
+
+def test_a_repair_decided_after_the_acknowledgement_is_void() -> None:
+    """The acknowledgement first in the protocol's order: a repair planned from the LOST record before it
+    (paused, or slow to export) rules nothing, so an acknowledged loss stays lost."""
+    log = MemoryDecisionLog(initial=[(LOST_RUN.key, LOST_RUN.to_json()), (ACKED.key, ACKED.to_json())])
+    late = _repair()
+    state = log.decide(late)
+    assert not state.in_force(late.decision_id) and "acknowledged first" in state.void[late.decision_id]
+    early = MemoryDecisionLog(initial=[(LOST_RUN.key, LOST_RUN.to_json())])
+    first = _repair()
+    early.decide(first)
+    early.append([(ACKED.key, ACKED.to_json())])
+    assert early.read().in_force(first.decision_id)  # decided before: it rules, and ends the run REPAIRED
+
+
+def test_a_stale_source_position_changes_nothing_and_is_written_again() -> None:
+    """A paused commit's late finalize writes its run's position after a later run's: ignored, settled."""
+    from airflow_provider_kafka2pc.txn.protocol.records import POSITION_KEY
+    from airflow_provider_kafka2pc.txn.protocol.source_range import PartitionRange, SourceRange
+
+    def at(run: str, start: int, end: int) -> RunRecord:
+        source = SourceRange("g", (PartitionRange("src", 0, start, end, start),))
+        return dataclasses.replace(COMMITTED, run=run, source=source)
+
+    key = (POSITION_KEY + "orders").encode()
+    log = MemoryDecisionLog(initial=[(key, at("r1", 0, 10).to_json()), (key, at("r2", 10, 25).to_json())])
+    log.append([(key, at("r1", 0, 10).to_json())])  # the zombie's
+    state = log.read()
+    assert state.positions["orders"].run == "r2"
+    log.compact()
+    assert log.read().positions["orders"].run == "r2" and not log.read().stale_positions

@@ -36,6 +36,7 @@ from airflow_provider_kafka2pc.txn.protocol.naming import validate_prefix
 from airflow_provider_kafka2pc.txn.protocol.records import (
     CLAIM_KEY,
     GROUP_KEY,
+    POSITION_KEY,
     RUN_KEY,
     DecisionRecord,
     Entry,
@@ -290,10 +291,10 @@ class DecisionLog(DecisionTopic):
                 keys = None if history == "all" else frozenset(history)
                 entries = itertools.chain(entries, self.scan(None, HISTORY_PARTITION, keys))
             state = replay(entries, keep_run)
-        self.settle(state)
+        self.settle(state, history if self._partitions > 1 else "all")
         return state
 
-    def settle(self, state: LogState) -> None:
+    def settle(self, state: LogState, history: History = "all") -> None:
         """Append again each run's record in effect whose key's latest value is a record that came too
         late to take effect (a stale writer's, ``txn.protocol.run_history``): compaction keeps a key's
         latest value, and must keep the truth. A COMMITTED run also loses the overruled copy on
@@ -302,8 +303,8 @@ class DecisionLog(DecisionTopic):
         items: list[Item] = []
         for key, status in state.overruled.items():
             rec = state.runs.get(key)
-            if rec is None:
-                continue
+            if rec is None or (history != "all" and run_key(*key) not in history):
+                continue  # only where the history was read: partition 0's order of copies may differ
             log.warning(
                 "run %s of %s: a %s record came after its %s record and changes nothing; writing the %s record again",
                 key[1], key[0], status.value, rec.status.value, rec.status.value,
@@ -311,6 +312,12 @@ class DecisionLog(DecisionTopic):
             items.append((rec.key, rec.to_json()))
             if rec.status is RunStatus.COMMITTED and self._partitions > 1:
                 items.append((rec.key, None))
+        for prefix in sorted(state.stale_positions):
+            if (position := state.positions.get(prefix)) is not None:
+                log.warning(
+                    "exporter %s: a stale source position came last; writing run %s's again", prefix, position.run
+                )
+                items.append(((POSITION_KEY + prefix).encode(), position.to_json()))
         if not items:
             return
         try:
@@ -318,6 +325,7 @@ class DecisionLog(DecisionTopic):
         except Kafka2PCError as e:
             log.warning("could not write the run records in effect again (%s); the next reader will", e)
         state.overruled.clear()
+        state.stale_positions.clear()
 
     def read_for(self, prefix: str, run: str | None = None) -> LogState:
         """The state one exporter needs: the protocol, the prefix's losses, and its own run's

@@ -82,17 +82,42 @@ def probe_ids(prefix: str, partitions: int) -> tuple[str, ...]:
 def leaders(wire: Lists, node_id: int | None = None) -> dict[int, tuple[int, int]] | None:
     """The transaction log's partitions -> (leader, leader epoch), as ``node_id`` (any broker when
     None) sees them; None when this principal may not describe the topic, or the broker knows none."""
+    return _metadata(wire, node_id)[0]
+
+
+def newest_leaders(wire: Lists) -> dict[int, tuple[int, int]] | None:
+    """Every broker's view merged, the highest leader epoch of each partition winning: a broker whose
+    metadata lags (cut off from the controller, or not yet told of a move) is not believed alone."""
+    view, brokers = _metadata(wire, None)
+    if not view:
+        return None
+    for node in brokers:
+        try:
+            other = _metadata(wire, node)[0] or {}
+        except Exception as e:  # a broker that is down leads nothing its peers agree to; its partitions are asked below
+            if not (is_connection_error(e) or _unknown_broker(e)):
+                raise
+            continue
+        for p, (leader, epoch) in other.items():
+            if p not in view or epoch > view[p][1]:
+                view[p] = (leader, epoch)
+    return view
+
+
+def _metadata(wire: Lists, node_id: int | None) -> tuple[dict[int, tuple[int, int]] | None, list[int]]:
     from kafka.protocol.metadata import MetadataRequest
 
     request = MetadataRequest(
         topics=[MetadataRequest.MetadataRequestTopic(name=TRANSACTION_LOG)], allow_auto_topic_creation=False
     )
-    [topic] = wire.request(request, node_id).topics
+    answer = wire.request(request, node_id)
+    brokers = sorted(int(b.node_id) for b in answer.brokers)
+    [topic] = answer.topics
     if topic.error_code in (_TOPIC_AUTHORIZATION_FAILED, _UNKNOWN_TOPIC_OR_PARTITION):
-        return None  # not ours to describe, or no transaction ever began (as far as this broker knows)
+        return None, brokers  # not ours to describe, or no transaction ever began (as far as it knows)
     if topic.error_code:
         raise BrokerErrorResponse("Metadata(__transaction_state)", int(topic.error_code), error_name(topic.error_code))
-    return {int(p.partition_index): (int(p.leader_id), int(p.leader_epoch)) for p in topic.partitions}
+    return {int(p.partition_index): (int(p.leader_id), int(p.leader_epoch)) for p in topic.partitions}, brokers
 
 
 def _unloaded(wire: Lists, owners: Mapping[int, tuple[int, int]], probes: Sequence[str]) -> dict[int, str]:
@@ -151,7 +176,7 @@ def complete_listing(
     delay = 0.02
     while True:
         try:
-            before = leaders(wire)
+            before = newest_leaders(wire)
             if before is None:
                 log.debug(
                     "%s not described (no Describe, or not made yet): listing %s as before", TRANSACTION_LOG, prefix
@@ -192,7 +217,7 @@ def _covered_once(
     if missing:
         return [], missing
     listed = _list_on(wire, sorted({node for node, _ in before.values()}), states, pattern)
-    after = leaders(wire)
+    after = newest_leaders(wire)
     if after != before:
         return [], {p: "its leader moved while listing" for p in before if (after or {}).get(p) != before[p]}
     return listed, _unloaded(wire, after, probes)

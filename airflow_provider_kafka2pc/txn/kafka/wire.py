@@ -31,12 +31,14 @@ from airflow_provider_kafka2pc.txn.kafka.broker_support import check_api_version
 from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings, protect_kafka_python_logs, write_pem_files
 from airflow_provider_kafka2pc.txn.kafka.errors import BrokerErrorResponse
 from airflow_provider_kafka2pc.txn.kafka.listing import complete_listing
+from airflow_provider_kafka2pc.txn.kafka.markers import Fate, PartitionFate, transaction_fate
 from airflow_provider_kafka2pc.txn.kafka.reachability import (
     DEFAULT_CONNECT_TIMEOUT_S,
     answering_bootstrap,
     check_reachable,
 )
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError
+from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 
 # librdkafka opens transactions under transaction version 1 (EndTxn <= 4, AddPartitionsToTxn
 # v0..3). EndTxn v5 would ask the coordinator for version-2 rules (epoch bump on every end),
@@ -188,10 +190,10 @@ class WireClient:
 
         return self._run(go)
 
-    def transaction_fate(self, ref: Any, partitions: Sequence[str], since_ms: int, timeout_s: float) -> Any:
+    def transaction_fate(
+        self, ref: TxnRef, partitions: Sequence[str], since_ms: int, timeout_s: float
+    ) -> tuple[Fate, tuple[PartitionFate, ...]]:
         """What became of ``ref``'s records, read from its data partitions (``txn.kafka.markers``)."""
-        from airflow_provider_kafka2pc.txn.kafka.markers import transaction_fate
-
         return transaction_fate(self, ref, partitions, since_ms, timeout_s)
 
     def broker_ids(self) -> list[int]:

@@ -92,8 +92,12 @@ class LogState:
     outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)  # each run's record in effect
     overruled: dict[tuple[str, str], RunStatus] = field(default_factory=dict)  # runs a late record tried to change
+    acknowledged_at: dict[tuple[str, str], int] = field(
+        default_factory=dict
+    )  # run -> offset of its loss's acknowledgement
     claims: dict[str, str] = field(default_factory=dict)
     positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
+    stale_positions: set[str] = field(default_factory=set)  # prefixes whose latest position record is behind
     group_owners: dict[str, str] = field(default_factory=dict)  # a source's consumer group -> its exporter
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
     repair_claims: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (prefix, run, gen) -> decision
@@ -201,10 +205,13 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             continue
         if key.startswith(POSITION_KEY.encode()):
             prefix = key[len(POSITION_KEY) :].decode()
-            if e.value:
-                state.positions[prefix] = RunRecord.from_json(e.value)
-            else:
+            state.stale_positions.discard(prefix)
+            if not e.value:
                 state.positions.pop(prefix, None)
+            elif behind(rec := RunRecord.from_json(e.value), state.positions.get(prefix)):
+                state.stale_positions.add(prefix)  # a stale finalize (a paused commit): it changes nothing
+            else:
+                state.positions[prefix] = rec
             continue
         if key.startswith(REPAIR_KEY.encode()):  # kept whatever keep_run says: they make repairs void
             prefix, _, rest = key[len(REPAIR_KEY) :].decode().partition(":")
@@ -225,6 +232,7 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         if e.value is not None:
             latest[key] = e
     state.runs, state.overruled = history.runs(keep_run), history.overruled
+    state.acknowledged_at = history.acknowledged_at
     for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
         assert e.value is not None
         if key.startswith(DECISION_KEY.encode()):
@@ -245,6 +253,17 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
     return state
 
 
+def behind(new: RunRecord, current: RunRecord | None) -> bool:
+    """Whether a Kafka source's position ``new`` is older than ``current``: it ends before it in a
+    partition they share and after it in none (a run's range ends at the last stable offset at its
+    snapshot, which only grows). A paused commit's late finalize writes such a record."""
+    if current is None or new.source is None or current.source is None:
+        return False
+    ends = {(p.topic, p.partition): p.end for p in current.source.partitions}
+    shared = [(p.end, ends[(p.topic, p.partition)]) for p in new.source.partitions if (p.topic, p.partition) in ends]
+    return any(n < c for n, c in shared) and not any(n > c for n, c in shared)
+
+
 def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
     refs = [c.ref for c in d.txns]
     if d.kind is Kind.ABORT:
@@ -253,6 +272,10 @@ def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
         return
     earlier = [state.ruling[r] for r in refs if r in state.ruling]
     if d.repair_key is not None and not earlier:
+        acked = state.acknowledged_at.get(d.repair_key[:2])
+        if acked is not None and acked < state.offsets[d.decision_id]:
+            state.void[d.decision_id] = f"the run's loss was acknowledged first (offset {acked})"
+            return
         taken = state.repair_claims.get(d.repair_key)
         if taken is not None and taken != d.decision_id:
             state.void[d.decision_id] = f"repair {d.repair_key[2]} of the run was decision {taken}"

@@ -7,11 +7,12 @@ told the false story from then on. Now a record takes effect only if it may foll
 effect, in log order:
 
 - nothing yet, or DECIDED (0.1.0's run mark) → anything;
-- LOST → ACKNOWLEDGED, REPAIRED, or LOST again by a later repair generation (a repair that lost
-  part of what it exported again);
-- ACKNOWLEDGED → REPAIRED only: a repair decided from the LOST record before the acknowledgement
-  was read back makes the records visible whatever was acknowledged (``acknowledge_loss`` reads
-  again after its append and says its acknowledgement is void);
+- LOST → ACKNOWLEDGED of the same repair generation (an acknowledgement of an earlier loss is
+  stale), REPAIRED, or LOST again by a later repair generation (a repair that lost part of what it
+  exported again);
+- ACKNOWLEDGED → REPAIRED or LOST of a later generation: the end of a repair decided before the
+  acknowledgement (``acknowledge_loss`` reads again after its append and says its acknowledgement
+  is void; a repair decided after it is void, ``decisions._rule``);
 - COMMITTED, REPAIRED → nothing: they are final.
 
 A record of the same status and generation as the one in effect replaces it, as the latest value
@@ -34,7 +35,6 @@ from airflow_provider_kafka2pc.txn.protocol.records import RUN_KEY, Entry, RunRe
 
 HISTORY = 1  # the decision topic's partition of finished runs' records
 FINAL = frozenset({RunStatus.COMMITTED, RunStatus.REPAIRED, RunStatus.ACKNOWLEDGED})
-_AFTER_LOST = frozenset({RunStatus.ACKNOWLEDGED, RunStatus.REPAIRED})
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,12 @@ def may_follow(before: tuple[RunStatus, int] | None, after: tuple[RunStatus, int
         return True
     status, generation = before
     if status is RunStatus.LOST:
-        return after[0] in _AFTER_LOST or (after[0] is RunStatus.LOST and after[1] > generation)
-    return status is RunStatus.ACKNOWLEDGED and after[0] is RunStatus.REPAIRED
+        if after[0] is RunStatus.ACKNOWLEDGED:
+            return after[1] == generation  # an acknowledgement of this loss, not of an earlier one
+        return after[0] is RunStatus.REPAIRED or (after[0] is RunStatus.LOST and after[1] > generation)
+    if status is RunStatus.ACKNOWLEDGED:  # a repair decided before the acknowledgement ends
+        return after[0] is RunStatus.REPAIRED or (after[0] is RunStatus.LOST and after[1] > generation)
+    return False
 
 
 @dataclass
@@ -70,6 +74,9 @@ class RunHistory:
     # Runs whose latest record came too late to take effect, (prefix, run) -> its status: until the
     # record in effect is appended again, compaction would keep the overruled one.
     overruled: dict[tuple[str, str], RunStatus] = field(default_factory=dict)
+    # Where in partition 0 (the decisions' order) each run's loss was acknowledged: a repair decided
+    # after that is void.
+    acknowledged_at: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, e: Entry) -> None:
         prefix, _, run = e.key[len(RUN_KEY) :].decode().partition(":")
@@ -89,6 +96,8 @@ class RunHistory:
             return
         self._in_effect[key] = _InEffect(e.partition, status, generation, e.value)
         self.overruled.pop(key, None)
+        if status is RunStatus.ACKNOWLEDGED and e.partition != HISTORY:
+            self.acknowledged_at.setdefault(key, e.offset)
 
     def runs(self, keep_run: Callable[[str, str, bytes], bool] | None) -> dict[tuple[str, str], RunRecord]:
         return {

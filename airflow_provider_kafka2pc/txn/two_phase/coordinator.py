@@ -47,9 +47,9 @@ from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.commit_progress import CommitProgress
 from airflow_provider_kafka2pc.txn.two_phase.doomed import aborted_whole, commit_headroom, doomed_of
+from airflow_provider_kafka2pc.txn.two_phase.loss_proof import FORGOTTEN
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
-    FORGOTTEN,
     CommitReport,
     abort_reopened,
     committed_in,

@@ -30,7 +30,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import (
     Visibility,
 )
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunRecord, RunStatus, new_decision
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunRecord, RunStatus, new_decision, run_key
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
@@ -178,7 +178,7 @@ def acknowledge_loss(decision_log: DecisionLog, prefix: str, run: str, note: str
     """Mark the LOST run ``run`` of ``prefix`` ACKNOWLEDGED (a person dealt with it): recovery stops
     failing on it; its lost records stay lost and the record keeps them. Returns the record as it
     was, as it is now, and the offset written. The CLI and the Airflow UI both acknowledge here."""
-    state = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run)
+    state = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run, history={run_key(prefix, run)})
     rec = state.runs.get((prefix, run))
     if rec is None or rec.status is not RunStatus.LOST:
         status = "has no run record" if rec is None else f"is {rec.status.value}"
@@ -189,8 +189,17 @@ def acknowledge_loss(decision_log: DecisionLog, prefix: str, run: str, note: str
     _refuse_under_repair(state, prefix, run)
     acked = dataclasses.replace(rec, status=RunStatus.ACKNOWLEDGED, at_ms=now_ms(), note=note)
     position = decision_log.append([(acked.key, acked.to_json())])[0]
-    # Read again (DESIGN §15): a repair decided meanwhile makes the lost records visible, and wins.
-    _refuse_under_repair(decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run), prefix, run)
+    # Read again (DESIGN §15): a repair decided meanwhile makes the lost records visible, and wins; a
+    # record that took effect before this one (a repair that ended) makes this one void.
+    again = decision_log.read(keep_run=lambda p, r, _raw: p == prefix and r == run, history={acked.key})
+    _refuse_under_repair(again, prefix, run)
+    now = again.runs.get((prefix, run))
+    if now is None or now.status is not RunStatus.ACKNOWLEDGED:
+        raise NotLostError(
+            f"run {run!r} of prefix {prefix!r} is {now.status.value if now else 'without a record'} now: "
+            "another actor ended it before this acknowledgement took effect, so it is void "
+            f"(`kafka2pc describe --prefix {prefix}` shows the run)"
+        )
     log.warning("run %s of %s: LOST acknowledged (%s)", run, prefix, note or "no note")
     return rec, acked, position.offset
 

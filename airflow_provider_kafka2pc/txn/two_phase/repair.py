@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.markers import Fate
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
@@ -59,6 +60,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
 from airflow_provider_kafka2pc.txn.two_phase.doomed import commit_headroom, doomed_of
+from airflow_provider_kafka2pc.txn.two_phase.loss_proof import fate_of, proof_of
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover, recover_until_clear
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
@@ -195,6 +197,7 @@ def repair_lost_run(
     plan = plan_repair(state, prefix, run, f"{attempts}{uuid.uuid4().hex[:8]}")
     if isinstance(plan, RunRecord):
         return _repaired_already(plan, _finished_here(decided, ended))
+    _prove_lost(wire, plan, end_txn_timeout_s)
     log.info("repair of %s: exporting again", plan.describe())
     committables = list(export_again(plan))
     _check_same(plan, committables, wire, decision_log, actor)
@@ -237,6 +240,30 @@ def repair_lost_run(
         )
         return RepairReport(final, note, repaired_now=True)
     return RepairReport(final, _repaired_sentence(final), repaired_now=True)
+
+
+def _prove_lost(wire: WireClient, plan: RepairPlan, timeout_s: float) -> None:
+    """Before anything is exported again, each lost transaction is proven not visible from its
+    partitions' markers (DESIGN §15): one that another process committed is not lost, and one whose
+    records are gone cannot be proven either way; both refuse, nothing exported."""
+    rec = plan.record
+    for t in rec.lost:
+        c = t.covered
+        fate, where = fate_of(wire, c, timeout_s) if c.partitions else (Fate.ABSENT, ())
+        if fate is Fate.COMMITTED:
+            at = next(f for f in where if f.fate is Fate.COMMITTED)
+            raise NotLostError(
+                f"run {rec.run} of exporter {rec.prefix} is recorded LOST, but {c.transactional_id} was committed "
+                f"(its COMMIT marker is in {at.partition} at offset {at.marker_offset}): its records are visible, "
+                "so a repair would duplicate them. Nothing was exported; `kafka2pc describe` shows the run"
+            )
+        if fate is not Fate.ABORTED:
+            raise RepairRefusedError(
+                f"run {rec.run} of exporter {rec.prefix}: {c.transactional_id} cannot be proven lost "
+                f"({proof_of(fate, where)}), so a repair might duplicate records already read. Nothing was "
+                f"exported. If its records are known to be missing, export them again in a run of their own and "
+                f"acknowledge the loss (`kafka2pc acknowledge --prefix {rec.prefix} --run {rec.run}`)"
+            )
 
 
 def abort_attempts(wire: WireClient, decision_log: DecisionLog, prefix: str, run: str, actor: str = ACTOR) -> bool:

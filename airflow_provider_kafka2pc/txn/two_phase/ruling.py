@@ -7,34 +7,30 @@ committable or a broker row as what a decision covers. Shared by the commit, the
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.kafka.markers import CLOCK_SLACK_MS, Fate
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, finalize
-from airflow_provider_kafka2pc.txn.protocol.errors import CoordinatorError, LostTransaction
+from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction
 from airflow_provider_kafka2pc.txn.protocol.outcome import HoldsProducer, Intent, Observation, TxnRef, Verdict
 from airflow_provider_kafka2pc.txn.protocol.records import (
     RUN_KEY,
     Covered,
-    DecisionRecord,
     Kind,
     LostTxn,
     OutcomeRecord,
     RunRecord,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.two_phase.loss_proof import proven
 from airflow_provider_kafka2pc.txn.two_phase.resolver import Resolution, TransactionResolver
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_TIMEOUT_MS = 15 * 60 * 1000  # Kafka's default transaction.max.timeout.ms
 
 
 def ref_of(c: HoldsProducer) -> TxnRef:
@@ -73,7 +69,7 @@ def covered(c: Committable, state: TxnState | None) -> Covered:
         c.producer_epoch,
         c.records,
         partitions_of(c, state),
-        deadline_of(state),
+        deadline_of(state) if mine else None,
         c.digest,
         start_of(state) if mine else None,
     )
@@ -129,7 +125,7 @@ def obey(
             )
         resolutions = resolver.resolve([c.ref for c in todo], intent)
         if intent is Intent.COMMIT:
-            resolutions = proven(resolver, d, resolutions)
+            resolutions = proven(resolver, decision_log, d, resolutions)
         log_resolutions(f"{intent.value.lower()} of run {d.run} under {d.kind.value} decision {did}", resolutions)
         done += resolutions
         by_tid = {c.transactional_id: c for c in d.txns}
@@ -153,53 +149,6 @@ def obey(
         if written:  # re-read the runs: a record that came too late is overruled, and settled (run_history)
             decision_log.read(history=written, keep_run=lambda p, r, _raw: run_key(p, r) in written)
     return done
-
-
-# What DescribeTransactions cannot tell apart once the id moved on: committed, or aborted, before.
-FORGOTTEN = (Observation.SUPERSEDED, Observation.UNKNOWN_ID)
-
-
-def proven(resolver: TransactionResolver, d: DecisionRecord, resolutions: Sequence[Resolution]) -> list[Resolution]:
-    """A loss is a fact proven from the broker before it is recorded (DESIGN §15): a transaction under
-    a COMMIT whose id has moved on was committed by another process (a retry elsewhere, while this one
-    was paused) if its partitions hold its COMMIT marker; only ABORT markers, or no records left,
-    prove it lost. Markers not written yet are waited for by the caller's retry, never guessed."""
-    by_tid = {c.transactional_id: c for c in d.txns}
-    out: list[Resolution] = []
-    for r in resolutions:
-        c = by_tid[r.ref.transactional_id]
-        if r.outcome is not Verdict.LOST or r.observation not in FORGOTTEN or not c.partitions:
-            out.append(r)
-            continue
-        fate, where = resolver.wire.transaction_fate(r.ref, c.partitions, began_by(c, d), resolver.timeout_s)
-        if fate is Fate.COMMITTED:
-            at = next(f for f in where if f.fate is Fate.COMMITTED)
-            detail = f"committed by another process (its COMMIT marker is in {at.partition}, offset {at.marker_offset})"
-            out.append(dataclasses.replace(r, outcome=Verdict.COMMITTED, detail=detail))
-        elif fate is Fate.OPEN:
-            raise CoordinatorError(
-                f"{r.ref.transactional_id}: its producer moved on, but the markers after its records in "
-                f"{', '.join(f.partition for f in where if f.fate is Fate.OPEN)} are not written yet; retry"
-            )
-        else:
-            proof = "; ".join(
-                f"{f.partition}: ABORT marker at offset {f.marker_offset}"
-                if f.fate is Fate.ABORTED
-                else f"{f.partition}: none of its records left"
-                for f in where
-            )
-            out.append(dataclasses.replace(r, detail=f"{r.detail} (proven from its partitions: {proof})"))
-    return out
-
-
-def began_by(c: Covered, d: DecisionRecord) -> int:
-    """No later than the transaction's start, by the broker's clock: its recorded start, else its
-    deadline less the longest timeout a broker allows by default, else the decision's own time less
-    that (a transaction is decided after it began)."""
-    if c.start_ms is not None:
-        return c.start_ms
-    longest = DEFAULT_MAX_TIMEOUT_MS + CLOCK_SLACK_MS
-    return (c.deadline_ms if c.deadline_ms is not None else d.at_ms) - longest
 
 
 def abort_reopened(
@@ -285,10 +234,8 @@ def iso(ms: int) -> str:
 
 
 __all__ = [
-    "FORGOTTEN",
     "CommitReport",
     "abort_reopened",
-    "began_by",
     "committed_in",
     "covered",
     "covered_state",

@@ -34,7 +34,7 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import (
     verdict,
 )
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, Kind, LostTxn, RunRecord, RunStatus, prefix_of
-from airflow_provider_kafka2pc.txn.two_phase.ruling import FORGOTTEN, began_by
+from airflow_provider_kafka2pc.txn.two_phase.loss_proof import FORGOTTEN, began_by
 
 
 def observe_broker(
@@ -50,7 +50,7 @@ def observe_broker(
     for ref, seen in observed.items():
         c, d = covers.get(ref, (None, None))
         if seen in FORGOTTEN and c is not None and d is not None and c.partitions:
-            fate, _ = inspector.wire.transaction_fate(ref, c.partitions, began_by(c, d), inspector.timeout_s)
+            fate, _ = inspector.wire.transaction_fate(ref, c.partitions, began_by(c), inspector.timeout_s)
             if fate is Fate.COMMITTED:
                 observed[ref] = Observation.COMMITTED
     return observed
