@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +22,7 @@ from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, 
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 from tests.helpers.actors import sigkill, wait_for_line
-from tests.helpers.kafka import KafkaEnv
+from tests.helpers.kafka import REPO, KafkaEnv
 from tests.integration.test_decisions_broker import prepare, settle, spawn, write_committables
 
 pytestmark = pytest.mark.kafka
@@ -105,3 +107,10 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     result = recover(kafka.wire, prefix, log, run="run-3")
     assert result.done and not result.lost
     assert kafka.open_transactions(prefix) == []
+    # What the user is told agrees: `kafka2pc list` finds nothing open and nothing lost (exit 0).
+    listed = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "list", "--prefix", prefix, "--json",
+         "--bootstrap-servers", kafka.bootstrap, "--decision-topic", log_topic],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout + listed.stderr
