@@ -13,10 +13,12 @@ coordinator" or "loading"). Same leaders, same epochs, every partition loaded be
 then each partition was listed once, by its owner. Otherwise the pass is taken again, until the
 deadline, and then fails naming the partitions that were not covered.
 
-Reading the transaction log's metadata needs Describe on ``__transaction_state``; a principal
-without it (or a cluster where no transaction ever began, so the topic does not exist yet) gets the
-plain listing of every broker the client knows, after a metadata refresh (a rejoined broker
-relearned).
+Reading the transaction log's metadata needs Describe on ``__transaction_state``; whether this
+principal has it is learnt once per client from a Metadata request for every topic (the broker
+answers with the authorized ones and logs no denial, where asking for the topic by name would log
+one per listing). A principal without it (or a cluster where no transaction ever began, so the
+topic does not exist yet) gets the plain listing of every broker the client knows, after a
+metadata refresh (a rejoined broker relearned).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Lists(Protocol):
 
     def request(self, request: Any, node_id: int | None = None) -> Any: ...
     def refresh_brokers(self) -> None: ...
+    def sees_transaction_log(self) -> bool: ...
     def supports_list_pattern(self) -> bool: ...
 
 
@@ -172,6 +175,9 @@ def complete_listing(
     """Every transaction in ``states`` of the whole cluster (``pattern`` filters where the broker can),
     each transaction-log partition listed once by its loaded owner; None when this principal may not
     read the transaction log's metadata (the caller lists as before)."""
+    if not wire.sees_transaction_log():
+        log.debug("%s not described (no Describe, or not made yet): listing %s as before", TRANSACTION_LOG, prefix)
+        return None
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     while True:

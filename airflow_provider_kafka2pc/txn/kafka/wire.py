@@ -133,6 +133,7 @@ class WireClient:
         # Before the admin client exists: its constructor logs ``cfg`` (password included) at DEBUG.
         protect_kafka_python_logs(cfg)
         self._request_timeout_ms = request_timeout_ms
+        self._sees_transaction_log = False
         files, self._pem_dir = write_pem_files(pems)
         cfg.update(files)
         if "sasl_oauth_token_provider" in cfg:
@@ -315,6 +316,18 @@ class WireClient:
         except Errors.BrokerResponseError as e:
             return transactional_id, TxnState(transactional_id, int(e.errno), "", -1, -1, -1, -1, (), -1)
         return transactional_id, _txn_state(transactional_id, d)
+
+    def sees_transaction_log(self) -> bool:
+        """Whether this principal may describe ``__transaction_state`` and it exists: by a Metadata
+        request for every topic, which the broker answers with the authorized ones and no DENIED line
+        (asking for the topic by name would log one per listing). A yes is kept for the client's life;
+        a no is asked again (the topic appears with the cluster's first transaction)."""
+        if not self._sees_transaction_log:
+            from kafka.protocol.metadata import MetadataRequest
+
+            answer = self.request(MetadataRequest(topics=None, allow_auto_topic_creation=False))
+            self._sees_transaction_log = any(str(t.name) == "__transaction_state" for t in answer.topics)
+        return self._sees_transaction_log
 
     def refresh_brokers(self) -> None:
         """Metadata asked again now: kafka-python forgets a broker that was fenced and relearns it only here."""
