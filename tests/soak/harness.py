@@ -873,7 +873,8 @@ class Soak:
             r.notes.append(f"the paused actor resumed after {len(self.runs) - index} run(s): exit {code}")
             if code != 0:
                 self.broken.append(Violation(r.run, f"its paused actor, resumed later, exit {code}: {said[-3:]}"))
-            self.check_truth(f"after the paused actor of {r.run} resumed")
+            if after is None:  # at the end; otherwise the check after the run under way follows at once
+                self.check_truth(f"after the paused actor of {r.run} resumed")
 
     def clear_earlier(self, r: Run, what: str) -> None:
         """A user clears an earlier, committed run: its commit task, or the whole run (export again)."""
