@@ -65,3 +65,12 @@ def wait_for_line(proc: subprocess.Popen[str], err: Path, needle: str, timeout_s
 def sigkill(proc: subprocess.Popen[str]) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP), by its state in /proc; False once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False

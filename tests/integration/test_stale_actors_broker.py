@@ -21,7 +21,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
-from tests.helpers.actors import sigkill, wait_for_line
+from tests.helpers.actors import sigkill, stopped, wait_for_line
 from tests.helpers.kafka import REPO, KafkaEnv
 from tests.integration.test_decisions_broker import prepare, settle, spawn, write_committables
 
@@ -30,11 +30,6 @@ pytestmark = pytest.mark.kafka
 
 def _new(stem: str) -> str:
     return f"{stem}{uuid.uuid4().hex[:8]}"
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_markers_tell_committed_from_aborted_after_the_id_moved_on(kafka: KafkaEnv) -> None:
@@ -76,7 +71,7 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     zombie, err = spawn(kafka, tmp_path, "commit", *args)
     try:
         wait_for_line(zombie, err, "paused")
-        while not _stopped(zombie.pid):  # the line comes just before its SIGSTOP: the next event is the stop
+        while not stopped(zombie.pid):  # the line comes just before its SIGSTOP: the next event is the stop
             assert zombie.poll() is None, err.read_text()[-3000:]
             time.sleep(0.001)
         # The retry on another worker commits the run; the paused try holds its old reading.

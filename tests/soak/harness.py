@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.actors import stopped
 from tests.helpers.kafka import REPO, kafka_local
 from tests.soak.airflow_soak import AIRFLOW_SHORT_PLANS, AirflowPlan, AirflowRuns
 from tests.soak.checker import CLI_LOST, Answer, Violation, judge, offsets_judged, open_transactions, told, truth
@@ -845,9 +846,9 @@ class Soak:
         proc, err = self.spawn([*argv, "--pause-after-decision"])
         self.wait_for(proc, err, "paused", 120)
         deadline = time.monotonic() + 30
-        while proc.poll() is None and not _stopped(proc.pid) and time.monotonic() < deadline:
+        while proc.poll() is None and not stopped(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
-        if proc.poll() is None and _stopped(proc.pid):
+        if proc.poll() is None and stopped(proc.pid):
             self.inject(r, kind, "after-decision")
             self.paused.append((r, proc, err, len(self.runs)))
         else:  # it never reached its decision (a broker fault in its way): the retry is the commit
@@ -1041,15 +1042,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if violations else 0
-
-
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP), by its state in /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
 
 
 def enough(spec: str) -> tuple[int, int] | None:
