@@ -92,9 +92,17 @@ def _wait_for_executors(session: Any, n: int, timeout_s: float = 120) -> None:
         status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
+def _get_json(url: str, timeout_s: float = 120) -> Any:
+    """The driver UI's answer, waited for: on a loaded machine its REST API answered a request after
+    more than 10 s (seen in a full run), so a request that times out is asked again until the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return json.load(r)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def _tasks_of_group(session: Any, group: str, successes: int, timeout_s: float = 30) -> list[dict[str, Any]]:
