@@ -109,3 +109,51 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert listed.returncode == 0, listed.stdout + listed.stderr
+
+
+def _history_keys(config: dict[str, str], topic: str) -> list[bytes]:
+    """Every key partition 1 (the history) holds now, raw, in offset order."""
+    return [e.key for e in DecisionLog(config, topic=topic).scan(None, 1)]
+
+
+def test_the_cleaner_keeps_a_committed_run_committed_after_a_late_lost_that_nobody_settled(kafka: KafkaEnv) -> None:
+    """A zombie's LOST lands after the run's COMMITTED and its writer dies before it reads again;
+    nobody reads the run; the log cleaner compacts both partitions. One key per run kept LOST alone;
+    one history key per rank keeps both, and every reader still finds the run COMMITTED: a reader of
+    partition 0 alone meets the LOST copy, reads the run's history, and settles the copy."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+
+    topic, prefix, run = _new("decisions_cmp"), _new("cmp"), "run-1"
+    log = DecisionLog(kafka.config, topic=topic)
+    log.ensure_topic()
+    quick = {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"}
+    admin = AdminClient(kafka.config)
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in quick.items()]
+    resource = ConfigResource("TOPIC", topic, incremental_configs=entries)
+    for f in admin.incremental_alter_configs([resource]).values():
+        f.result(30)
+    committed = RunRecord(prefix, run, RunStatus.COMMITTED, 2, 200, 1)
+    lost = RunRecord(prefix, run, RunStatus.LOST, 2, 200, 2, note="the zombie's")
+    log.append([(committed.key, committed.to_json())])
+    log.append([(committed.key, committed.to_json())])  # a second writer of the same record: compacted away
+    log.append([(lost.key, lost.to_json())])  # the zombie's, never settled: it died here
+    first = _history_keys(kafka.config, topic)
+    assert len(first) == 3 and first[0] == first[1] != first[2]
+    # Segments roll on the next append after segment.ms; the cleaner compacts the closed ones.
+    deadline = time.monotonic() + 240
+    filler = 0
+    while len([k for k in _history_keys(kafka.config, topic) if k == first[0]]) > 1:
+        assert time.monotonic() < deadline, "the log cleaner did not compact the history"
+        filler += 1
+        other = RunRecord(prefix, f"filler-{filler}", RunStatus.COMMITTED, 1, 1, 3)
+        log.append([(other.key, other.to_json())])
+        time.sleep(0.5)
+    assert first[2] in _history_keys(kafka.config, topic)  # the zombie's LOST stays, under its own key
+    fresh = DecisionLog(kafka.config, topic=topic)
+    assert fresh.read_for(prefix, run).runs[(prefix, run)].status is RunStatus.COMMITTED
+    protocol_only = DecisionLog(kafka.config, topic=topic).read_for(prefix)  # recovery's read
+    assert (prefix, run) not in protocol_only.runs or protocol_only.runs[(prefix, run)].status is RunStatus.COMMITTED
+    # Settled: partition 0's LOST copy is tombstoned, so recovery meets no loss without the history.
+    assert (prefix, run) not in DecisionLog(kafka.config, topic=topic).read(history=frozenset()).runs

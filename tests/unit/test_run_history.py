@@ -1,15 +1,17 @@
-"""A run's record in effect is derived from the ordered log, and a late record cannot overturn it
-(``txn.protocol.run_history``, DESIGN §15)."""
+"""A run's record in effect is the highest-ranked of the records read, in any order, so that neither a
+late record nor compaction can overturn it (``txn.protocol.run_history``, DESIGN §15)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
 from airflow_provider_kafka2pc.txn.protocol.decisions import replay
 from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
 from airflow_provider_kafka2pc.txn.protocol.records import Entry, Repair, RunRecord, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.run_history import history_key
 from airflow_provider_kafka2pc.txn.two_phase.recovery import acknowledge_loss
 from tests.unit.fakes import MemoryDecisionLog
 from tests.unit.test_repair_rules import LOST_RUN, _repair
@@ -36,18 +38,51 @@ def _entries(*records: tuple[int, RunRecord | None]) -> list[Entry]:
         ((LOST_RUN, REPAIRED, ACKED), RunStatus.REPAIRED, True),
         ((LOST_RUN, LOST_AGAIN, LOST_RUN), RunStatus.LOST, True),  # generation 0 after generation 1
         ((LOST_RUN, LOST_AGAIN, REPAIRED), RunStatus.REPAIRED, False),
-        ((LOST_RUN, COMMITTED, COMMITTED), RunStatus.LOST, True),
+        # Written only on proof that every transaction committed: against a LOST, it is the fact.
+        ((LOST_RUN, COMMITTED, COMMITTED), RunStatus.COMMITTED, False),
         ((LOST_RUN, LOST_AGAIN, ACKED), RunStatus.LOST, True),  # an acknowledgement of the earlier loss: stale
         ((LOST_RUN, ACKED, LOST_AGAIN), RunStatus.LOST, False),  # a repair decided before it lost again
         ((LOST_RUN,), RunStatus.LOST, False),
     ],
 )
-def test_the_first_final_record_holds_whatever_comes_later(
+def test_the_highest_ranked_record_holds_whatever_comes_later(
     order: tuple[RunRecord, ...], expected: RunStatus, late: bool
 ) -> None:
     state = replay(_entries(*((1, r) for r in order)))
     assert state.runs[("orders", LOST_RUN.run)].status is expected
     assert bool(state.overruled) is late
+
+
+RECORDS = (LOST_RUN, ACKED, LOST_AGAIN, REPAIRED, COMMITTED)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_the_record_in_effect_is_the_same_in_every_order_in_the_history(size: int) -> None:
+    """Compaction keeps each history key's latest value and drops the rest, and the order of what is
+    left is not the order of writing: the record in effect depends on neither."""
+    for chosen in itertools.combinations(RECORDS, size):
+        results = set()
+        for order in itertools.permutations(chosen):
+            entries = [Entry(i, i, history_key(r.key, r.to_json()), r.to_json(), 1) for i, r in enumerate(order)]
+            state = replay(entries)
+            results.add(state.runs[("orders", LOST_RUN.run)].to_json())
+            assert not state.overruled  # every rank under a key of its own: nothing to settle
+        assert len(results) == 1, chosen
+
+
+def test_a_late_record_and_compaction_leave_the_truth_in_the_history() -> None:
+    """The zombie of issue 46, killed before it could settle, then the cleaner: under one key per
+    run it kept LOST alone; under one key per rank both stay, and COMMITTED holds. Partition 0's
+    copy, which is LOST, is overruled and settled by the next reader of the history."""
+    written = [(1, COMMITTED), (0, LOST_RUN), (1, LOST_RUN), (1, COMMITTED)]  # the last: a retry's
+    latest: dict[tuple[int, bytes], Entry] = {}
+    for i, (p, r) in enumerate(written):
+        key = history_key(r.key, r.to_json()) if p == 1 else r.key
+        latest[(p, key)] = Entry(i, i, key, r.to_json(), p)
+    compacted = sorted(latest.values(), key=lambda e: (e.partition, e.offset))
+    state = replay(compacted)
+    assert state.runs[("orders", LOST_RUN.run)].status is RunStatus.COMMITTED
+    assert state.overruled == {("orders", LOST_RUN.run): RunStatus.LOST}  # partition 0's copy
 
 
 def test_lost_again_keeps_the_later_generation_not_a_stale_first_one() -> None:

@@ -44,6 +44,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     RunStatus,
     run_key,
 )
+from airflow_provider_kafka2pc.txn.protocol.run_history import history_key, run_key_of
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,9 @@ class DecisionLog(DecisionTopic):
                             f"{MAX_RECORD_BYTES}: commit fewer Spark partitions per run (coalesce the DataFrame)"
                         )
                     partition = HISTORY_PARTITION if batch is history else 0
-                    self._produce(producer, key, value, partition, on_delivery(i))
+                    # One history key per run, status and generation: compaction keeps every rank.
+                    at = history_key(key, value) if batch is history and value is not None else key
+                    self._produce(producer, at, value, partition, on_delivery(i))
                     if batch is history and value is not None and not is_committed(value):
                         # LOST / ACKNOWLEDGED runs also live in the protocol's partition: recovery meets them.
                         self._produce(producer, key, value, 0, _extra)
@@ -286,13 +289,22 @@ class DecisionLog(DecisionTopic):
             self.ensure_topic()  # knows how many partitions there are
             if history is None:
                 history = frozenset() if keep_run is _no_runs else "all"
-            entries: Iterable[Entry] = self.scan(until)
-            if history and self._partitions > 1:
-                keys = None if history == "all" else frozenset(history)
-                entries = itertools.chain(entries, self.scan(None, HISTORY_PARTITION, keys))
-            state = replay(entries, keep_run)
+            state = self._replay(until, keep_run, history)
+            if history != "all" and self._partitions > 1:
+                # A loss kept from partition 0 alone may be a stale writer's copy: its history decides.
+                unread = {run_key(*k) for k, rec in state.runs.items() if rec.status is RunStatus.LOST} - set(history)
+                if unread:
+                    history = frozenset(history) | unread
+                    state = self._replay(until, keep_run, history)
         self.settle(state, history if self._partitions > 1 else "all")
         return state
+
+    def _replay(self, until: int | None, keep_run: KeepRun | None, history: History) -> LogState:
+        entries: Iterable[Entry] = self.scan(until)
+        if history and self._partitions > 1:
+            keys = None if history == "all" else frozenset(history)
+            entries = itertools.chain(entries, self.scan(None, HISTORY_PARTITION, keys))
+        return replay(entries, keep_run)
 
     def settle(self, state: LogState, history: History = "all") -> None:
         """Append again each run's record in effect whose key's latest value is a record that came too
@@ -408,7 +420,7 @@ class DecisionLog(DecisionTopic):
                         if offset > last:
                             return
                         key = msg.key() or b""
-                        if keys is None or key in keys:
+                        if keys is None or run_key_of(key) in keys:
                             yield Entry(offset, msg.timestamp()[1], key, msg.value(), partition)
                         if offset == last:
                             return

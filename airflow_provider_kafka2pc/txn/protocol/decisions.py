@@ -191,7 +191,7 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             state.end_offset = max(state.end_offset, e.offset)
             state.broker_time_ms = max(state.broker_time_ms, e.timestamp_ms)
         key = e.key
-        if key.startswith(RUN_KEY.encode()):  # first final wins: a late record changes nothing
+        if key.startswith(RUN_KEY.encode()):  # the highest rank holds: a late record changes nothing
             history.add(e)
             continue
         if key.startswith(LEASE_KEY.encode()):
@@ -231,7 +231,7 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         latest.pop(key, None)
         if e.value is not None:
             latest[key] = e
-    state.runs, state.overruled = history.runs(keep_run), history.overruled
+    state.runs, state.overruled = history.runs(keep_run), history.overruled()
     state.acknowledged_at = history.acknowledged_at
     for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
         assert e.value is not None

@@ -1,28 +1,33 @@
-"""A run's record, derived from the ordered log so that a late record cannot overturn it (DESIGN §15).
+"""A run's record, derived from every record the log holds for it, in any order, so that neither a
+late record nor compaction can overturn it (DESIGN §15).
 
 A run record says what became of one exporter's run once its decision was final. It used to be
 the latest value of its key; a stale writer (a commit that paused after its decision and came back
 after a retry elsewhere finished the run) could then replace COMMITTED with LOST, and every tool
-told the false story from then on. Now a record takes effect only if it may follow the one in
-effect, in log order:
+told the false story from then on. Now every record has a rank, and the run's record is the
+highest-ranked one read:
 
-- nothing yet, or DECIDED (0.1.0's run mark) → anything;
-- LOST → ACKNOWLEDGED of the same repair generation (an acknowledgement of an earlier loss is
-  stale), REPAIRED, or LOST again by a later repair generation (a repair that lost part of what it
-  exported again);
-- ACKNOWLEDGED → REPAIRED or LOST of a later generation: the end of a repair decided before the
-  acknowledgement (``acknowledge_loss`` reads again after its append and says its acknowledgement
-  is void; a repair decided after it is void, ``decisions._rule``);
-- COMMITTED, REPAIRED → nothing: they are final.
+    DECIDED (0.1.0's run mark) < LOST of generation g < ACKNOWLEDGED of g < LOST of g + 1 < …
+        < COMMITTED < REPAIRED
 
-A record of the same status and generation as the one in effect replaces it, as the latest value
-did before (two actors finishing one decision write it twice; the settle step writes it again).
+- an acknowledgement outranks the loss it acknowledges, and a repair's later loss outranks an
+  acknowledgement of an earlier one (a repair decided before the acknowledgement ends; one decided
+  after it is void, ``decisions._rule``);
+- COMMITTED and REPAIRED are final. A COMMITTED record is written only on proof that every
+  transaction committed, a LOST one only on proof that one did not (``two_phase.loss_proof``), so a
+  run never has both but from a stale writer, and then COMMITTED is the fact.
 
-Any other record is *overruled*: it changes nothing, and its writer, which re-reads after its
-append, appends the record in effect again so that compaction (which keeps a key's latest value)
-keeps the truth. Partition 1 (the history) holds every run record ever written; partition 0 holds
-copies of the ones recovery must meet (not COMMITTED). Where a key was read from both, the
-history's order decides: the two partitions have no order between them.
+A record of the same status and generation replaces the one in effect (two actors finishing one
+decision write it twice). A lower-ranked record read after a higher one is *overruled*: it changes
+nothing, and its reader appends the record in effect again (``DecisionLog.settle``) for readers of
+partition 0 alone.
+
+Partition 1 (the history) holds every run record ever written under one key per run, status and
+generation (``history_key``), so compaction, which keeps a key's latest value, keeps every rank:
+the order of the records never matters, and nothing a stale writer appends can remove the truth.
+Partition 0 holds copies of the records recovery must meet (not COMMITTED), one key per run; where
+a run was read from both, the history decides. A one-partition topic (0.1.0's layout) holds one
+key per run and relies on the settle step.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from airflow_provider_kafka2pc.txn.protocol.records import RUN_KEY, Entry, RunRe
 
 HISTORY = 1  # the decision topic's partition of finished runs' records
 FINAL = frozenset({RunStatus.COMMITTED, RunStatus.REPAIRED, RunStatus.ACKNOWLEDGED})
+# Between a run key and its status and generation in the history's keys: no run id or prefix holds it.
+_RANKED = b"\x00"
+_TOP = {RunStatus.COMMITTED: 0, RunStatus.REPAIRED: 1}
 
 
 @dataclass(frozen=True)
@@ -52,18 +60,29 @@ def status_of(raw: bytes) -> tuple[RunStatus, int]:
     return RunStatus(d.get("status", RunStatus.DECIDED.value)), int(repair.get("generation", 0))
 
 
+def rank(status: RunStatus, generation: int) -> tuple[int, int, int]:
+    """The order of run records (module docstring): the highest read is the run's record."""
+    if status in _TOP:
+        return (2, 0, _TOP[status])
+    if status is RunStatus.DECIDED:
+        return (0, 0, 0)
+    return (1, generation, 1 if status is RunStatus.ACKNOWLEDGED else 0)
+
+
 def may_follow(before: tuple[RunStatus, int] | None, after: tuple[RunStatus, int]) -> bool:
     """Whether a run record of ``after`` (status, generation) takes effect over ``before``."""
-    if before is None or before[0] is RunStatus.DECIDED:
-        return True
-    status, generation = before
-    if status is RunStatus.LOST:
-        if after[0] is RunStatus.ACKNOWLEDGED:
-            return after[1] == generation  # an acknowledgement of this loss, not of an earlier one
-        return after[0] is RunStatus.REPAIRED or (after[0] is RunStatus.LOST and after[1] > generation)
-    if status is RunStatus.ACKNOWLEDGED:  # a repair decided before the acknowledgement ends
-        return after[0] is RunStatus.REPAIRED or (after[0] is RunStatus.LOST and after[1] > generation)
-    return False
+    return before is None or rank(*after) > rank(*before)
+
+
+def history_key(key: bytes, value: bytes) -> bytes:
+    """A run record's key in the history: its run key, status and generation (one key per rank)."""
+    status, generation = status_of(value)
+    return key + _RANKED + f"{status.value}.{generation}".encode()
+
+
+def run_key_of(key: bytes) -> bytes:
+    """The run key of a run record's key, in either partition."""
+    return key.partition(_RANKED)[0]
 
 
 @dataclass
@@ -71,33 +90,50 @@ class RunHistory:
     """Folds run records as they are read; ``runs`` gives each run's record in effect."""
 
     _in_effect: dict[tuple[str, str], _InEffect] = field(default_factory=dict)
-    # Runs whose latest record came too late to take effect, (prefix, run) -> its status: until the
-    # record in effect is appended again, compaction would keep the overruled one.
-    overruled: dict[tuple[str, str], RunStatus] = field(default_factory=dict)
+    # What compaction would leave under a run's one key: partition 0's latest copy (None: a
+    # tombstone), and the history's latest value of a 0.x key (one key per run there too).
+    _latest: dict[tuple[int, tuple[str, str]], tuple[RunStatus, int] | None] = field(default_factory=dict)
+    # The ranks the history holds under keys of their own (``history_key``): compaction keeps them.
+    _ranked: dict[tuple[str, str], set[tuple[RunStatus, int]]] = field(default_factory=dict)
     # Where in partition 0 (the decisions' order) each run's loss was acknowledged: a repair decided
     # after that is void.
     acknowledged_at: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, e: Entry) -> None:
-        prefix, _, run = e.key[len(RUN_KEY) :].decode().partition(":")
+        plain = run_key_of(e.key)
+        prefix, _, run = plain[len(RUN_KEY) :].decode().partition(":")
         key = (prefix, run)
+        ranked = e.partition == HISTORY and plain != e.key
+        got = None if e.value is None else status_of(e.value)
+        if ranked and got is not None:
+            self._ranked.setdefault(key, set()).add(got)
+        else:
+            self._latest[(e.partition, key)] = got
         now = self._in_effect.get(key)
         if now is not None and e.partition == HISTORY and now.partition != HISTORY:
-            now = None  # the history holds every record of the run, in its own order: it decides
-            self.overruled.pop(key, None)
-        if e.value is None:  # a tombstone: as after compaction, nothing of the key is left there
+            now = None  # the history holds every record of the run: it decides
+        if got is None:  # a tombstone: as after compaction, nothing of the key is left there
             self._in_effect.pop(key, None)
-            self.overruled.pop(key, None)
             return
-        status, generation = status_of(e.value)
-        same = now is not None and (status, generation) == (now.status, now.generation)
-        if now is not None and not same and not may_follow((now.status, now.generation), (status, generation)):
-            self.overruled[key] = status  # the key's latest value is not the truth: settle it
-            return
-        self._in_effect[key] = _InEffect(e.partition, status, generation, e.value)
-        self.overruled.pop(key, None)
-        if status is RunStatus.ACKNOWLEDGED and e.partition != HISTORY:
+        if now is None or got == (now.status, now.generation) or may_follow((now.status, now.generation), got):
+            self._in_effect[key] = _InEffect(e.partition, got[0], got[1], e.value or b"")
+        if got[0] is RunStatus.ACKNOWLEDGED and e.partition != HISTORY:
             self.acknowledged_at.setdefault(key, e.offset)
+
+    def overruled(self) -> dict[tuple[str, str], RunStatus]:
+        """Runs whose record in effect compaction could lose, (prefix, run) -> the status of the late
+        record a key would keep instead: partition 0's latest copy ranks below the record in effect
+        (a COMMITTED run keeps no copy there), or a 0.x history key's latest value does and no key
+        of its own holds the record. Appending the record again settles them (``DecisionLog.settle``)."""
+        out: dict[tuple[str, str], RunStatus] = {}
+        for (partition, key), latest in self._latest.items():
+            now = self._in_effect.get(key)
+            if now is None or latest is None or latest == (now.status, now.generation):
+                continue
+            held = (now.status, now.generation) in self._ranked.get(key, set())
+            if rank(*latest) < rank(now.status, now.generation) and (partition != HISTORY or not held):
+                out[key] = latest[0]
+        return out
 
     def runs(self, keep_run: Callable[[str, str, bytes], bool] | None) -> dict[tuple[str, str], RunRecord]:
         return {
@@ -107,4 +143,4 @@ class RunHistory:
         }
 
 
-__all__ = ["FINAL", "HISTORY", "RunHistory", "may_follow", "status_of"]
+__all__ = ["FINAL", "HISTORY", "RunHistory", "history_key", "may_follow", "rank", "run_key_of", "status_of"]
