@@ -67,6 +67,12 @@ KINDS = (
     # next run has committed on the same ids (new epochs): the zombie must change nothing (DESIGN §15).
     "pause_commit",
     "pause_abort",  # the same for the abort task after a failed prepare: its retry aborts, it resumes a run later
+    # SIGSTOP of the raw prepare inside its open transactions: the run fails, its abort fences the ids,
+    # the next run takes them; SIGCONT then: the fenced prepare fails, nothing of it becomes visible.
+    "pause_prepare",
+    # A recovery that decides ABORT for the paused (or killed) prepare's transactions, paused after its
+    # decision; the abort task finishes; it resumes a run later and must change nothing.
+    "pause_recover",
 )
 EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
 # A commit struck by a leader kill gets either the soak's short budgets (the decision log gives up
@@ -86,7 +92,7 @@ class Plan:
 
     kill_recover: bool = False
     spark: bool = False  # prepare with the real Spark job and SIGKILL one of its Python workers
-    kill_prepare: str = ""  # "" | "abort" (then the abort task) | "retry" (the task's retry)
+    kill_prepare: str = ""  # "" | "abort" (then the abort task) | "retry" (the task's retry) | "pause" (SIGSTOP)
     kill_abort: bool = False  # only after kill_prepare == "abort"
     broker_in_prepare: bool = False
     resolve_in: str = ""  # "" | "prepare" | "commit"
@@ -96,6 +102,7 @@ class Plan:
     clear: str = ""  # "" | "commit" | "run"
     pause_commit: bool = False  # the plain commit's first try paused after its decision, resumed a run later
     pause_abort: bool = False  # the abort task's first try, likewise (only where the abort is not killed)
+    pause_recover: bool = False  # a recovery after the failed prepare, paused after its ABORT decision
     leader_kill: str = ""  # phases ("recover,prepare,commit") when the decision topic's leader is killed
     leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
     # A Kafka-sourced export (the raw prepare only: the Spark actor exports a frame of its own): it
@@ -113,7 +120,7 @@ class Plan:
         r = rng.random
         # Odds chosen so that 300 runs strike every kind 50 times or more (the rarest, the Spark worker
         # kill and the timeouts, which exclude each other, about 85); --enough stops once they have.
-        kill_prepare = "abort" if (x := r()) < 0.35 else "retry" if x < 0.47 else ""
+        kill_prepare = "abort" if (x := r()) < 0.35 else "retry" if x < 0.47 else "pause" if x < 0.6 else ""
         commit_end = rng.choices(["", "kill_after_decision", "timeout", "timeout_after_decision"], [3, 8, 5, 4])[0]
         return cls(
             kill_recover=r() < 0.4,
@@ -129,7 +136,8 @@ class Plan:
             broker_in_commit=r() < 0.4,
             clear=rng.choice(["commit", "run"]) if r() < 0.35 else "",
             pause_commit=commit_end == "" and r() < 0.9,
-            pause_abort=kill_prepare == "abort" and r() < 0.5,
+            pause_abort=kill_prepare in ("abort", "pause") and r() < 0.5,
+            pause_recover=kill_prepare == "pause" or (kill_prepare == "abort" and r() < 0.1),
             # A leader kill in about half the runs per phase (the commit's wherever a commit follows):
             # each of the three kinds strikes about 50 times in 100 runs.
             leader_kill=",".join(
@@ -156,6 +164,7 @@ SHORT_PLANS = (
     Plan(commit_end="kill_after_decision", clear="commit", leader_kill="recover", source=True),
     Plan(broker_in_commit=True, resolve_in="commit", source=True, pause_commit=True),
     Plan(kill_prepare="abort", pause_abort=True, source=True),
+    Plan(kill_prepare="pause", pause_recover=True, source=True),
     Plan(commit_end="timeout", source=True),
     Plan(commit_end="timeout_after_decision", source=True),
     Plan(commit_end="timeout_after_decision"),  # not sourced: nothing keeps its repair from the output
@@ -278,8 +287,9 @@ class Soak:
         self.leader_outcomes: Counter[str] = Counter()  # how the actor struck by a leader kill ended
         self._admin: Any = None
         self._source_producer: Any = None
-        # Actors paused after their decision (SIGSTOP), each with its run and the run after which it resumes.
-        self.paused: list[tuple[Run, subprocess.Popen[str], Path, int]] = []
+        # Paused actors (SIGSTOP), each with its run, the run after which it resumes, and whether it
+        # must then end well (a commit, an abort, a recovery) or fail (a fenced prepare).
+        self.paused: list[tuple[Run, subprocess.Popen[str], Path, int, bool]] = []
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -653,6 +663,8 @@ class Soak:
                 self.inject(r, "kill_abort", "after-decision" if "decided" in err.read_text() else "before-decision")
             self.kill(proc)
         else:
+            if plan.pause_recover:  # the next run's recovery sensor, or a user's `kafka2pc recover`, came first
+                self.pause(r, self.cmd("recover", "--run", f"{r.run}/recover"), "pause_recover")
             if plan.pause_abort:
                 self.pause(r, abort, "pause_abort")
             self.call(abort)  # with a paused first try: its retry
@@ -720,11 +732,14 @@ class Soak:
         if faults and plan.kill_prepare:
             # Inside its open transactions (always when its abort is to be struck or paused too: a prepare killed
             # before it opened anything leaves its abort nothing to do), else at any moment.
-            if plan.kill_abort or plan.pause_abort or self.rng.random() < 0.75:
+            if plan.kill_abort or plan.pause_abort or plan.pause_recover or self.rng.random() < 0.75:
                 self.wait_for(proc, err, "holding", 60)
                 time.sleep(self.rng.uniform(0.0, 1.0))
             else:  # at any moment, its start included
                 time.sleep(self.rng.uniform(0.3, 2.5))
+            if plan.kill_prepare == "pause" and proc.poll() is None:
+                self.freeze(r, proc, err, "pause_prepare", "in-transactions", ends_well=False)
+                return [], False  # the task failed by heartbeat: what it wrote is its abort's to end
             if proc.poll() is None:
                 self.inject(r, "kill_prepare", plan.kill_prepare)
             self.kill(proc)
@@ -850,16 +865,26 @@ class Soak:
             time.sleep(0.01)
         if proc.poll() is None and stopped(proc.pid):
             self.inject(r, kind, "after-decision")
-            self.paused.append((r, proc, err, len(self.runs)))
+            self.paused.append((r, proc, err, len(self.runs), True))
         else:  # it never reached its decision (a broker fault in its way): the retry is the commit
             r.notes.append(f"the {kind} actor ended first: {err.read_text().strip().splitlines()[-1:]}")
             self.kill(proc)
+
+    def freeze(self, r: Run, proc: subprocess.Popen[str], err: Path, kind: str, variant: str, ends_well: bool) -> None:
+        """SIGSTOP of a running actor's process group, from outside; it resumes a run later."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and not stopped(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.inject(r, kind, variant)
+        self.paused.append((r, proc, err, len(self.runs), ends_well))
 
     def resume_paused(self, after: int | None = None) -> None:
         """SIGCONT the paused actors whose next run has ended (all, with ``after`` None): each must end
         well and write nothing that changes what happened (the truth check follows)."""
         for item in list(self.paused):
-            r, proc, err, index = item
+            r, proc, err, index, ends_well = item
             if after is not None and index > after:
                 continue
             self.paused.remove(item)
@@ -872,7 +897,7 @@ class Soak:
                 code = -9
             said = err.read_text().strip().splitlines()
             r.notes.append(f"the paused actor resumed after {len(self.runs) - index} run(s): exit {code}")
-            if code != 0:
+            if (code == 0) != ends_well:
                 self.broken.append(Violation(r.run, f"its paused actor, resumed later, exit {code}: {said[-3:]}"))
             if after is None:  # at the end; otherwise the check after the run under way follows at once
                 self.check_truth(f"after the paused actor of {r.run} resumed")

@@ -32,7 +32,8 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
                                        # the decision topic's leader SIGKILLed as a commit, a recovery, a prepare starts
                                        "leader_kill_commit:start", "leader_kill_recover:start",
                                        "leader_kill_prepare:start", "pause_commit:after-decision",
-                                       "pause_abort:after-decision",
+                                       "pause_abort:after-decision", "pause_prepare:in-transactions",
+                                       "pause_recover:after-decision",
                                        # the Airflow runs: task kills, REST clears, Spark and broker faults
                                        "kill_recover:airflow", "kill_prepare:airflow", "kill_commit:airflow",
                                        "clear:airflow-run", "clear:airflow-prepare-running",
