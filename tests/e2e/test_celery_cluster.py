@@ -3,25 +3,33 @@ scheduler and dag-processor on host ``airflow``, the triggerer on ``trigger``, C
 ``worker1`` (the prepare's queue) and ``worker2`` (the commit's), a broker on ``kafka1``; PostgreSQL
 and Redis on the bridge. The example DAG, unchanged, runs through the Celery executor with its
 prepare on one host and its commit on another; the e2e DAG's commit (held after its decision)
-survives its host dying there. Judged by a read_committed consumer and the transactions left open.
+survives its host dying there, and its host frozen there and coming back after the next run.
+Judged by a read_committed consumer and the transactions left open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
+import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_provider_kafka2pc.operators.payload import ExportPayload
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
-from airflow_provider_kafka2pc.txn.protocol.records import Kind
+from airflow_provider_kafka2pc.txn.protocol.records import Kind, RunStatus
 from tests.helpers import netns
+from tests.helpers.actors import stopped
 from tests.helpers.airflow_cluster import ROUTES, WORKERS, CeleryAirflow
 from tests.helpers.airflow_dagtest import kafka2pc_connection
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_on_hosts
@@ -36,7 +44,7 @@ SCHEDULED = "e2e_kafka2pc_scheduled"
 E2E_PREFIX = "celery_e2e"
 PREFIX = "kafka2pc_example.orders"  # the example's transactional id prefix
 TOPIC = "kafka2pc_example_orders"
-HOSTS = ("airflow", "trigger", "worker1", "worker2", "worker3", "kafka1")
+HOSTS = ("airflow", "trigger", "worker1", "worker2", "worker3", "worker4", "kafka1")
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +182,112 @@ def _wait_task(af: CeleryAirflow, dag_id: str, run_id: str, task: str, state: st
         assert time.monotonic() < deadline, af.task_states(dag_id, run_id)
         assert af.run_state(dag_id, run_id) not in ("success", "failed"), af.task_states(dag_id, run_id)
         time.sleep(0.5)
+
+
+def _commit_hosts(af: CeleryAirflow) -> list[str]:
+    return sorted(h for h, queues in af.workers.items() if ROUTES["commit"] in queues)
+
+
+def _paused_commit(af: CeleryAirflow, run_id: str, hosts: list[str]) -> tuple[str, int]:
+    """The host and pid of the commit try that stopped itself after its decision (decided_then_pause)."""
+    deadline = time.monotonic() + 600
+    while True:
+        for host in hosts:
+            for pid in af.network.pids(host):
+                if stopped(pid):
+                    return host, pid
+        assert time.monotonic() < deadline, af.task_states(E2E_DAG, run_id)
+        assert af.run_state(E2E_DAG, run_id) not in ("success", "failed"), af.task_states(E2E_DAG, run_id)
+        time.sleep(0.2)
+
+
+def _transactional_ids(af: CeleryAirflow, run_id: str) -> set[str]:
+    payload = ExportPayload.from_xcom(af.xcom(E2E_DAG, run_id, "prepare"), "prepare")
+    return {c.transactional_id for c in payload.committables}
+
+
+def _signal_host(af: CeleryAirflow, host: str, sig: signal.Signals, but: int = 0) -> None:
+    for pid in af.network.pids(host):
+        if pid != but:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def test_a_commit_frozen_after_its_decision_comes_back_after_the_next_run_and_changes_nothing(
+    airflow: CeleryAirflow, host_kafka: KafkaEnv, tmp_path: Path
+) -> None:
+    """Issue 46's scenario. The commit's first try stops right after its COMMIT is read back, and
+    its whole host freezes (every process stopped, every packet dropped: a paused VM behind a
+    partition). Airflow fails the try by heartbeat and retries it on another host, which commits;
+    the next run reuses the transactional ids under new epochs. Then the host's network comes back
+    and the old commit alone resumes, holding what it read before the freeze: it finds the run
+    committed by another process and changes nothing. Kafka shows each run once, nothing open, the
+    run's record stays COMMITTED, ``kafka2pc list`` exits 0, and a clear of the run's export
+    exports nothing."""
+    rows, later, partitions, topic = 100_000, 8_000, 4, airflow.env["E2E_TOPIC"]
+    started = ""  # a second host serving the commit's queue, started here and stopped at the end
+    if len(_commit_hosts(airflow)) < 2:
+        started = next(h for h in ("worker3", "worker4") if h not in airflow.workers)
+        airflow.start_worker(started, WORKERS["worker2"])
+    out = tmp_path / "zombie.json"
+    conf = {"tag": "zombie", "rows": rows, "partitions": partitions, "fault": "decided_then_pause"}
+    run_id = airflow.trigger(E2E_DAG, {**conf, "zombie_out": str(out)})
+    frozen, zombie = "", 0
+    try:
+        frozen, zombie = _paused_commit(airflow, run_id, _commit_hosts(airflow))
+        # Every transaction open, the decision in the log: the freeze lands between the two.
+        assert len(host_kafka.open_transactions(E2E_PREFIX)) == partitions
+        _wait_task(airflow, E2E_DAG, run_id, "abort", "skipped")  # not reserved by the host about to freeze
+        airflow.network.black_hole(frozen)
+        _signal_host(airflow, frozen, signal.SIGSTOP)
+        assert airflow.wait_run(E2E_DAG, run_id, timeout=600) == "success", airflow.task_states(E2E_DAG, run_id)
+        tries = _hosts(airflow, run_id, "commit", E2E_DAG)
+        assert tries[0][0] == frozen and tries[0][1] != "success", tries
+        assert tries[-1][0] != frozen and tries[-1][1] == "success", tries
+        # The next run takes the same transactional ids: the frozen commit's epochs are fenced now.
+        nxt = airflow.trigger(E2E_DAG, {"tag": "zombienext", "rows": later, "partitions": partitions, "fault": ""})
+        assert airflow.wait_run(E2E_DAG, nxt, timeout=600) == "success", airflow.task_states(E2E_DAG, nxt)
+        ids = [_transactional_ids(airflow, r) for r in (run_id, nxt)]
+        assert ids[0] == ids[1], ids
+        # The network comes back; the old commit alone resumes (its host's supervisor stays frozen,
+        # so nothing stops it first) and runs to its end.
+        airflow.network.end_black_hole(frozen)
+        os.kill(zombie, signal.SIGCONT)
+        deadline = time.monotonic() + 300
+        while not out.exists():
+            assert time.monotonic() < deadline and not stopped(zombie), "the resumed commit did not end"
+            time.sleep(0.2)
+        said = json.loads(out.read_text())
+        assert said == {"verdicts": {"COMMITTED": partitions}, "committed": True, "note": said["note"]}, said
+    finally:
+        if frozen:
+            airflow.network.end_black_hole(frozen)
+            _signal_host(airflow, frozen, signal.SIGCONT)
+    for tag, n in (("zombie-", rows), ("zombienext-", later)):
+        keys = [r.key for r in host_kafka.read_committed(topic) if r.key and r.key.startswith(tag.encode())]
+        assert (len(keys), len(set(keys))) == (n, n), tag
+    assert host_kafka.open_transactions(E2E_PREFIX) == []
+    log = DecisionLog(host_kafka.config)
+    try:
+        state = log.read()  # every run record: the run's own is in the history
+    finally:
+        log.close()
+    records = {r: rec.status for (p, r), rec in state.runs.items() if p == E2E_PREFIX and run_id in r}
+    assert list(records.values()) == [RunStatus.COMMITTED], records
+    listed = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "list", "--prefix", E2E_PREFIX, "--json",
+         "--bootstrap-servers", host_kafka.bootstrap],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # The user's usual next step after a scare: clear the run's export. It exports nothing.
+    airflow.clear_tasks(E2E_DAG, run_id, ["prepare"], include_downstream=True)
+    assert airflow.wait_run(E2E_DAG, run_id, timeout=600) == "success", airflow.task_states(E2E_DAG, run_id)
+    keys = [r.key for r in host_kafka.read_committed(topic) if r.key and r.key.startswith(b"zombie-")]
+    assert (len(keys), len(set(keys))) == (rows, rows)
+    assert host_kafka.open_transactions(E2E_PREFIX) == []
+    if started:
+        airflow.kill_host(started)  # the module's other tests find the workers they expect
 
 
 def test_the_triggerer_host_killed_while_recovery_waits_hands_the_wait_to_another_triggerer(

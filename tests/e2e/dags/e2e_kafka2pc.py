@@ -6,7 +6,8 @@ E2E_TOPIC, E2E_PREFIX, E2E_FAULT (see FAULTS), E2E_DEFERRABLE, E2E_COMMIT_RETRIE
 materialize=False), E2E_CONN_ID (the kafka2pc connection; default kafka2pc_default). The run's
 conf gives ``tag`` (key prefix of its records), ``rows`` and ``partitions``, and may give
 ``fault`` to override E2E_FAULT for that run only (one long-lived Airflow, different scenarios per
-run), ``gate`` (the file the commit_waits fault waits for), ``sleep_s`` (the first row of
+run), ``gate`` (the file the commit_waits fault waits for), ``zombie_out`` (where the
+decided_then_pause fault's commit writes what it ended with once resumed), ``sleep_s`` (the first row of
 partition 0 sleeps that long inside the Spark job: a slow prepare with transactions open, so not
 materialized first), ``compute_ms`` (the first row of every partition sleeps that long in the JVM:
 a slow source, computed before any transaction opens unless E2E_MATERIALIZE=0) and
@@ -24,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG
+from airflow.sdk import DAG, get_current_context
 
 from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.operators.commit import Kafka2PCAbortOperator, Kafka2PCCommitOperator
@@ -43,7 +45,10 @@ from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 # decided_then_die: first try of commit: decide, then die before any EndTxn.
 # decided_then_hang: first try of commit: decide, then hang before any EndTxn (the test kills its host).
 # commit_waits:    first try of commit: wait for the conf's ``gate`` file (the test stops Kafka meanwhile).
-FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die", "decided_then_hang", "commit_waits")
+# decided_then_pause: first try of commit: the real commit stops itself (SIGSTOP) once its COMMIT is read
+#                  back, before any EndTxn; the test freezes its host and resumes it after others moved on.
+FAULTS = ("", "prepare_fails", "prepare_hangs", "commit_half", "decided_then_die", "decided_then_hang", "commit_waits",
+          "decided_then_pause")  # fmt: skip
 FAULT = os.environ.get("E2E_FAULT", "")
 assert FAULT in FAULTS, FAULT
 PREFIX = os.environ.get("E2E_PREFIX", "e2e")
@@ -144,6 +149,35 @@ class E2ECommitOperator(Kafka2PCCommitOperator):
             wire.close()
             raise RuntimeError(f"injected: commit died after deciding and committing {len(done)} of {len(refs)}")
         return super().execute(context)
+
+    def resolve(self, committables: Any, prefixes: Any, hook: Any, run: str, *args: Any, **kwargs: Any) -> Any:
+        """decided_then_pause: the commit's own path, stopped by SIGSTOP right after its COMMIT decision
+        is read back (a frozen VM); what it ends with once resumed goes to the conf's ``zombie_out``."""
+        context = get_current_context()
+        if fault_of(context) != "decided_then_pause" or context["ti"].try_number != 1:
+            return super().resolve(committables, prefixes, hook, run, *args, **kwargs)
+        from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+        from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+
+        decide = DecisionLog.decide
+
+        def decide_then_pause(log: DecisionLog, *a: Any, **kw: Any) -> Any:
+            state = decide(log, *a, **kw)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return state
+
+        DecisionLog.decide = decide_then_pause  # type: ignore[method-assign,assignment]
+        out = Path(str((context["dag_run"].conf or {})["zombie_out"]))
+        try:
+            report = super().resolve(committables, prefixes, hook, run, *args, **kwargs)
+        except BaseException as e:
+            out.write_text(json.dumps({"raised": f"{type(e).__name__}: {e}"}))
+            raise
+        finally:
+            DecisionLog.decide = decide  # type: ignore[method-assign]
+        verdicts = {v.name: report.count(v) for v in Verdict if report.count(v)}
+        out.write_text(json.dumps({"verdicts": verdicts, "committed": report.committed, "note": report.note}))
+        return report
 
 
 def build(dag_id: str, prefix: str, transaction_timeout_ms: int | None = None, **dag_kwargs: Any) -> DAG:
