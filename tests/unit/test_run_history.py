@@ -147,3 +147,26 @@ def test_a_stale_source_position_changes_nothing_and_is_written_again() -> None:
     assert state.positions["orders"].run == "r2"
     log.compact()
     assert log.read().positions["orders"].run == "r2" and not log.read().stale_positions
+
+
+def test_a_stale_acknowledgement_voids_no_repair_of_a_later_loss() -> None:
+    """An acknowledge that read the generation-0 loss and paused lands after a repair lost part again
+    (generation 1): it is overruled, and a repair of that later loss (generation 2) is in force. An
+    acknowledgement of generation 1 voids it."""
+    stale = [(r.key, r.to_json()) for r in (LOST_RUN, LOST_AGAIN, ACKED)]
+    log = MemoryDecisionLog(initial=stale)
+    assert log.read().runs[("orders", LOST_RUN.run)] == LOST_AGAIN
+    later = _repair(run=LOST_AGAIN)
+    assert log.decide(later).in_force(later.decision_id)
+    acked_again = dataclasses.replace(LOST_AGAIN, status=RunStatus.ACKNOWLEDGED, note="dealt with")
+    log = MemoryDecisionLog(initial=[*stale, (acked_again.key, acked_again.to_json())])
+    voided = _repair(run=LOST_AGAIN)
+    assert "acknowledged first" in log.decide(voided).void[voided.decision_id]
+
+
+def test_a_copy_in_the_protocols_partition_counts_beside_the_history() -> None:
+    """An acknowledgement whose partition-0 copy landed and whose history record did not: the run is
+    acknowledged, read with its history or without."""
+    entries = [Entry(0, 0, LOST_RUN.key, LOST_RUN.to_json(), 0), Entry(1, 1, ACKED.key, ACKED.to_json(), 0)]
+    entries.append(Entry(0, 0, history_key(LOST_RUN.key, LOST_RUN.to_json()), LOST_RUN.to_json(), 1))
+    assert replay(entries).runs[("orders", LOST_RUN.run)].status is RunStatus.ACKNOWLEDGED

@@ -314,7 +314,7 @@ class DecisionLog(DecisionTopic):
         the next writer, and replay ignores the overruled record meanwhile."""
         items: list[Item] = []
         for key, status in state.overruled.items():
-            rec = state.runs.get(key)
+            rec = state.overruled_records.get(key)  # a COMMITTED run recovery's read does not keep too
             if rec is None or (history != "all" and run_key(*key) not in history):
                 continue  # only where the history was read: partition 0's order of copies may differ
             log.warning(
@@ -337,6 +337,7 @@ class DecisionLog(DecisionTopic):
         except Kafka2PCError as e:
             log.warning("could not write the run records in effect again (%s); the next reader will", e)
         state.overruled.clear()
+        state.overruled_records.clear()
         state.stale_positions.clear()
 
     def read_for(self, prefix: str, run: str | None = None) -> LogState:

@@ -92,9 +92,10 @@ class LogState:
     outcomes: dict[str, OutcomeRecord] = field(default_factory=dict)
     runs: dict[tuple[str, str], RunRecord] = field(default_factory=dict)  # each run's record in effect
     overruled: dict[tuple[str, str], RunStatus] = field(default_factory=dict)  # runs a late record tried to change
-    acknowledged_at: dict[tuple[str, str], int] = field(
-        default_factory=dict
-    )  # run -> offset of its loss's acknowledgement
+    # (prefix, run, generation) -> offset of the acknowledgement of that generation's loss
+    acknowledged_at: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    # The record in effect of each overruled run, whatever ``keep_run`` kept: what settling appends.
+    overruled_records: dict[tuple[str, str], RunRecord] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     positions: dict[str, RunRecord] = field(default_factory=dict)  # prefix -> its source's latest run
     stale_positions: set[str] = field(default_factory=set)  # prefixes whose latest position record is behind
@@ -232,6 +233,7 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         if e.value is not None:
             latest[key] = e
     state.runs, state.overruled = history.runs(keep_run), history.overruled()
+    state.overruled_records = {k: held for k in state.overruled if (held := history.record(k)) is not None}
     state.acknowledged_at = history.acknowledged_at
     for key, e in sorted(latest.items(), key=lambda kv: kv[1].offset):
         assert e.value is not None
@@ -272,7 +274,8 @@ def _rule(state: LogState, d: DecisionRecord, appended_ms: int) -> None:
         return
     earlier = [state.ruling[r] for r in refs if r in state.ruling]
     if d.repair_key is not None and not earlier:
-        acked = state.acknowledged_at.get(d.repair_key[:2])
+        prefix, run, generation = d.repair_key  # a repair of the loss of generation - 1
+        acked = state.acknowledged_at.get((prefix, run, generation - 1))
         if acked is not None and acked < state.offsets[d.decision_id]:
             state.void[d.decision_id] = f"the run's loss was acknowledged first (offset {acked})"
             return

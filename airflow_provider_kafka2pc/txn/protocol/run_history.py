@@ -25,8 +25,8 @@ partition 0 alone.
 Partition 1 (the history) holds every run record ever written under one key per run, status and
 generation (``history_key``), so compaction, which keeps a key's latest value, keeps every rank:
 the order of the records never matters, and nothing a stale writer appends can remove the truth.
-Partition 0 holds copies of the records recovery must meet (not COMMITTED), one key per run; where
-a run was read from both, the history decides. A one-partition topic (0.1.0's layout) holds one
+Partition 0 holds copies of the records recovery must meet (not COMMITTED), one key per run; a
+run read from both has the highest rank of both. A one-partition topic (0.1.0's layout) holds one
 key per run and relies on the settle step.
 """
 
@@ -95,9 +95,9 @@ class RunHistory:
     _latest: dict[tuple[int, tuple[str, str]], tuple[RunStatus, int] | None] = field(default_factory=dict)
     # The ranks the history holds under keys of their own (``history_key``): compaction keeps them.
     _ranked: dict[tuple[str, str], set[tuple[RunStatus, int]]] = field(default_factory=dict)
-    # Where in partition 0 (the decisions' order) each run's loss was acknowledged: a repair decided
-    # after that is void.
-    acknowledged_at: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Where in partition 0 (the decisions' order) each run's loss of a generation was acknowledged,
+    # (prefix, run, generation) -> offset: a repair of the next generation decided after it is void.
+    acknowledged_at: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
     def add(self, e: Entry) -> None:
         plain = run_key_of(e.key)
@@ -109,16 +109,21 @@ class RunHistory:
             self._ranked.setdefault(key, set()).add(got)
         else:
             self._latest[(e.partition, key)] = got
-        now = self._in_effect.get(key)
-        if now is not None and e.partition == HISTORY and now.partition != HISTORY:
-            now = None  # the history holds every record of the run: it decides
         if got is None:  # a tombstone: as after compaction, nothing of the key is left there
-            self._in_effect.pop(key, None)
+            if e.partition != HISTORY:  # partition 0 is read first: what is in effect came from it
+                self._in_effect.pop(key, None)
             return
+        # The highest rank of both partitions: a copy that landed where its twin did not still counts.
+        now = self._in_effect.get(key)
         if now is None or got == (now.status, now.generation) or may_follow((now.status, now.generation), got):
             self._in_effect[key] = _InEffect(e.partition, got[0], got[1], e.value or b"")
-        if got[0] is RunStatus.ACKNOWLEDGED and e.partition != HISTORY:
-            self.acknowledged_at.setdefault(key, e.offset)
+            if got[0] is RunStatus.ACKNOWLEDGED and e.partition != HISTORY:  # only one that took effect
+                self.acknowledged_at.setdefault((prefix, run, got[1]), e.offset)
+
+    def record(self, key: tuple[str, str]) -> RunRecord | None:
+        """The run's record in effect, whatever a read keeps."""
+        r = self._in_effect.get(key)
+        return None if r is None else RunRecord.from_json(r.raw)
 
     def overruled(self) -> dict[tuple[str, str], RunStatus]:
         """Runs whose record in effect compaction could lose, (prefix, run) -> the status of the late
