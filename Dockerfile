@@ -14,8 +14,9 @@ RUN apt-get update \
 USER airflow
 COPY --chown=airflow:0 . /opt/kafka2pc
 # The locked versions are the ones CI tests; pyspark goes last, as in scripts/setup, so its files
-# win over pyspark-client's.
+# win over pyspark-client's (the apache-spark provider, for dags/kafka2pc_spark_submit.py, needs it).
 RUN pip install --no-cache-dir -c /opt/kafka2pc/requirements.lock "/opt/kafka2pc[airflow,spark]" \
+      apache-airflow-providers-apache-spark \
  && pip install --no-cache-dir --no-deps --force-reinstall "$(grep '^pyspark==' /opt/kafka2pc/requirements.lock)"
 
 FROM ${SPARK_IMAGE} AS spark

@@ -14,4 +14,6 @@ if TYPE_CHECKING:
 
 def decision_run(context: Context) -> str:
     """The run as the decision log names it: one DAG run, whichever task writes."""
-    return f"{context['dag'].dag_id}/{context['run_id']}"
+    from airflow_provider_kafka2pc.txn.protocol.naming import decision_run_name
+
+    return decision_run_name(context["dag"].dag_id, context["run_id"])

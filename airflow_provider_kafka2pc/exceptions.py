@@ -32,8 +32,13 @@ class RecoveryError(Kafka2PCError):
     """The recovery trigger failed; its message says why."""
 
 
+class HandoffWaitError(Kafka2PCError):
+    """The handoff trigger failed; its message says why."""
+
+
 __all__ = [
     "ConnectionMismatchError",
+    "HandoffWaitError",
     "Kafka2PCConfigError",
     "KafkaSourceNeedsOneActiveRunError",
     "PoolingNeedsOneActiveRunError",

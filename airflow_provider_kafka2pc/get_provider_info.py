@@ -37,14 +37,21 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
-        "sensors": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.sensors.recovery"]}],
+        "sensors": [
+            {"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.sensors.recovery", f"{_PKG}.sensors.handoff"]}
+        ],
         "hooks": [
             {
                 "integration-name": "kafka2pc",
                 "python-modules": [f"{_PKG}.hooks.kafka2pc", f"{_PKG}.hooks.schema_registry"],
             }
         ],
-        "triggers": [{"integration-name": "kafka2pc", "python-modules": [f"{_PKG}.triggers.recovery"]}],
+        "triggers": [
+            {
+                "integration-name": "kafka2pc",
+                "python-modules": [f"{_PKG}.triggers.recovery", f"{_PKG}.triggers.handoff"],
+            }
+        ],
         "connection-types": [
             {
                 "hook-class-name": f"{_PKG}.hooks.kafka2pc.Kafka2PCHook",

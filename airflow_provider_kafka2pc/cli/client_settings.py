@@ -8,6 +8,7 @@ import os
 from typing import Any, NamedTuple
 
 from airflow_provider_kafka2pc.cli.arguments import DEFAULT_BOOTSTRAP, ENV_BOOTSTRAP, UsageError
+from airflow_provider_kafka2pc.txn.kafka.config import properties_lines
 from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.reachability import DEFAULT_CONNECT_TIMEOUT_S
 
@@ -129,12 +130,6 @@ def _looked_in(conn_id: str) -> str:
 
 def _read_properties(path: str) -> list[tuple[str, str]]:
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        return properties_lines(path)
     except OSError as e:
         raise UsageError(f"cannot read --config-file {path}: {e.strerror}") from None
-    return [
-        (f"{path}:{n}", line.strip())
-        for n, line in enumerate(lines, 1)
-        if line.strip() and not line.lstrip().startswith(("#", "!"))
-    ]

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.protocol import naming
     from airflow_provider_kafka2pc.txn.protocol.records import Lease
+    from airflow_provider_kafka2pc.txn.two_phase.handoff import Acceptance
     from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
     from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult
 
@@ -263,6 +265,16 @@ class Kafka2PCHook(ConnectionHook):
         ``spare_own_loss``: a loss of ``run`` itself does not fail it (its export task repairs it)."""
         with self.prepare_session(prefix, run, run_key) as session:
             return session.recover(spare_own_loss)
+
+    def accept_handoff(self, prefix: str, run: str, strategy: naming.NamingStrategy, run_key: str | None) -> Acceptance:
+        """The run's Spark application handoff that the broker still holds open, or why there is
+        none yet (``txn.two_phase.handoff``)."""
+        from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+        from airflow_provider_kafka2pc.txn.two_phase.handoff import accept
+
+        with self.prepare_session(prefix, run, run_key) as session:
+            clients = session.clients
+            return accept(clients.decision_log(), TransactionInspector(clients.wire()), prefix, run, strategy, run_key)
 
     def take_turn(self, prefix: str, dag_id: str, run_id: str) -> Lease | None:
         """Queue this DAG run for the POOLING exporter ``prefix``; the live run ahead of it, or None.

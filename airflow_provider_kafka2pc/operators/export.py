@@ -215,27 +215,9 @@ class Kafka2PCExportOperator(BaseOperator):
         return spark.table(self.table)
 
     def _skip_or_fail(self, context: Context, prefix: str, run: str, status: RunRecord) -> None:
-        """A run the decision log already decided is never exported again; a lost one is loud."""
-        from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
-        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
-        from airflow_provider_kafka2pc.txn.two_phase.ruling import lost_of_run
-        from airflow_provider_kafka2pc.txn.two_phase.visibility import of_run_record
+        from airflow_provider_kafka2pc.operators.decided_run import skip_or_fail
 
-        if status.status is RunStatus.LOST:
-            raise TransactionLostError(lost_of_run(status), [of_run_record(status)])
-        if status.status is RunStatus.ACKNOWLEDGED:
-            self.log.warning(
-                "run %s of %s lost transactions and an operator acknowledged it: %s", run, prefix, status.note
-            )
-        # For the abort (not a failure) and the commit (it answers from the run's records).
-        context["ti"].xcom_push(key=SKIPPED_KEY, value={"status": status.status.value, "prefix": prefix})
-        reason = (
-            f"run {run} of exporter {prefix!r} already reached its COMMIT decision ({status.status.value}: "
-            f"{status.records} records in {status.transactions} transactions); exporting it again would "
-            "duplicate it, so this prepare is skipped and nothing is written. Start a new DAG run to export again."
-        )
-        self.log.info("kafka2pc: %s", reason)  # the skip's reason is otherwise only in the collapsed post-execute group
-        raise AirflowSkipException(reason)
+        skip_or_fail(context, prefix, run, status, self.log)
 
     def _skip_if_decided(self, session: PrepareSession, context: Context, status: RunRecord | None) -> None:
         """A run whose record is final (COMMITTED, REPAIRED, ACKNOWLEDGED; LOST fails) skips before

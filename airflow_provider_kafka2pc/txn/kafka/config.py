@@ -40,6 +40,18 @@ _SECRET_MARKERS = (
 REDACTED = "***"
 
 
+def properties_lines(path: str) -> list[tuple[str, str]]:
+    """The settings lines of a Java-style properties file, each with its ``path:line`` (``OSError``
+    when it cannot be read); comments and blank lines left out."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return [
+        (f"{path}:{n}", line.strip())
+        for n, line in enumerate(lines, 1)
+        if line.strip() and not line.lstrip().startswith(("#", "!"))
+    ]
+
+
 def connection_only(config: Mapping[str, Any]) -> dict[str, Any]:
     """How to connect, over ``CONNECTION_DEFAULTS``; producer tuning dropped, so one config can
     build consumers and admin clients too."""

@@ -50,6 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.protocol.handoff import parse_handoff_key
 from airflow_provider_kafka2pc.txn.protocol.naming import parse_transactional_id
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
 from airflow_provider_kafka2pc.txn.protocol.records import (
@@ -58,6 +59,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     DECISION_KEY,
     FORMAT_VERSION,
     GROUP_KEY,
+    HANDOFF_KEY,
     LEASE_KEY,
     OUTCOME_KEY,
     POSITION_KEY,
@@ -102,6 +104,8 @@ class LogState:
     group_owners: dict[str, str] = field(default_factory=dict)  # a source's consumer group -> its exporter
     leases: dict[bytes, tuple[int, Lease]] = field(default_factory=dict)  # key -> (offset, lease)
     repair_claims: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (prefix, run, gen) -> decision
+    # Spark applications' handoffs, (prefix, run) -> attempt -> the record as read (``txn.protocol.handoff``).
+    handoffs: dict[tuple[str, str], dict[str, Entry]] = field(default_factory=dict)
     end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
 
@@ -219,6 +223,13 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             run, _, generation = rest.rpartition(":")
             if e.value:  # the first in the log holds; a second of one generation never comes from the rules
                 state.repair_claims.setdefault((prefix, run, int(generation)), str(json.loads(e.value)["decision"]))
+            continue
+        if key.startswith(HANDOFF_KEY.encode()):
+            prefix, attempt, run = parse_handoff_key(key)
+            attempts = state.handoffs.setdefault((prefix, run), {})
+            attempts.pop(attempt, None)  # the latest of a key, in log order, as compaction leaves it
+            if e.value is not None:
+                attempts[attempt] = e
             continue
         if key.startswith(GROUP_KEY.encode()):
             group = key[len(GROUP_KEY) :].decode()

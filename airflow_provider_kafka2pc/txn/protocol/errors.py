@@ -37,6 +37,14 @@ class ForeignCommittableError(MalformedCommittableError):
     """A committable whose transactional id is not one of the exporter's ids for this run."""
 
 
+class MalformedHandoffError(MalformedCommittableError):
+    """A Spark application's handoff record that cannot be read as one (``txn.protocol.handoff``)."""
+
+
+class ForeignHandoffError(ForeignCommittableError):
+    """A handoff, under this run's key, that names another exporter or run, or carries their ids."""
+
+
 class StaleCommittableError(MalformedCommittableError):
     """A committable whose producer id or epoch is not what the broker holds for its id: edited, or
     another producer's. (An older epoch of the same producer is the broker's timeout or a newer run

@@ -52,6 +52,11 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+def decision_run_name(dag_id: str, run_id: str) -> str:
+    """A DAG run as the decision log names it, wherever it is written from: a task, an application."""
+    return f"{dag_id}/{run_id}"
+
+
 def sanitize_run_key(run_key: str) -> str:
     """Map any run identifier (an Airflow run id has ':' and '+') onto the id alphabet."""
     cleaned = re.sub(r"[^A-Za-z0-9._]", "_", run_key).strip("_.")

@@ -24,6 +24,8 @@ OUTCOME_KEY = "kafka2pc.outcome:"
 RUN_KEY = "kafka2pc.run:"
 CLAIM_KEY = "kafka2pc.prefix:"
 LEASE_KEY = "kafka2pc.lease:"
+# A Spark application's handoff of one driver attempt's committables (``txn.protocol.handoff``).
+HANDOFF_KEY = "kafka2pc.handoff:"
 # Where a Kafka-sourced exporter's group stands: the run record of its latest run whose offsets
 # participant committed, one key per prefix on the protocol's partition (compacted to the latest).
 POSITION_KEY = "kafka2pc.position:"

@@ -1,0 +1,107 @@
+"""A Spark application's prepared transactions, handed to the Airflow side through the decision topic.
+
+``hand_off`` (the application, once every transaction of its driver attempt is prepared) appends
+the attempt's record and reads it back. ``accept`` (the Airflow side) reads the run's handoffs,
+refuses a malformed or foreign one by name, and accepts the one attempt whose transactions the
+broker still holds open at the producer epochs the record names. Attempts of one run share its
+transactional ids, so a later attempt (a driver restarted by YARN, a resubmission by an Airflow
+retry) fences every earlier one: at most one attempt is live, and an attempt that hands off after
+it was fenced, or after the run's decision, is never accepted (DESIGN §15, §16).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
+from airflow_provider_kafka2pc.txn.kafka.transactions import OPEN_STATES, TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
+from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError
+from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff
+from airflow_provider_kafka2pc.txn.protocol.naming import NamingStrategy
+from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What ``accept`` found: the attempt to commit, or why there is none yet."""
+
+    handoff: Handoff | None
+    waiting: str = ""  # why nothing was accepted (yet)
+    stale: tuple[str, ...] = ()  # attempts whose transactions the broker no longer holds open
+    decided: RunRecord | None = None  # the run already reached its decision: nothing is accepted
+
+
+def hand_off(decision_log: DecisionLog, handoff: Handoff) -> None:
+    """Append the attempt's record and read it back: once this returns, the Airflow side can see it."""
+    decision_log.append([(handoff.key, handoff.to_json())])
+    got = decision_log.read_for(handoff.prefix).handoffs.get((handoff.prefix, handoff.run), {}).get(handoff.attempt)
+    if got is None or got.value != handoff.to_json():
+        raise DecisionLogError(
+            f"the handoff of attempt {handoff.attempt!r} for run {handoff.run} was appended to decision topic "
+            f"{decision_log.topic!r} but not read back; run the application again"
+        )
+    log.info(
+        "handed off run %s of exporter %s (attempt %s): %d transaction(s), %d records",
+        handoff.run,
+        handoff.prefix,
+        handoff.attempt,
+        len(handoff.committables),
+        handoff.records,
+    )
+
+
+def accept(
+    decision_log: DecisionLog,
+    inspector: TransactionInspector,
+    prefix: str,
+    run: str,
+    strategy: NamingStrategy,
+    run_key: str | None,
+) -> Acceptance:
+    """The run's live attempt, checked against the broker; ``MalformedHandoffError`` and
+    ``ForeignHandoffError`` name a record that must never be committed."""
+    state = decision_log.read_for(prefix, run)
+    decided = state.run_status(prefix, run)
+    if decided is not None:
+        return Acceptance(None, f"run {run} of exporter {prefix!r} already reached its decision", decided=decided)
+    entries = sorted(state.handoffs.get((prefix, run), {}).values(), key=lambda e: e.offset)
+    if not entries:
+        return Acceptance(None, f"no application has handed off run {run} of exporter {prefix!r} yet")
+    handoffs = [Handoff.from_json(e.value or b"", e.key) for e in entries]
+    for h in handoffs:
+        h.check(prefix, run, strategy, run_key)
+    described = inspector.describe({c.transactional_id for h in handoffs for c in h.committables})
+    live = [h for h in handoffs if all(_held(c, described.get(c.transactional_id)) for c in h.committables)]
+    stale = tuple(h.attempt for h in handoffs if h not in live)
+    if len(live) > 1:
+        raise DecisionConflictError(
+            f"attempts {', '.join(repr(h.attempt) for h in live)} of run {run} of exporter {prefix!r} all hold open "
+            "transactions: they did not share transactional ids (different naming or partitioning). Nothing was "
+            "accepted; the run's abort task ends them all. Export with one naming strategy and partitioning"
+        )
+    if not live:
+        return Acceptance(
+            None,
+            f"attempt(s) {', '.join(repr(a) for a in stale)} of run {run} handed off transactions the broker no "
+            "longer holds open at their producer epochs (a later attempt fenced them, or they were aborted or timed "
+            "out): waiting for an attempt that completes",
+            stale,
+        )
+    return Acceptance(live[0], stale=stale)
+
+
+def _held(c: Committable, s: TxnState | None) -> bool:
+    """The broker holds the committable's transaction open at its producer id and epoch (one that
+    wrote nothing opened none: its producer id and epoch must still be the id's)."""
+    if s is None or (s.producer_id, s.producer_epoch) != (c.producer_id, c.producer_epoch):
+        return False
+    return c.records == 0 or s.state in OPEN_STATES
+
+
+__all__ = ["Acceptance", "accept", "hand_off"]
