@@ -34,11 +34,14 @@ def _env(kafka: KafkaEnv, topic: str) -> dict[str, str]:
 
 def test_a_submitted_application_is_committed_once_through_its_handoff(kafka: KafkaEnv, dag_tester: DagTester) -> None:
     topic, rows = kafka.topic(partitions=2), 20_000
-    result = dag_tester.run(DAG_FILE, "kafka2pc_spark_submit", {"rows": rows, "partitions": 4}, _env(kafka, topic))
+    # The sensor deferrable, as [operators] default_deferrable makes it: its wait runs as a trigger.
+    env = {**_env(kafka, topic), "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True"}
+    result = dag_tester.run(DAG_FILE, "kafka2pc_spark_submit", {"rows": rows, "partitions": 4}, env)
     assert result.state == "success", result.log.read_text(errors="replace")[-4000:]
     assert result.tasks == {"submit": "success", "handoff": "success", "commit": "success", "abort": "skipped"}
     keys = [r.key for r in kafka.read_committed(topic) if r.key and r.key.startswith(result.run_id.encode())]
     assert (len(keys), len(set(keys))) == (rows, rows)
     assert kafka.open_transactions(PREFIX) == []
     text = result.log.read_text(errors="replace")
+    assert "Pausing task as DEFERRED" in text and "[DAG TEST] Trigger completed" in text  # the sensor deferred
     assert "kafka2pc: accepted attempt local-" in text and "4 transaction(s), 20000 records, open on the broker" in text

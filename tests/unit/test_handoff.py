@@ -104,3 +104,84 @@ def test_two_live_attempts_are_refused_and_a_decided_run_accepts_nothing() -> No
     log.append([(decided.key, decided.to_json())])
     found = _accept(log, broker)
     assert found.handoff is None and found.decided == decided
+
+
+def _trigger_events(monkeypatch: pytest.MonkeyPatch, answers: list[Acceptance | Exception]) -> list[dict[str, object]]:
+    """The handoff trigger's events, its looks answered in turn by ``answers``."""
+    import asyncio
+
+    from airflow.sdk import Connection
+
+    from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+    from airflow_provider_kafka2pc.triggers.handoff import Kafka2PCHandoffTrigger
+
+    async def aget_connection(conn_id: str) -> Connection:
+        return Connection(conn_id=conn_id, conn_type="kafka2pc", host="b:9092")
+
+    def accept_handoff(self: Kafka2PCHook, *args: object) -> Acceptance:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(Kafka2PCHook, "aget_connection", staticmethod(aget_connection))
+    monkeypatch.setattr(Kafka2PCHook, "accept_handoff", accept_handoff)
+    trigger = Kafka2PCHandoffTrigger(PREFIX, RUN, INC.value, KEY, poke_interval=0.01)
+    assert trigger.serialize()[1]["run"] == RUN and "b:9092" not in str(trigger.serialize())
+
+    async def main() -> list[dict[str, object]]:
+        return [e.payload async for e in trigger.run()]
+
+    return asyncio.run(main())
+
+
+def test_the_trigger_fires_once_an_attempt_is_live_and_reports_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    waiting = Acceptance(None, "no application has handed off run … yet")
+    assert _trigger_events(monkeypatch, [waiting, waiting, Acceptance(_handoff())]) == [{"status": "ready", "looks": 3}]
+    refused = ForeignHandoffError("the handoff of attempt 'x' is for run other")
+    events = _trigger_events(monkeypatch, [refused])
+    assert events == [
+        {"status": "error", "looks": 1, "message": "ForeignHandoffError: the handoff of attempt 'x' is for run other"}
+    ]
+
+
+def test_the_sensor_skips_a_decided_run_and_pushes_an_accepted_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import PokeReturnValue
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_provider_kafka2pc.exceptions import HandoffWaitError
+    from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+    from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
+    from airflow_provider_kafka2pc.sensors.handoff import Kafka2PCHandoffSensor
+
+    class Ti:
+        def __init__(self) -> None:
+            self.pushed: dict[str, object] = {}
+
+        def xcom_push(self, key: str, value: object) -> None:
+            self.pushed[key] = value
+
+    class Dag:
+        dag_id = "etl"
+
+    answers = [
+        Acceptance(_handoff(), stale=("app-0.1",)),
+        Acceptance(None, decided=RunRecord(PREFIX, RUN, RunStatus.COMMITTED, 2, 20, 1)),
+    ]
+    monkeypatch.setattr(Kafka2PCHook, "accept_handoff", lambda self, *a: answers.pop(0))
+    sensor = Kafka2PCHandoffSensor(task_id="handoff", transactional_id_prefix=PREFIX)
+    ti = Ti()
+    context = {"dag": Dag(), "run_id": RUN_ID, "ti": ti}
+    got = sensor.poke(context)  # type: ignore[arg-type]
+    assert isinstance(got, PokeReturnValue) and got.is_done
+    payload = ExportPayload.from_xcom(got.xcom_value, "handoff")
+    pushed = [(c.transactional_id, c.producer_id, c.producer_epoch, c.records) for c in payload.committables]
+    assert pushed == [(c.transactional_id, c.producer_id, c.producer_epoch, c.records) for c in _handoff().committables]
+    assert (
+        payload.conn_id == "kafka2pc_default" and payload.naming_strategy == "INCREMENTING" and payload.run_key == KEY
+    )
+    with pytest.raises(AirflowSkipException, match=r"run etl/manual__.* already reached its COMMIT decision"):
+        sensor.poke(context)  # type: ignore[arg-type]
+    assert ti.pushed[SKIPPED_KEY] == {"status": "COMMITTED", "prefix": PREFIX}
+    with pytest.raises(HandoffWaitError, match="ForeignHandoffError: no"):
+        sensor.execute_complete(context, {"status": "error", "message": "ForeignHandoffError: no"})  # type: ignore[arg-type]
