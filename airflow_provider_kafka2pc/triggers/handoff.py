@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.triggers.exporter_trigger import ExporterTrigger
 from airflow_provider_kafka2pc.txn.protocol import naming
 
 
-class Kafka2PCHandoffTrigger(BaseTrigger):
+class Kafka2PCHandoffTrigger(ExporterTrigger):
     """Fire once the run's Spark application has handed off an attempt the broker holds open, or the
-    run is already decided; the task then checks again and pushes the committables. Each look runs
-    in a worker thread: the triggerer's event loop never waits on Kafka."""
+    run is already decided; the task then checks again and pushes the committables."""
 
     def __init__(
         self,
@@ -26,33 +25,24 @@ class Kafka2PCHandoffTrigger(BaseTrigger):
         kafka2pc_conn_id: str = Kafka2PCHook.default_conn_name,
         poke_interval: float = 5.0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            kafka2pc_conn_id,
+            transactional_id_prefix=transactional_id_prefix,
+            run=run,
+            naming_strategy=naming_strategy,
+            run_key=run_key,
+            poke_interval=poke_interval,
+        )
         self.transactional_id_prefix = transactional_id_prefix
         self.run_name = run
         self.naming_strategy = naming_strategy
         self.run_key = run_key
-        self.kafka2pc_conn_id = kafka2pc_conn_id
         self.poke_interval = poke_interval
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        # Only names: the connection (and its secrets) is looked up again where the trigger runs.
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "transactional_id_prefix": self.transactional_id_prefix,
-                "run": self.run_name,
-                "naming_strategy": self.naming_strategy,
-                "run_key": self.run_key,
-                "kafka2pc_conn_id": self.kafka2pc_conn_id,
-                "poke_interval": self.poke_interval,
-            },
-        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         looks = 0
         try:
-            conn = await Kafka2PCHook.aget_connection(self.kafka2pc_conn_id)
-            hook = Kafka2PCHook(self.kafka2pc_conn_id, connection=conn)
+            hook = await self.hook()
             strategy = naming.NamingStrategy(self.naming_strategy)
             while True:
                 looks += 1

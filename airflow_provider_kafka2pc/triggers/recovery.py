@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+from airflow_provider_kafka2pc.triggers.exporter_trigger import ExporterTrigger
 
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.protocol.records import Lease
@@ -22,12 +23,8 @@ def waiting_message(prefix: str, holder: Lease) -> str:
     )
 
 
-class Kafka2PCRecoveryTrigger(BaseTrigger):
-    """Resolve the prefix's open transactions until none is left, then fire.
-
-    Each pass talks to Kafka with blocking clients, so it runs in a worker thread: the
-    triggerer's event loop, shared with every other trigger, never waits on Kafka.
-    """
+class Kafka2PCRecoveryTrigger(ExporterTrigger):
+    """Resolve the prefix's open transactions until none is left, then fire."""
 
     def __init__(
         self,
@@ -39,35 +36,26 @@ class Kafka2PCRecoveryTrigger(BaseTrigger):
         run_key: str | None = None,
         spare_own_loss: bool = False,
     ) -> None:
-        super().__init__()
+        self.turn = tuple(turn) if turn else None  # (dag_id, run_id): a POOLING run waits its turn
+        super().__init__(
+            kafka2pc_conn_id,
+            transactional_id_prefix=transactional_id_prefix,
+            run=run,
+            poke_interval=poke_interval,
+            turn=list(self.turn) if self.turn else None,
+            run_key=run_key,
+            spare_own_loss=spare_own_loss,
+        )
         self.spare_own_loss = spare_own_loss
         self.run_key = run_key
-        self.turn = tuple(turn) if turn else None  # (dag_id, run_id): a POOLING run waits its turn
         self.transactional_id_prefix = transactional_id_prefix
         self.run_name = run
-        self.kafka2pc_conn_id = kafka2pc_conn_id
         self.poke_interval = poke_interval
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        # Only names: the connection (and its secrets) is looked up again where the trigger runs.
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "transactional_id_prefix": self.transactional_id_prefix,
-                "run": self.run_name,
-                "kafka2pc_conn_id": self.kafka2pc_conn_id,
-                "poke_interval": self.poke_interval,
-                "turn": list(self.turn) if self.turn else None,
-                "run_key": self.run_key,
-                "spare_own_loss": self.spare_own_loss,
-            },
-        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         passes = 0
         try:
-            conn = await Kafka2PCHook.aget_connection(self.kafka2pc_conn_id)
-            hook = Kafka2PCHook(self.kafka2pc_conn_id, connection=conn)
+            hook = await self.hook()
             while True:
                 passes += 1
                 if self.turn is not None:
