@@ -29,7 +29,10 @@ from airflow_provider_kafka2pc.sensors.handoff import Kafka2PCHandoffSensor
 
 PREFIX = "kafka2pc_spark_submit.orders"
 TOPIC = os.environ.get("KAFKA2PC_SPARK_SUBMIT_TOPIC", "kafka2pc_submitted_orders")
-APPLICATION = Path(__file__).parent / "spark_apps" / "export_orders.py"
+# Your own application takes its place: any that calls export_from_application with these arguments.
+APPLICATION = os.environ.get("KAFKA2PC_SPARK_SUBMIT_APPLICATION") or str(
+    Path(__file__).parent / "spark_apps" / "export_orders.py"
+)
 # The run's identity goes to the application as arguments: it hands off under this DAG run.
 APPLICATION_ARGS = [
     "--dag-id", "{{ dag.dag_id }}", "--run-id", "{{ run_id }}", "--prefix", PREFIX, "--topic", TOPIC,
@@ -46,7 +49,7 @@ with DAG(
 ) as dag:
     submit = SparkSubmitOperator(
         task_id="submit",
-        application=str(APPLICATION),
+        application=APPLICATION,
         conn_id=os.environ.get("KAFKA2PC_SPARK_SUBMIT_CONN_ID", "spark_default"),
         name="kafka2pc-orders",
         application_args=APPLICATION_ARGS,

@@ -67,7 +67,9 @@ class Kafka2PCAbortOperator(PhaseTwoOperator):
         failed = [t for t, p in payloads.items() if p is None and ti.xcom_pull(task_ids=t, key=SKIPPED_KEY) is None]
         if not failed:
             raise AirflowSkipException("every export of this run succeeded or was skipped: nothing to abort")
-        never_ran = self._never_ran(context, failed)
+        # A handoff sensor stands in for a prepare that runs elsewhere: a submitted application may
+        # have opened transactions whether or not the sensor ever ran.
+        never_ran = {t: v for t, v in self._never_ran(context, failed).items() if not self._prepares_elsewhere(t)}
         if len(never_ran) == len(failed) and all(p is None for p in payloads.values()):
             # No prepare of this run started: it opened nothing, so there is nothing of it to end.
             raise AirflowSkipException(
@@ -135,6 +137,13 @@ class Kafka2PCAbortOperator(PhaseTwoOperator):
             decision_log.close()
             wire.close()
         return self.counts(report)
+
+    def _prepares_elsewhere(self, task_id: str) -> bool:
+        from airflow_provider_kafka2pc.sensors.handoff import Kafka2PCHandoffSensor
+
+        dag = getattr(self, "dag", None)
+        task = dag.task_dict.get(task_id) if dag is not None else None
+        return isinstance(task, Kafka2PCHandoffSensor)
 
     def _never_ran(self, context: Context, task_ids: Sequence[str]) -> dict[str, str]:
         """Which of ``task_ids`` never ran in this DAG run (upstream_failed, skipped, removed), with

@@ -124,11 +124,16 @@ class DagTester:
         except subprocess.TimeoutExpired:
             kill_group(proc)
             raise AssertionError(f"dag.test of {dag_id} did not finish in {timeout_s} s; log: {log}") from None
+        return self.result(proc, log)
+
+    @staticmethod
+    def result(proc: Run, log: Path) -> DagRunResult:
+        """The ended run's result, as its runner's last line says it."""
         lines = log.read_text(errors="replace").splitlines()
         last = next((ln for ln in reversed(lines) if ln.startswith('{"run_id"')), None)
         if proc.returncode != 0 or last is None:
             raise AssertionError(
-                f"dag.test of {dag_id} crashed (exit {proc.returncode}); tail of {log}:\n" + "\n".join(lines[-60:])
+                f"dag.test crashed (exit {proc.returncode}); tail of {log}:\n" + "\n".join(lines[-60:])
             )
         data = json.loads(last)
         return DagRunResult(data["run_id"], data["state"], data["tasks"], data["tries"], data["seconds"], log)

@@ -1,7 +1,8 @@
-"""A Spark application for the handoff tests, submitted with spark-submit: the example's orders, but
-written without materializing first and with order 0 waiting for a gate file, so that a kill or a
-pause of the driver lands while the other partitions' transactions are open (``materialize=False``
-keeps the wait inside the write job)."""
+"""A Spark application for the handoff tests, submitted with spark-submit: the example's arguments
+and orders (dags/spark_apps/export_orders.py), but written without materializing first and with
+order 0 waiting for a gate file (``--gate``, or ``KAFKA2PC_TEST_GATE`` in the environment), so that
+a kill or a pause of the driver lands while the other partitions' transactions are open
+(``materialize=False`` keeps the wait inside the write job)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import time
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    for name in ("--dag-id", "--run-id", "--prefix", "--topic", "--tag", "--gate"):
+    for name in ("--dag-id", "--run-id", "--prefix", "--topic", "--tag"):
         ap.add_argument(name, required=True)
+    ap.add_argument("--gate", default=os.environ.get("KAFKA2PC_TEST_GATE"))
     ap.add_argument("--rows", type=int, default=8_000)
+    ap.add_argument("--partitions", type=int, default=4)
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -28,13 +31,13 @@ def main() -> int:
     gate = args.gate
 
     def value(i: int) -> str:
-        while i == 0 and not os.path.exists(gate):
+        while i == 0 and gate and not os.path.exists(gate):
             time.sleep(0.05)
         return f"value-{i}"
 
     spark = SparkSession.builder.appName("kafka2pc handoff test").getOrCreate()
     try:
-        df = spark.range(args.rows, numPartitions=4).select(
+        df = spark.range(args.rows, numPartitions=args.partitions).select(
             F.concat(F.lit(f"{args.tag}-"), F.col("id").cast("string")).alias("key"),
             F.udf(value, "string")(F.col("id")).alias("value"),
         )
