@@ -54,6 +54,11 @@ class Kafka2PCHandoffSensor(BaseSensorOperator):
         self.transactional_id_prefix = transactional_id_prefix
         self.kafka2pc_conn_id = kafka2pc_conn_id
         self.naming_strategy = naming.NamingStrategy(str(naming_strategy).upper())
+        if self.naming_strategy is not naming.NamingStrategy.INCREMENTING:
+            raise ValueError(
+                f"{self.task_id}: naming_strategy must be INCREMENTING: a submitted application writes new ids every "
+                "run (export_from_application refuses POOLING)"
+            )
         self.deferrable = deferrable
 
     def run_key(self, context: Context) -> str | None:

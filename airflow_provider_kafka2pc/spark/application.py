@@ -51,7 +51,7 @@ def export_from_application(
     run_id: str,
     kafka_config: Mapping[str, Any] | None = None,
     decision_topic: str | None = None,
-    naming_strategy: str = "INCREMENTING",
+    naming_strategy: str = "INCREMENTING",  # the only one: runs never share ids (POOLING is refused)
     transaction_timeout_ms: int | None = None,
     window: WindowSettings | None = None,
     attempt: str | None = None,
@@ -76,6 +76,12 @@ def export_from_application(
 
     prefix = naming.validate_prefix(transactional_id_prefix)
     strategy = naming.NamingStrategy(naming_strategy)
+    if strategy is not naming.NamingStrategy.INCREMENTING:
+        # POOLING ids are shared by every run: runs must take turns, which only the DAG can arrange.
+        raise Kafka2PCError(
+            f"naming_strategy {strategy.value!r}: an application's export writes INCREMENTING ids (new ids every "
+            "run), so that a run never fences another; POOLING needs the export task's turn-taking"
+        )
     run = naming.decision_run_name(dag_id, run_id)
     run_key = naming.sanitize_run_key(run_id) if strategy is naming.NamingStrategy.INCREMENTING else None
     attempt = check_attempt(attempt or attempt_of(df.sparkSession))

@@ -185,3 +185,17 @@ def test_the_sensor_skips_a_decided_run_and_pushes_an_accepted_attempt(monkeypat
     assert ti.pushed[SKIPPED_KEY] == {"status": "COMMITTED", "prefix": PREFIX}
     with pytest.raises(HandoffWaitError, match="ForeignHandoffError: no"):
         sensor.execute_complete(context, {"status": "error", "message": "ForeignHandoffError: no"})  # type: ignore[arg-type]
+
+
+def test_pooling_is_refused_by_the_application_and_the_sensor() -> None:
+    """POOLING ids are shared by every run, which must take turns: only the export task can arrange it."""
+    from airflow_provider_kafka2pc.sensors.handoff import Kafka2PCHandoffSensor
+    from airflow_provider_kafka2pc.spark.application import export_from_application
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+
+    with pytest.raises(Kafka2PCError, match=r"naming_strategy 'POOLING': an application's export writes INCREMENTING"):
+        export_from_application(
+            None, topic="t", transactional_id_prefix=PREFIX, dag_id="etl", run_id=RUN_ID, naming_strategy="POOLING"
+        )
+    with pytest.raises(ValueError, match=r"handoff: naming_strategy must be INCREMENTING"):
+        Kafka2PCHandoffSensor(task_id="handoff", transactional_id_prefix=PREFIX, naming_strategy="POOLING")
