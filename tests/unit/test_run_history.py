@@ -170,3 +170,15 @@ def test_a_copy_in_the_protocols_partition_counts_beside_the_history() -> None:
     entries = [Entry(0, 0, LOST_RUN.key, LOST_RUN.to_json(), 0), Entry(1, 1, ACKED.key, ACKED.to_json(), 0)]
     entries.append(Entry(0, 0, history_key(LOST_RUN.key, LOST_RUN.to_json()), LOST_RUN.to_json(), 1))
     assert replay(entries).runs[("orders", LOST_RUN.run)].status is RunStatus.ACKNOWLEDGED
+
+
+def test_describe_calls_only_a_committed_run_atomic_and_a_loss_is_not_called_never_visible() -> None:
+    """Issue 48: a lost or acknowledged run is only partly visible, a repaired one became visible in
+    two steps; the loss's error says its records are not visible and a repair makes them so."""
+    from airflow_provider_kafka2pc.txn.protocol.errors import LostTransaction, TransactionLostError
+    from airflow_provider_kafka2pc.txn.two_phase.survey import run_json
+
+    assert [run_json(r)["atomic"] for r in (COMMITTED, LOST_RUN, ACKED, REPAIRED)] == [True, False, False, False]
+    lost = LostTransaction("orders-1", 7, 0, 10, ("events-0",), "aborted by its timeout", "orders", LOST_RUN.run)
+    said = str(TransactionLostError([lost]))
+    assert "never" not in said and "their records are not visible (only a repair makes them so)" in said

@@ -150,8 +150,10 @@ class TransactionLostError(Kafka2PCError):
             for t in self.lost
         ]
         super().__init__(
-            f"{len(self.lost)} transaction(s) with {records} record(s) are lost and will never be "
-            "visible:\n" + "\n".join(lines) + _what_now(self.lost, self.visibility)
+            f"{len(self.lost)} transaction(s) with {records} record(s) are lost: the broker aborted them after "
+            "the run's COMMIT, and their records are not visible (only a repair makes them so):\n"
+            + "\n".join(lines)
+            + _what_now(self.lost, self.visibility)
         )
 
 

@@ -19,7 +19,7 @@ from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, acknowledge_command, repair_command
 from airflow_provider_kafka2pc.txn.protocol.outcome import TxnRef
-from airflow_provider_kafka2pc.txn.protocol.records import DecisionRecord, LostTxn, RunRecord
+from airflow_provider_kafka2pc.txn.protocol.records import DecisionRecord, LostTxn, RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryPlan, plan_recovery
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
@@ -245,7 +245,9 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "source_range": r.source.describe() if r.source is not None else None,
         # A repair of a loss (REPAIRED, or LOST again): its decision, who, when, what it restored.
         "repair": None if r.repair is None else r.repair.to_dict() | {"time": iso(r.repair.at_ms)},
-        "atomic": r.repair is None,  # a repaired run became visible in two steps
+        # Visible whole, in one step: only COMMITTED (a repaired run became so in two; a lost or an
+        # acknowledged one is only partly visible).
+        "atomic": r.status is RunStatus.COMMITTED,
     }
 
 
