@@ -204,6 +204,8 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_ui_browser.py",  # 305 s, 262 CPU-s
     "tests/integration/test_window_broker.py",  # 221 s, 82 CPU-s
     "tests/e2e/test_window_dag.py",  # 134 s, 56 CPU-s
+    "tests/e2e/test_spark_submit_dag.py",  # 150 s alone (2026-12-06): three DAG runs, five spark-submits
+    "tests/integration/test_handoff_spark.py",  # 75 s alone (2026-12-06): five spark-submits
     "tests/integration/test_repair_spark.py",  # 152 s, 77 CPU-s
     "tests/integration/test_decisions_broker.py",  # 216 s, 136 CPU-s
     "tests/integration/test_repair_broker.py",  # 131 s, 72 CPU-s
@@ -216,8 +218,6 @@ HEAVIEST_FIRST = (
     "tests/integration/test_native_broker.py",  # 47 s, 14 CPU-s
     "tests/integration/test_security_visibility.py",  # 36 s, 21 CPU-s (2026-11-29, four workers)
     "tests/integration/test_reach_broker.py",  # 15 s, 8 CPU-s (2026-11-29, four workers)
-    "tests/integration/test_handoff_spark.py",  # 75 s alone (2026-12-06): five spark-submits
-    "tests/e2e/test_spark_submit_dag.py",  # 46 s alone (2026-12-06)
     "tests/integration/test_spark_export.py",  # 81 s, 41 CPU-s
     "tests/integration/test_spark_cluster.py",  # 77 s, 58 CPU-s
     "tests/e2e/test_airflow_standalone_smoke.py",  # 68 s, 46 CPU-s
