@@ -154,6 +154,8 @@ def test_filter_does_not_touch_the_clients_own_config(everything_at_debug: Captu
         "ssl_password",
         "some.access.token",
         "Any.SECRET.key",
+        "sasl.jaas.config",  # a Java client's properties file, read by an application's export
+        "ssl.keystore.key",
     ],
 )
 def test_redact_hides_every_secret_key(key: str) -> None:

@@ -36,6 +36,10 @@ _SECRET_MARKERS = (
     ".pem",  # ssl.key.pem, ssl.certificate.pem, ssl.ca.pem: inline key material
     "keytab",  # sasl.kerberos.keytab
     "sasl.oauthbearer.config",
+    # Java client settings a properties file written for the Java client may carry (librdkafka
+    # refuses them, but only after they were read): the JAAS line holds the password, the other the key.
+    "jaas",  # sasl.jaas.config
+    "keystore.key",  # ssl.keystore.key (a PEM private key)
 )
 REDACTED = "***"
 
