@@ -35,7 +35,8 @@ APPLICATION = os.environ.get("KAFKA2PC_SPARK_SUBMIT_APPLICATION") or str(
 )
 # The run's identity goes to the application as arguments: it hands off under this DAG run.
 APPLICATION_ARGS = [
-    "--dag-id", "{{ dag.dag_id }}", "--run-id", "{{ run_id }}", "--prefix", PREFIX, "--topic", TOPIC,
+    "--dag-id", "{{ dag.dag_id }}", "--run-id", "{{ run_id }}", "--task-id", "{{ task.task_id }}",
+    "--prefix", PREFIX, "--topic", TOPIC,
     "--rows", "{{ params.rows }}", "--partitions", "{{ params.partitions }}", "--tag", "{{ run_id }}",
 ]  # fmt: skip
 

@@ -27,8 +27,9 @@ class Kafka2PCHandoffSensor(BaseSensorOperator):
     The application calls ``airflow_provider_kafka2pc.spark.application.export_from_application``
     with this DAG's id and run id (templated into its arguments by the task that submits it:
     ``SparkSubmitOperator``, ``SparkKubernetesOperator``, a Databricks or EMR job). Put this sensor
-    where the export task would be, downstream of the submit task's upstream (it may run beside
-    the submit): the commit and abort take it as their ``export_task_ids``. It accepts the one
+    where the export task would be, downstream of the submit task (``submit >> handoff``: a driver
+    restarted while the submit waits is then over before anything is accepted): the commit and
+    abort take it as their ``export_task_ids``. It accepts the one
     driver attempt whose transactions the broker still holds open at their producer epochs; a
     handoff that names another exporter or run, or that cannot be read, fails the task by name
     (nothing is committed; the abort task ends what is open). A run that never hands off fails at

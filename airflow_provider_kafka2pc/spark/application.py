@@ -49,6 +49,7 @@ def export_from_application(
     transactional_id_prefix: str,
     dag_id: str,
     run_id: str,
+    task_id: str,
     kafka_config: Mapping[str, Any] | None = None,
     decision_topic: str | None = None,
     naming_strategy: str = "INCREMENTING",  # the only one: runs never share ids (POOLING is refused)
@@ -59,6 +60,10 @@ def export_from_application(
     repairable: bool = True,
 ) -> Handoff | None:
     """Prepare ``df`` for run ``run_id`` of DAG ``dag_id`` and hand its transactions to Airflow.
+
+    ``task_id`` names the task that submits the application (template ``{{ task.task_id }}``): the
+    exporter ``transactional_id_prefix`` belongs to it, so a second task, or a second call in one
+    application, that exports under the same prefix is refused by name instead of fencing the first.
 
     Returns the handoff, or None when the run had already reached its decision (a resubmission
     after the commit): nothing is then written, or what was written is aborted. ``attempt`` names
@@ -105,7 +110,15 @@ def export_from_application(
         if session.run_status() is not None:
             log.warning("kafka2pc: run %s was rolled forward by recovery: nothing exported", run)
             return None
-        session.claim(owner=f"{dag_id}.application")  # every attempt of every run: one exporter
+        session.claim(owner=f"{dag_id}.{task_id}")  # the submit task's, as an export task's is its own
+        # Where the log stood once this attempt's own recovery pass had ended what earlier ones left:
+        # an ABORT of the run after it is the abort task's (``aborted_since`` below).
+        started = session.clients.decision_log().read_for(prefix, run)
+        if attempt in started.handoffs.get((prefix, run), {}):
+            raise Kafka2PCError(
+                f"attempt {attempt!r} already handed off run {run} of exporter {prefix!r}: one export per exporter and "
+                "run. Give the second export a transactional id prefix of its own"
+            )
         settings = ExportSettings(
             transactional_id_prefix=prefix,
             producer_config=config,
@@ -122,7 +135,10 @@ def export_from_application(
             return recover_until_clear(session.recover)[0]
 
         result = export_dataframe(df, settings, window=window, abort_opened=abort_now)
-        if session.run_status() is not None:  # decided while this attempt wrote: a second export
+        now = session.clients.decision_log().read_for(prefix, run)
+        if now.run_status(prefix, run) is not None or now.aborted_since(run, started.end_offset):
+            # Decided while this attempt wrote (a second export), or aborted by the run's abort task
+            # (the submit or the sensor gave up on it): nothing of it may stay open.
             log.warning("kafka2pc: run %s was decided while this attempt wrote: aborting its transactions", run)
             session.abort(result.committables)
             return None

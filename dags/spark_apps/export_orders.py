@@ -9,7 +9,7 @@ them to the Airflow side through the decision topic; the DAG that submitted it
 Kafka's address comes from ``KAFKA2PC_BOOTSTRAP_SERVERS`` (and its security settings from the
 librdkafka properties file ``KAFKA2PC_CONFIG_FILE``) in the driver's and executors' environment;
 the run's identity from the arguments the DAG templates: ``--dag-id {{ dag.dag_id }} --run-id
-{{ run_id }}``.
+{{ run_id }} --task-id {{ task.task_id }}``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dag-id", required=True)
     ap.add_argument("--run-id", required=True)
+    ap.add_argument("--task-id", required=True, help="the task that submits this application")
     ap.add_argument("--prefix", required=True, help="the exporter's transactional id prefix")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--rows", type=int, default=100_000)
@@ -45,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         )
         handoff = export_from_application(
-            orders, topic=args.topic, transactional_id_prefix=args.prefix, dag_id=args.dag_id, run_id=args.run_id
+            orders,
+            topic=args.topic,
+            transactional_id_prefix=args.prefix,
+            dag_id=args.dag_id,
+            run_id=args.run_id,
+            task_id=args.task_id,
         )
     finally:
         spark.stop()

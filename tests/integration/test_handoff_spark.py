@@ -41,7 +41,15 @@ def submit_gated(kafka: KafkaEnv, prefix: str, topic: str, run_id: str, gate: Pa
         "--conf",
         "spark.ui.enabled=false",
     ]
-    argv += [str(REPO / "tests" / "spark_apps" / "gated_export.py"), "--dag-id", DAG, "--run-id", run_id]
+    argv += [
+        str(REPO / "tests" / "spark_apps" / "gated_export.py"),
+        "--dag-id",
+        DAG,
+        "--run-id",
+        run_id,
+        "--task-id",
+        "submit",
+    ]
     argv += ["--prefix", prefix, "--topic", topic, "--tag", "gated", "--gate", str(gate)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"),
                             text=True, cwd=REPO, start_new_session=True)  # fmt: skip
@@ -59,7 +67,7 @@ def submit(
         "--conf",
         "spark.ui.enabled=false",
     ]
-    argv += [str(APP), "--dag-id", DAG, "--run-id", run_id, "--prefix", prefix, "--topic", topic]
+    argv += [str(APP), "--dag-id", DAG, "--run-id", run_id, "--task-id", "submit", "--prefix", prefix, "--topic", topic]
     argv += ["--rows", str(rows), "--partitions", "4", "--tag", tag]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO,
                             start_new_session=True)  # fmt: skip

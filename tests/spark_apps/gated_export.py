@@ -15,7 +15,7 @@ import time
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    for name in ("--dag-id", "--run-id", "--prefix", "--topic", "--tag"):
+    for name in ("--dag-id", "--run-id", "--task-id", "--prefix", "--topic", "--tag"):
         ap.add_argument(name, required=True)
     ap.add_argument("--gate", default=os.environ.get("KAFKA2PC_TEST_GATE"))
     ap.add_argument("--rows", type=int, default=8_000)
@@ -47,6 +47,7 @@ def main() -> int:
             transactional_id_prefix=args.prefix,
             dag_id=args.dag_id,
             run_id=args.run_id,
+            task_id=args.task_id,
             window=WindowSettings(materialize=False),
         )
     finally:

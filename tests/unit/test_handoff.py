@@ -195,7 +195,34 @@ def test_pooling_is_refused_by_the_application_and_the_sensor() -> None:
 
     with pytest.raises(Kafka2PCError, match=r"naming_strategy 'POOLING': an application's export writes INCREMENTING"):
         export_from_application(
-            None, topic="t", transactional_id_prefix=PREFIX, dag_id="etl", run_id=RUN_ID, naming_strategy="POOLING"
+            None,
+            topic="t",
+            transactional_id_prefix=PREFIX,
+            dag_id="etl",
+            run_id=RUN_ID,
+            task_id="submit",
+            naming_strategy="POOLING",
         )
     with pytest.raises(ValueError, match=r"handoff: naming_strategy must be INCREMENTING"):
         Kafka2PCHandoffSensor(task_id="handoff", transactional_id_prefix=PREFIX, naming_strategy="POOLING")
+
+
+def test_an_attempt_that_prepared_nothing_is_accepted_and_loses_to_one_that_did() -> None:
+    """An empty frame makes no committable: nothing to fence, so every such attempt is live; a
+    driver restarted after handing off an empty export must not fail the run as a conflict."""
+    log, broker = MemoryDecisionLog(), FakeBroker()
+    empty_1, empty_2 = (dataclasses.replace(_handoff(a), committables=()) for a in ("app-1.1", "app-1.2"))
+    hand_off(log, empty_1)
+    hand_off(log, empty_2)
+    assert _accept(log, broker).handoff == empty_2  # the latest
+    full = _handoff("app-1.3", epoch=2)
+    for c in full.committables:
+        broker.prepared(c)
+    hand_off(log, full)
+    assert _accept(log, broker).handoff == full
+    # A transaction the broker is ending (an abort under way) is not held; the empty attempts before
+    # it do not stand in for the records it wrote: nothing is accepted.
+    tid = full.committables[0].transactional_id
+    broker.states[tid] = dataclasses.replace(broker.states[tid], state="PrepareAbort")
+    found = _accept(log, broker)
+    assert found.handoff is None and found.stale == ("app-1.3",)

@@ -133,6 +133,11 @@ class LogState:
         d = self.decisions.get(next(iter(ids)) or "")
         return d if d is not None and d.kind is Kind.COMMIT and d.run == run else None
 
+    def aborted_since(self, run: str, offset: int) -> bool:
+        """Whether an ABORT of ``run`` (its abort task's) was appended after ``offset``."""
+        return any(d.kind is Kind.ABORT and d.run == run and self.offsets.get(did, -1) > offset
+                   for did, d in self.decisions.items())  # fmt: skip
+
     def run_status(self, prefix: str, run: str) -> RunRecord | None:
         """The run's record, or a DECIDED one derived from a live COMMIT in force."""
         rec = self.runs.get((prefix, run))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
-from airflow_provider_kafka2pc.txn.kafka.transactions import OPEN_STATES, TransactionInspector
+from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError
@@ -79,6 +79,13 @@ def accept(
     described = inspector.describe({c.transactional_id for h in handoffs for c in h.committables})
     live = [h for h in handoffs if all(_held(c, described.get(c.transactional_id)) for c in h.committables)]
     stale = tuple(h.attempt for h in handoffs if h not in live)
+    # An attempt that prepared nothing (an empty frame) holds nothing to fence, so it always looks
+    # live. One that prepared transactions wins; an empty one only if it is the newest handoff (a
+    # newer attempt that wrote records and was fenced or aborted is waited for, not replaced by none).
+    if any(h.committables for h in live):
+        live = [h for h in live if h.committables]
+    elif live:
+        live = live[-1:] if live[-1] is handoffs[-1] else []
     if len(live) > 1:
         raise DecisionConflictError(
             f"attempts {', '.join(repr(h.attempt) for h in live)} of run {run} of exporter {prefix!r} all hold open "
@@ -97,11 +104,11 @@ def accept(
 
 
 def _held(c: Committable, s: TxnState | None) -> bool:
-    """The broker holds the committable's transaction open at its producer id and epoch (one that
-    wrote nothing opened none: its producer id and epoch must still be the id's)."""
+    """The broker holds the committable's transaction open at its producer id and epoch, and is not
+    ending it (one that wrote nothing opened none: its producer id and epoch must still be the id's)."""
     if s is None or (s.producer_id, s.producer_epoch) != (c.producer_id, c.producer_epoch):
         return False
-    return c.records == 0 or s.state in OPEN_STATES
+    return c.records == 0 or s.state == "Ongoing"
 
 
 __all__ = ["Acceptance", "accept", "hand_off"]
