@@ -88,7 +88,7 @@ def export_from_application(
             "run), so that a run never fences another; POOLING needs the export task's turn-taking"
         )
     run = naming.decision_run_name(dag_id, run_id)
-    run_key = naming.sanitize_run_key(run_id) if strategy is naming.NamingStrategy.INCREMENTING else None
+    run_key = naming.sanitize_run_key(run_id)
     attempt = check_attempt(attempt or attempt_of(df.sparkSession))
     config = dict(kafka_config) if kafka_config is not None else config_from_environment()
     topic_name = decision_topic or os.environ.get(ENV_DECISION_TOPIC) or DEFAULT_DECISION_TOPIC

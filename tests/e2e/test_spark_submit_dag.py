@@ -52,22 +52,23 @@ def test_a_submitted_application_is_committed_once_through_its_handoff(kafka: Ka
     assert "kafka2pc: accepted attempt local-" in text and "4 transaction(s), 20000 records, open on the broker" in text
 
 
-def _drivers() -> list[int]:
-    """The gated test application's driver processes (spark-submit's JVM and its Python)."""
-    out = subprocess.run(["pgrep", "-f", "gated_export.py"], capture_output=True, text=True).stdout
+def _drivers(topic: str) -> list[int]:
+    """This test's gated application's driver processes (spark-submit's JVM and its Python), by the
+    topic in their arguments: another test's may run beside it."""
+    out = subprocess.run(["pgrep", "-f", f"gated_export.py .*--topic {topic} "], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 
 def _strike_when_writing(
-    kafka: KafkaEnv, fenced: set[tuple[str, int, int]], deadline: float
+    kafka: KafkaEnv, topic: str, fenced: set[tuple[str, int, int]], deadline: float
 ) -> set[tuple[str, int, int]]:
     """Wait until a new driver attempt holds three transactions open (order 0's waits for the gate),
     then SIGKILL its driver; the transactions it held."""
     while True:
         described = TransactionInspector(kafka.wire).describe_prefix(PREFIX)
         open_now = {(s.transactional_id, s.producer_id, s.producer_epoch) for s in described}
-        if len(open_now - fenced) >= 3 and _drivers():
-            for pid in _drivers():
+        if len(open_now - fenced) >= 3 and _drivers(topic):
+            for pid in _drivers(topic):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             return open_now
@@ -94,7 +95,7 @@ def test_a_driver_killed_mid_write_is_retried_by_airflow_or_aborted_whole(
     try:
         deadline, fenced = time.monotonic() + 600, set[tuple[str, int, int]]()
         for _ in range(kills):
-            fenced |= _strike_when_writing(kafka, fenced, deadline)
+            fenced |= _strike_when_writing(kafka, topic, fenced, deadline)
         gate.touch()
         proc.wait(timeout=600)
     finally:
