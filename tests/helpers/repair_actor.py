@@ -4,6 +4,7 @@ it (SIGKILL of its process group) at a point it announces on stderr:
 
     --hold-in-export-ms MS     "holding" with the first re-exported slot half written, open
     --hold-after-decision-ms MS "decided" once the repair's COMMIT is appended, before any EndTxn
+    --pause-after-decision      "paused", then SIGSTOP of itself, once the repair's COMMIT is read back
     --stall-after-ends K       "stalled" after the first K EndTxns of the repair's commit
 
 ``--export-after F`` and ``--decide-after F`` hold the actor ("planned", "exported" on stderr) until
@@ -19,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -55,8 +57,9 @@ def await_file(path: str, say: str) -> None:
         time.sleep(0.005)
 
 
-def around_repair_decision(log: DecisionLog, hold_after_ms: int, decide_after: str) -> None:
-    """Wait for ``decide_after`` before the repair's COMMIT is appended; hold after it."""
+def around_repair_decision(log: DecisionLog, hold_after_ms: int, decide_after: str, pause: bool = False) -> None:
+    """Wait for ``decide_after`` before the repair's COMMIT is appended; hold after it, or stop
+    (SIGSTOP, "paused" on stderr) until the test resumes it."""
     decide = log.decide
 
     def decide_then_hold(decision: Any, *args: Any, **kwargs: Any) -> Any:
@@ -66,6 +69,9 @@ def around_repair_decision(log: DecisionLog, hold_after_ms: int, decide_after: s
         if decision.repairs is not None and hold_after_ms:
             print("decided", file=sys.stderr, flush=True)
             time.sleep(hold_after_ms / 1000)
+        if decision.repairs is not None and pause:
+            print("paused", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         return state
 
     log.decide = decide_then_hold  # type: ignore[method-assign]
@@ -83,6 +89,7 @@ def main() -> int:
     ap.add_argument("--change-slot", type=int, default=None)
     ap.add_argument("--hold-in-export-ms", type=int, default=0)
     ap.add_argument("--hold-after-decision-ms", type=int, default=0)
+    ap.add_argument("--pause-after-decision", action="store_true")
     ap.add_argument("--stall-after-ends", type=int, default=None)
     ap.add_argument("--export-after", default="")
     ap.add_argument("--decide-after", default="")
@@ -91,8 +98,8 @@ def main() -> int:
     logging.getLogger("airflow_provider_kafka2pc").setLevel(logging.INFO)
     conf = {"bootstrap.servers": args.bootstrap}
     log = DecisionLog(conf, topic=args.decision_topic)
-    if args.hold_after_decision_ms or args.decide_after:
-        around_repair_decision(log, args.hold_after_decision_ms, args.decide_after)
+    if args.hold_after_decision_ms or args.decide_after or args.pause_after_decision:
+        around_repair_decision(log, args.hold_after_decision_ms, args.decide_after, args.pause_after_decision)
     if args.stall_after_ends is not None:
         stall_commit_after(args.stall_after_ends)
 

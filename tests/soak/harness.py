@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,11 @@ KINDS = (
     # A recovery that decides ABORT for the paused (or killed) prepare's transactions, paused after its
     # decision; the abort task finishes; it resumes a run later and must change nothing.
     "pause_recover",
+    # A repair of a lost run paused after its COMMIT; its rerun finishes the repair; it resumes a run
+    # later and must end well and change nothing.
+    "pause_repair",
+    # The operator's `kafka2pc resolve` (the CLI) SIGSTOPped at a random moment, resumed a run later.
+    "pause_resolve",
 )
 EXIT_CONFLICT, EXIT_LOST, EXIT_ABORTED = 10, 11, 12
 # A commit struck by a leader kill gets either the soak's short budgets (the decision log gives up
@@ -103,6 +109,8 @@ class Plan:
     pause_commit: bool = False  # the plain commit's first try paused after its decision, resumed a run later
     pause_abort: bool = False  # the abort task's first try, likewise (only where the abort is not killed)
     pause_recover: bool = False  # a recovery after the failed prepare, paused after its ABORT decision
+    pause_repair: bool = False  # the repair of this run's loss (if it is lost), paused after its decision
+    pause_resolve: bool = False  # the operator's concurrent `kafka2pc resolve`, paused at a random moment
     leader_kill: str = ""  # phases ("recover,prepare,commit") when the decision topic's leader is killed
     leader_at: str = "start"  # "start": just before the actor starts | "during": while it runs
     # A Kafka-sourced export (the raw prepare only: the Spark actor exports a frame of its own): it
@@ -138,6 +146,8 @@ class Plan:
             pause_commit=commit_end == "" and r() < 0.9,
             pause_abort=kill_prepare in ("abort", "pause") and r() < 0.5,
             pause_recover=kill_prepare == "pause" or (kill_prepare == "abort" and r() < 0.1),
+            pause_repair=r() < 0.5,  # only a run that ends lost has a repair to pause
+            pause_resolve=r() < 0.3,  # only where an operator resolves concurrently
             # A leader kill in about half the runs per phase (the commit's wherever a commit follows):
             # each of the three kinds strikes about 50 times in 100 runs.
             leader_kill=",".join(
@@ -167,8 +177,8 @@ SHORT_PLANS = (
     Plan(kill_prepare="pause", pause_recover=True, source=True),
     Plan(commit_end="timeout", source=True),
     Plan(commit_end="timeout_after_decision", source=True),
-    Plan(commit_end="timeout_after_decision"),  # not sourced: nothing keeps its repair from the output
-    Plan(resolve_in="prepare", clear="run", source=True),
+    Plan(commit_end="timeout_after_decision", pause_repair=True),  # not sourced: its repair is the output's
+    Plan(resolve_in="prepare", clear="run", source=True, pause_resolve=True),
 )
 
 
@@ -183,6 +193,7 @@ class Run:
     faults: list[str] = field(default_factory=list)  # kind:variant, as injected
     notes: list[str] = field(default_factory=list)
     acknowledged: bool = False
+    pause_repair: bool = False  # its repair's first try pauses after its decision (Plan.pause_repair)
     repaired: bool = False  # a LOST run the soak repaired (tests/helpers/repair_actor.py): all visible once
     loss_reported: bool = False  # a tool (commit, recovery, the operator's resolve) reported a loss
     # A COMMIT decision for the run is in force (a commit stalled after its EndTxns): if the broker
@@ -288,8 +299,9 @@ class Soak:
         self._admin: Any = None
         self._source_producer: Any = None
         # Paused actors (SIGSTOP), each with its run, the run after which it resumes, and whether it
-        # must then end well (a commit, an abort, a recovery) or fail (a fenced prepare).
-        self.paused: list[tuple[Run, subprocess.Popen[str], Path, int, bool]] = []
+        # must then end well (a commit, an abort, a recovery, a repair) or fail (a fenced prepare);
+        # None: either (the CLI, stopped anywhere), judged by the truth checks alone.
+        self.paused: list[tuple[Run, subprocess.Popen[str], Path, int, bool | None]] = []
 
     # -- plumbing -------------------------------------------------------------------------
     def tool(self, args: Sequence[str], alias: str = "transactions", check: bool = True) -> str:
@@ -375,6 +387,8 @@ class Soak:
         argv = [sys.executable, "-m", "tests.helpers.repair_actor", "--bootstrap", self.bootstrap,
                 "--decision-topic", self.decisions, "--prefix", PREFIX, "--run", r.run, "--topic", self.topic,
                 "--records", str(r.records), "--tag", r.tag]  # fmt: skip
+        if r.pause_repair:  # its rerun (the call below) finishes what the paused one decided
+            self.pause(r, argv, "pause_repair")
         p = self.call(argv)
         status = json.loads(p.stdout.strip().splitlines()[-1])["status"] if p.returncode == 0 else ""
         self.repairs["repaired" if status == "REPAIRED" else f"exit {p.returncode} {status}".strip()] += 1
@@ -561,7 +575,16 @@ class Soak:
         self.leader_outcomes[f"{lk.kind} {lk.at}: {what}"] += 1
         lk.r.notes.append(f"{lk.kind} {lk.at}: {what}")
 
-    def operator_resolves(self, r: Run, variant: str) -> None:
+    def operator_resolves(self, r: Run, variant: str, pause: bool = False) -> None:
+        if pause:  # stopped wherever it has got to, resumed after the next run: judged by the truth checks
+            for delay in (self.rng.uniform(0.0, 0.8), 0.0):  # one that ended first is followed by one stopped at once
+                proc, err = self.spawn(self.cli("resolve", "--run", "operator"))
+                time.sleep(delay)
+                if proc.poll() is None:
+                    self.freeze(r, proc, err, "pause_resolve", variant, ends_well=None)
+                    return
+                r.notes.append(f"a resolve to pause ended first (exit {proc.returncode})")
+            return
         p = self.call(self.cli("resolve", "--run", "operator"))
         self.inject(r, "concurrent_resolve", variant)
         if p.returncode == CLI_LOST:
@@ -600,7 +623,9 @@ class Soak:
 
     # -- one run --------------------------------------------------------------------------
     def one_run(self, i: int, plan: Plan) -> Run:
-        r = Run(run=f"soak/run-{i}", tag=f"r{i}", sourced=plan.source and not plan.spark)
+        r = Run(
+            run=f"soak/run-{i}", tag=f"r{i}", sourced=plan.source and not plan.spark, pause_repair=plan.pause_repair
+        )
         self.runs.append(r)
         if r.sourced:
             self.fill_source()
@@ -714,6 +739,8 @@ class Soak:
             during.append(self.at_random(1.0, self.restart_broker, r, "prepare", ready))
         if faults and plan.resolve_in == "prepare":
             during.append(self.at_random(1.0, self.operator_resolves, r, "prepare"))
+        if faults and plan.pause_resolve and plan.resolve_in:
+            during.append(self.at_random(1.0, partial(self.operator_resolves, pause=True), r, "prepare"))
         if spark is not None:
             assert spark.stdout is not None
             answer = json.loads(spark.stdout.readline())
@@ -870,7 +897,9 @@ class Soak:
             r.notes.append(f"the {kind} actor ended first: {err.read_text().strip().splitlines()[-1:]}")
             self.kill(proc)
 
-    def freeze(self, r: Run, proc: subprocess.Popen[str], err: Path, kind: str, variant: str, ends_well: bool) -> None:
+    def freeze(
+        self, r: Run, proc: subprocess.Popen[str], err: Path, kind: str, variant: str, ends_well: bool | None
+    ) -> None:
         """SIGSTOP of a running actor's process group, from outside; it resumes a run later."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGSTOP)
@@ -897,7 +926,7 @@ class Soak:
                 code = -9
             said = err.read_text().strip().splitlines()
             r.notes.append(f"the paused actor resumed after {len(self.runs) - index} run(s): exit {code}")
-            if (code == 0) != ends_well:
+            if ends_well is not None and (code == 0) != ends_well:
                 self.broken.append(Violation(r.run, f"its paused actor, resumed later, exit {code}: {said[-3:]}"))
             if after is None:  # at the end; otherwise the check after the run under way follows at once
                 self.check_truth(f"after the paused actor of {r.run} resumed")

@@ -33,7 +33,8 @@ def test_short_soak_has_no_violations(tmp_path: Path) -> None:
                                        "leader_kill_commit:start", "leader_kill_recover:start",
                                        "leader_kill_prepare:start", "pause_commit:after-decision",
                                        "pause_abort:after-decision", "pause_prepare:in-transactions",
-                                       "pause_recover:after-decision",
+                                       "pause_recover:after-decision", "pause_repair:after-decision",
+                                       "pause_resolve:prepare",
                                        # the Airflow runs: task kills, REST clears, Spark and broker faults
                                        "kill_recover:airflow", "kill_prepare:airflow", "kill_commit:airflow",
                                        "clear:airflow-run", "clear:airflow-prepare-running",
