@@ -31,46 +31,28 @@ INC = NamingStrategy.INCREMENTING
 DAG = "orders_submit"
 
 
+def spark_submit(kafka: KafkaEnv, app: Path, run_id: str, args: list[str], log: Path) -> subprocess.Popen[str]:
+    """``spark-submit`` of ``app`` for run ``run_id``, in its own process group (driver and workers)."""
+    env = {**os.environ, "KAFKA2PC_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable}
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+            "--conf", "spark.ui.enabled=false",
+            str(app), "--dag-id", DAG, "--run-id", run_id, "--task-id", "submit", *args]  # fmt: skip
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO,
+                            start_new_session=True)  # fmt: skip
+
+
 def submit_gated(kafka: KafkaEnv, prefix: str, topic: str, run_id: str, gate: Path, log: Path) -> subprocess.Popen[str]:
     """The test application (``tests/spark_apps/gated_export.py``): order 0 waits for ``gate`` mid-write."""
-    env = {**os.environ, "KAFKA2PC_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable}
-    argv = [
-        str(Path(sys.executable).parent / "spark-submit"),
-        "--master",
-        "local[2]",
-        "--conf",
-        "spark.ui.enabled=false",
-    ]
-    argv += [
-        str(REPO / "tests" / "spark_apps" / "gated_export.py"),
-        "--dag-id",
-        DAG,
-        "--run-id",
-        run_id,
-        "--task-id",
-        "submit",
-    ]
-    argv += ["--prefix", prefix, "--topic", topic, "--tag", "gated", "--gate", str(gate)]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"),
-                            text=True, cwd=REPO, start_new_session=True)  # fmt: skip
+    args = ["--prefix", prefix, "--topic", topic, "--tag", "gated", "--gate", str(gate)]
+    return spark_submit(kafka, REPO / "tests" / "spark_apps" / "gated_export.py", run_id, args, log)
 
 
 def submit(
     kafka: KafkaEnv, prefix: str, topic: str, run_id: str, tag: str, rows: int, log: Path
 ) -> subprocess.Popen[str]:
-    """``spark-submit`` of the example application, in its own process group (driver and workers)."""
-    env = {**os.environ, "KAFKA2PC_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable}
-    argv = [
-        str(Path(sys.executable).parent / "spark-submit"),
-        "--master",
-        "local[2]",
-        "--conf",
-        "spark.ui.enabled=false",
-    ]
-    argv += [str(APP), "--dag-id", DAG, "--run-id", run_id, "--task-id", "submit", "--prefix", prefix, "--topic", topic]
-    argv += ["--rows", str(rows), "--partitions", "4", "--tag", tag]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO,
-                            start_new_session=True)  # fmt: skip
+    """The example application, ``rows`` orders in 4 partitions."""
+    args = ["--prefix", prefix, "--topic", topic, "--rows", str(rows), "--partitions", "4", "--tag", tag]
+    return spark_submit(kafka, APP, run_id, args, log)
 
 
 def _accept(kafka: KafkaEnv, prefix: str, run_id: str) -> Acceptance:
