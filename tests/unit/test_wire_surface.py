@@ -154,6 +154,7 @@ def test_error_helpers() -> None:
     assert kafka_errors.error_name(90) == "ProducerFencedError"
     assert kafka_errors.is_connection_error(kafka.errors.KafkaConnectionError("reset"))
     assert kafka_errors.is_connection_error(ConnectionResetError())
+    assert kafka_errors.is_connection_error(kafka.errors.Cancelled())  # its connection closed under it
     assert not kafka_errors.is_connection_error(kafka.errors.ProducerFencedError())
 
 

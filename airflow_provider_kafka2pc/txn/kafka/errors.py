@@ -125,6 +125,7 @@ def is_connection_error(exc: BaseException) -> bool:
         exc,
         (
             Errors.KafkaConnectionError,
+            Errors.Cancelled,  # a request whose connection closed before its answer
             Errors.NodeNotReadyError,
             Errors.KafkaTimeoutError,
             Errors.RequestTimedOutError,

@@ -180,7 +180,16 @@ class WireClient:
         return self._manager.run(coro_fn, *args)
 
     async def _send(self, request: Any, node_id: int | None = None) -> Any:
-        return await self._manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
+        import kafka.errors as Errors
+
+        try:
+            return await self._manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
+        except Errors.Cancelled:
+            # The connection closed under the request, cleanly, before its answer: a broker restarted
+            # while this process was stopped (SIGSTOP, a frozen VM) and the first request after the
+            # resume went out on the socket its FIN had already ended (the soak's paused repair).
+            # Sent once more, on a new connection; a second failure is the caller's to judge.
+            return await self._manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
 
     def request(self, request: Any, node_id: int | None = None) -> Any:
         """One request of kafka-python's generated protocol classes (public), answered by ``node_id``
