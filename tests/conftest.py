@@ -18,6 +18,7 @@ import pytest
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka2pc-airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
+from tests.helpers import cpu_accounting
 from tests.helpers.jvm_options import jdk_java_options, spark_class_archive
 from tests.helpers.kafka import KafkaEnv, kafka_local
 from tests.helpers.oidc import OidcProvider
@@ -34,8 +35,12 @@ CAP30_TXN_MAX_TIMEOUT_MS = 30_000
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every JVM of the run gets the tests' options (tests/helpers/jvm_options.py); xdist workers
-    inherit them from the controller, which makes Spark's class archive once per checkout."""
-    if hasattr(config, "workerinput") or "JDK_JAVA_OPTIONS" in os.environ:
+    inherit them from the controller, which makes Spark's class archive once per checkout. A worker
+    counts its CPU in a cgroup of its own (tests/helpers/cpu_accounting.py)."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is not None:
+        cpu_accounting.join_own_group(worker)
+    if worker is not None or "JDK_JAVA_OPTIONS" in os.environ:
         return
     os.environ["JDK_JAVA_OPTIONS"] = jdk_java_options(spark_class_archive())
 
@@ -179,6 +184,8 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regist
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    if report.when == "teardown":
+        cpu_accounting.end(item, report)
     if report.failed:
         for name in ("kafka", "kafka_short_timeout", "kafka_cluster", "kafka_secure"):
             env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
@@ -255,6 +262,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before the item's fixtures are set up
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    cpu_accounting.begin(item)
     place = _file_rank.get(_file_of(item))
     if place is None:
         return
@@ -275,6 +283,17 @@ _skipped: list[str] = []
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped:
         _skipped.append(report.nodeid)
+    cpu_accounting.add_wall(report)
+    cpu_accounting.tally(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    cpu_accounting.summary(terminalreporter)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        cpu_accounting.leave_own_group()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
