@@ -124,6 +124,8 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
             raise
         if not report.note:  # a finished run (a clear) said so first, in the core's own line
             self._log_window(present, run)
+        if report.committed:
+            self._end_other_attempts(hook, present, run)
         counts = self.counts(report)
         counts["records"] = sum(c.records for c in committables)
         if report.committed:
@@ -131,6 +133,32 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
             self._visible = (bootstrap, tuple(sorted({t for c in committables for t in c.counts_by_topic})))
             self.emit_asset_events(context, committables, bootstrap)
         return counts
+
+    def _end_other_attempts(self, hook: Kafka2PCHook, payloads: Sequence[ExportPayload], run: str) -> None:
+        """A handed-off run: abort, now, what the application's other driver attempts left open (each
+        wrote ids of its own: one still running, or killed, holds read_committed readers back until
+        its broker deadline). One recovery pass over the run's ids; the COMMIT covers the accepted
+        attempt's. A failure leaves them to the next recovery and the deadline, never fails the run."""
+        for p in payloads:
+            if p.attempt_tag is None:
+                continue
+            try:
+                result = hook.recover(p.prefix, run, p.run_key)
+            except Exception as e:
+                self.log.warning(
+                    "kafka2pc: run %s is committed; other attempts' open transactions of exporter %s are left to the "
+                    "next recovery or their broker deadline: %s",
+                    run,
+                    p.prefix,
+                    e,
+                )
+                continue
+            if result.plan.abort:
+                self.log.info(
+                    "kafka2pc: aborted %d transaction(s) that other attempts of run %s left open",
+                    len(result.plan.abort),
+                    run,
+                )
 
     def _skip_unless_only_finished_exports_skipped(
         self, context: Context, payloads: Mapping[str, ExportPayload | None]

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 # full committables with every partition, is still read): 4.6 KB for 8 x 8 partitions was several
 # MB in the metadata database for 2,000 Spark partitions x 100 Kafka partitions.
 PAYLOAD_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 3: an application's handoff, whose ids carry its driver attempt (``attempt_tag``); written
+# only then, so that a commit of a version that cannot rebuild such ids refuses the XCom by name.
+ATTEMPT_PAYLOAD_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 # Pushed by an export that skipped itself (its run is already decided): not a failure to abort.
 SKIPPED_KEY = "kafka2pc_skipped"
 WRITE_RATE_KEY = "kafka2pc_write_rate"  # the write rate per slot a successful prepare showed
@@ -37,11 +40,13 @@ class ExportPayload:
     committables: tuple[Committable, ...] = ()
     summary: Mapping[str, Any] = field(default_factory=dict)
     source: SourceRange | None = None  # a Kafka source's range; its offsets participant is a committable
+    attempt_tag: str | None = None  # an application's handoff: the ids' driver attempt
 
     def to_xcom(self) -> dict[str, Any]:
         return {
             **({"source": self.source.to_dict()} if self.source is not None else {}),
-            "version": PAYLOAD_VERSION,
+            "version": PAYLOAD_VERSION if self.attempt_tag is None else ATTEMPT_PAYLOAD_VERSION,
+            **({"attempt_tag": self.attempt_tag} if self.attempt_tag is not None else {}),
             "conn_id": self.conn_id,
             "prefix": self.prefix,
             "naming_strategy": self.naming_strategy,
@@ -86,7 +91,8 @@ class ExportPayload:
         return next((c for c in self.committables if c.transactional_id == tid), None)
 
     def _id(self, slot: int) -> str:
-        return naming.transactional_id(self.prefix, slot, naming.NamingStrategy(self.naming_strategy), self.run_key)
+        strategy = naming.NamingStrategy(self.naming_strategy)
+        return naming.transactional_id(self.prefix, slot, strategy, self.run_key, self.attempt_tag)
 
     @classmethod
     def from_xcom(cls, value: Any, task_id: str) -> ExportPayload:
@@ -105,6 +111,7 @@ class ExportPayload:
                 delivery_guarantee=str(value["delivery_guarantee"]),
                 summary=dict(value.get("summary") or {}),
                 source=SourceRange.from_dict(value["source"]) if value.get("source") is not None else None,
+                attempt_tag=None if value.get("attempt_tag") is None else str(value["attempt_tag"]),
             )
             if version == 1:
                 committables = tuple(Committable.from_dict(c) for c in value["committables"])

@@ -29,8 +29,9 @@ class Kafka2PCHandoffSensor(BaseSensorOperator):
     ``SparkSubmitOperator``, ``SparkKubernetesOperator``, a Databricks or EMR job). Put this sensor
     where the export task would be, downstream of the submit task (``submit >> handoff``: a driver
     restarted while the submit waits is then over before anything is accepted): the commit and
-    abort take it as their ``export_task_ids``. It accepts the one
-    driver attempt whose transactions the broker still holds open at their producer epochs; a
+    abort take it as their ``export_task_ids``. It accepts the first driver attempt to hand off
+    whose transactions the broker still holds open at their producer epochs (each attempt writes
+    ids of its own; the commit aborts what the others left open); a
     handoff that names another exporter or run, or that cannot be read, fails the task by name
     (nothing is committed; the abort task ends what is open). A run that never hands off fails at
     ``timeout``, and its abort task ends whatever the application left open. A run already decided
@@ -95,6 +96,7 @@ class Kafka2PCHandoffSensor(BaseSensorOperator):
             delivery_guarantee="EXACTLY_ONCE",
             committables=h.committables,
             summary={**h.summary, "attempt": h.attempt},
+            attempt_tag=h.attempt_tag,
         )
         return PokeReturnValue(is_done=True, xcom_value=payload.to_xcom())
 

@@ -125,6 +125,7 @@ def export_from_application(
             topic=topic,
             naming_strategy=strategy,
             run_key=run_key,
+            attempt_tag=naming.attempt_tag(attempt),  # ids of its own: no attempt fences another
             transaction_timeout_ms=transaction_timeout_ms,
             writer=writer,
             repairable=repairable,

@@ -9,13 +9,15 @@ import dataclasses
 import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
-from airflow_provider_kafka2pc.txn.protocol.errors import (
-    DecisionConflictError,
-    ForeignHandoffError,
-    MalformedHandoffError,
-)
+from airflow_provider_kafka2pc.txn.protocol.errors import ForeignHandoffError, MalformedHandoffError
 from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff, check_attempt, parse_handoff_key
-from airflow_provider_kafka2pc.txn.protocol.naming import NamingStrategy, sanitize_run_key, transactional_id
+from airflow_provider_kafka2pc.txn.protocol.naming import (
+    NamingStrategy,
+    attempt_tag,
+    parse_transactional_id,
+    sanitize_run_key,
+    transactional_id,
+)
 from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.handoff import Acceptance, accept, hand_off
 from tests.unit.fakes import FakeBroker, MemoryDecisionLog, committable
@@ -26,7 +28,7 @@ INC = NamingStrategy.INCREMENTING
 
 
 def _handoff(attempt: str = "app-1.1", epoch: int = 0, slots: int = 2) -> Handoff:
-    tids = [transactional_id(PREFIX, s, INC, KEY) for s in range(slots)]
+    tids = [transactional_id(PREFIX, s, INC, KEY, attempt_tag(attempt)) for s in range(slots)]
     return Handoff(PREFIX, RUN, attempt, INC, KEY, tuple(committable(t, 1000 + i, epoch) for i, t in enumerate(tids)))
 
 
@@ -62,44 +64,65 @@ def test_a_handoff_of_another_run_or_of_other_ids_is_refused_by_name() -> None:
     with pytest.raises(ForeignHandoffError, match=r"is for run etl/scheduled__2026-12-05 of exporter 'orders'"):
         other.check(PREFIX, RUN, INC, KEY)
     foreign = dataclasses.replace(h, committables=(committable(transactional_id(PREFIX, 0, INC, "other_run")),))
-    with pytest.raises(ForeignHandoffError, match=r"carries transactional ids of another run .*orders-other_run-0"):
+    with pytest.raises(ForeignHandoffError, match=r"carries transactional ids of another run.*orders-other_run-0"):
         foreign.check(PREFIX, RUN, INC, KEY)
+    # This run's ids, but another attempt's (or none): an attempt hands off only what it wrote.
+    for tag in (attempt_tag("app-9.1"), None):
+        theirs = dataclasses.replace(h, committables=(committable(transactional_id(PREFIX, 0, INC, KEY, tag)),))
+        with pytest.raises(ForeignHandoffError, match=rf"attempt or naming .*with the attempt's tag '{h.attempt_tag}'"):
+            theirs.check(PREFIX, RUN, INC, KEY)
     with pytest.raises(MalformedHandoffError, match=r"driver attempt 'a:b'"):
         check_attempt("a:b")
 
 
-def test_the_attempt_the_broker_holds_open_is_accepted_and_a_fenced_one_is_not() -> None:
+def test_each_attempt_writes_ids_of_its_own_and_they_stay_the_runs() -> None:
+    """A live earlier attempt must never fence the attempt being committed (DESIGN §16): their ids
+    differ by the attempt's tag, and everything that owns the run's ids owns both."""
+    from airflow_provider_kafka2pc.txn.protocol.naming import Members
+
+    a, b = (transactional_id(PREFIX, 3, INC, KEY, attempt_tag(x)) for x in ("application_1_0001.1", "app-2.1"))
+    assert a != b and a.startswith(f"{PREFIX}-{KEY}-a") and a.endswith("-3")
+    parsed = parse_transactional_id(a)
+    assert parsed is not None and (parsed.prefix, parsed.run_key, parsed.slot) == (PREFIX, KEY, 3)
+    assert parsed.attempt == attempt_tag("application_1_0001.1")
+    assert Members(PREFIX, INC, KEY).owns(a) and Members(PREFIX, INC, KEY).owns(b)
+    assert not Members(PREFIX, INC, "other_run").owns(a) and not Members(PREFIX, NamingStrategy.POOLING).owns(a)
+    with pytest.raises(ValueError, match="attempt tag"):
+        transactional_id(PREFIX, 0, NamingStrategy.POOLING, None, attempt_tag("x"))
+
+
+def test_the_first_attempt_the_broker_holds_open_is_accepted_and_an_aborted_one_is_not() -> None:
     log, broker = MemoryDecisionLog(), FakeBroker()
     assert "no application has handed off run etl/manual__" in _accept(log, broker).waiting
-    first, second = _handoff("app-1.1", epoch=0), _handoff("app-1.2", epoch=1)
+    first, second = _handoff("app-1.1"), _handoff("app-1.2")
     for c in first.committables:
         broker.prepared(c)
     hand_off(log, first)
-    found = _accept(log, broker)
-    assert found.handoff == first
-    # A second driver attempt took the same ids: the first is fenced; its late record changes nothing.
+    assert _accept(log, broker).handoff == first
+    # A second driver attempt completes too, on ids of its own: the first to hand off stays the run's.
     for c in second.committables:
         broker.prepared(c)
     hand_off(log, second)
     found = _accept(log, broker)
+    assert found.handoff == first and found.stale == ()
+    # The first one's transactions aborted (the next attempt's recovery ended them): the second is accepted.
+    tid = first.committables[0].transactional_id
+    broker.states[tid] = dataclasses.replace(broker.states[tid], producer_epoch=1, state="CompleteAbort")
+    found = _accept(log, broker)
     assert found.handoff == second and found.stale == ("app-1.1",)
-    # The first attempt's handoff alone, its transactions fenced: nothing to accept yet.
+    # The first attempt's handoff alone, its transactions aborted: nothing to accept yet.
     log2 = MemoryDecisionLog()
     hand_off(log2, first)
     waiting = _accept(log2, broker)
     assert waiting.handoff is None and "'app-1.1' of run etl/manual__" in waiting.waiting
 
 
-def test_two_live_attempts_are_refused_and_a_decided_run_accepts_nothing() -> None:
+def test_a_decided_run_accepts_nothing() -> None:
     log, broker = MemoryDecisionLog(), FakeBroker()
-    a, b = _handoff("app-1.1"), _handoff("app-2.1", slots=4)
-    b = dataclasses.replace(b, committables=b.committables[2:])  # other slots: both open at once
-    for c in (*a.committables, *b.committables):
+    a = _handoff("app-1.1")
+    for c in a.committables:
         broker.prepared(c)
     hand_off(log, a)
-    hand_off(log, b)
-    with pytest.raises(DecisionConflictError, match=r"attempts 'app-1.1', 'app-2.1' of run .* all hold open"):
-        _accept(log, broker)
     decided = RunRecord(PREFIX, RUN, RunStatus.COMMITTED, 2, 20, 1)
     log.append([(decided.key, decided.to_json())])
     found = _accept(log, broker)
@@ -180,6 +203,7 @@ def test_the_sensor_skips_a_decided_run_and_pushes_an_accepted_attempt(monkeypat
     assert (
         payload.conn_id == "kafka2pc_default" and payload.naming_strategy == "INCREMENTING" and payload.run_key == KEY
     )
+    assert payload.attempt_tag == attempt_tag("app-1.1") and got.xcom_value["version"] == 3  # type: ignore[index]
     with pytest.raises(AirflowSkipException, match=r"run etl/manual__.* already reached its COMMIT decision"):
         sensor.poke(context)  # type: ignore[arg-type]
     assert ti.pushed[SKIPPED_KEY] == {"status": "COMMITTED", "prefix": PREFIX}

@@ -8,10 +8,11 @@ broker and pushes the committables as an export task's XCom; commit, abort and r
 for an export run in the task.
 
 The record holds what a committable holds (ids, producer ids and epochs, counts, digests) and the
-export's summary: never a connection setting. Which attempt is the run's is decided by Kafka, not
-by the record: attempts of one run share its transactional ids, so a later attempt fences an
-earlier one, and only the attempt whose transactions are still open at its producer epochs is
-accepted (``txn.two_phase.handoff``).
+export's summary: never a connection setting. Each attempt writes ids of its own
+(``{prefix}-{run_key}-{attempt tag}-{slot}``, ``naming.attempt_tag``): a live earlier attempt can
+never fence the one the run commits. Which attempt is the run's is decided by Kafka and the log
+order, not by the record alone: the first handoff whose transactions the broker still holds open
+at its producer epochs is accepted (``txn.two_phase.handoff``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import ForeignHandoffError, MalformedHandoffError
-from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy
+from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, attempt_tag, parse_transactional_id
 from airflow_provider_kafka2pc.txn.protocol.records import HANDOFF_KEY
 
 FORMAT = 1
@@ -76,6 +77,11 @@ class Handoff:
     @property
     def records(self) -> int:
         return sum(c.records for c in self.committables)
+
+    @property
+    def attempt_tag(self) -> str:
+        """The id part of this attempt's transactions."""
+        return attempt_tag(self.attempt)
 
     def to_json(self) -> bytes:
         d = {
@@ -134,12 +140,18 @@ class Handoff:
                 "was accepted; pass this DAG run's run id and prefix to the application"
             )
         expected = Members(prefix, strategy, run_key)
-        foreign = sorted(c.transactional_id for c in self.committables if not expected.owns(c.transactional_id))
+        foreign = sorted(
+            c.transactional_id
+            for c in self.committables
+            if not expected.owns(c.transactional_id)
+            or getattr(parse_transactional_id(c.transactional_id), "attempt", None) != self.attempt_tag
+        )
         if foreign or (self.naming_strategy, self.run_key) != (strategy, run_key):
             raise ForeignHandoffError(
-                f"the handoff of attempt {self.attempt!r} for run {run} carries transactional ids of another run or "
-                f"naming ({', '.join(foreign[:3]) or self.naming_strategy.value}); this run's are "
-                f"{expected.describe()}. Nothing was accepted; give the application the same naming strategy"
+                f"the handoff of attempt {self.attempt!r} for run {run} carries transactional ids of another run, "
+                f"attempt or naming ({', '.join(foreign[:3]) or self.naming_strategy.value}); this run's are "
+                f"{expected.describe()}, with the attempt's tag {self.attempt_tag!r} before the slot. Nothing was "
+                "accepted; give the application the same naming strategy"
             )
 
 

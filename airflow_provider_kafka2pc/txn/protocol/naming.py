@@ -3,6 +3,11 @@
 The delimiter is '-', and neither a prefix nor a run key may contain it, so an id splits into
 its parts unambiguously: prefix ``orders`` can never match ``orders2-0`` or ``orders-eu-0``
 of a prefix ``orders-eu`` (which is refused).
+
+A Spark application's export (``spark/application.py``) puts its driver attempt into its ids,
+``{prefix}-{run_key}-{attempt tag}-{slot}``: attempts of one run never share an id, so a live
+earlier attempt can never fence the attempt the run committed (DESIGN §16). They are still the
+run's ids: whatever owns the run's ids owns every attempt's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class ParsedId:
     prefix: str
     run_key: str | None
     slot: int
+    attempt: str | None = None  # an application driver attempt's tag (``attempt_tag``)
 
 
 def validate_prefix(prefix: str) -> str:
@@ -68,9 +74,20 @@ def sanitize_run_key(run_key: str) -> str:
     return cleaned
 
 
+def attempt_tag(attempt: str) -> str:
+    """An application's driver attempt (Spark's application and attempt id, which hold '-') as an
+    id part: short and in the id alphabet."""
+    return "a" + hashlib.sha256(attempt.encode()).hexdigest()[:10]
+
+
 def transactional_id(
-    prefix: str, slot: int, strategy: NamingStrategy = NamingStrategy.POOLING, run_key: str | None = None
+    prefix: str,
+    slot: int,
+    strategy: NamingStrategy = NamingStrategy.POOLING,
+    run_key: str | None = None,
+    attempt: str | None = None,
 ) -> str:
+    """``attempt``: an ``attempt_tag``, INCREMENTING only."""
     validate_prefix(prefix)
     if slot < 0 and slot != OFFSETS_SLOT:
         raise ValueError(f"slot must be >= 0, got {slot}")
@@ -80,7 +97,10 @@ def transactional_id(
     else:
         if run_key is None:
             raise ValueError("INCREMENTING naming needs a run key")
-        tid = f"{prefix}{DELIMITER}{sanitize_run_key(run_key)}{DELIMITER}{last}"
+        middle = sanitize_run_key(run_key) + (f"{DELIMITER}{attempt}" if attempt is not None else "")
+        tid = f"{prefix}{DELIMITER}{middle}{DELIMITER}{last}"
+    if attempt is not None and (strategy is NamingStrategy.POOLING or not _PREFIX_RE.fullmatch(attempt)):
+        raise ValueError(f"attempt tag {attempt!r}: an INCREMENTING id's part, from attempt_tag()")
     if len(tid) > _MAX_ID_LENGTH:
         raise InvalidPrefixError(f"transactional id {tid!r} is too long")
     return tid
@@ -91,11 +111,16 @@ def parse_transactional_id(tid: str) -> ParsedId | None:
     parts = tid.split(DELIMITER)
     slot = parts[-1]
     numbered = slot.isascii() and slot.isdigit()
-    if len(parts) not in (2, 3) or not (numbered or slot == OFFSETS_NAME) or not _PREFIX_RE.fullmatch(parts[0]):
+    if len(parts) not in (2, 3, 4) or not (numbered or slot == OFFSETS_NAME):
         return None
-    if len(parts) == 3 and not _PREFIX_RE.fullmatch(parts[1]):
+    if not all(_PREFIX_RE.fullmatch(p) for p in parts[:-1]):
         return None
-    return ParsedId(parts[0], parts[1] if len(parts) == 3 else None, int(slot) if numbered else OFFSETS_SLOT)
+    return ParsedId(
+        parts[0],
+        parts[1] if len(parts) >= 3 else None,
+        int(slot) if numbered else OFFSETS_SLOT,
+        parts[2] if len(parts) == 4 else None,
+    )
 
 
 def belongs_to(tid: str, prefix: str) -> bool:

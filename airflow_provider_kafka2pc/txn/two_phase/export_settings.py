@@ -27,6 +27,8 @@ class ExportSettings:
     topic: str | None = None
     naming_strategy: naming.NamingStrategy = naming.NamingStrategy.POOLING
     run_key: str | None = None
+    # An application's driver attempt (``naming.attempt_tag``): its ids are its own (DESIGN §16).
+    attempt_tag: str | None = None
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
     transaction_timeout_ms: int | None = None
     # Testing aid: the first attempt of this partition raises after writing N records.
@@ -55,7 +57,9 @@ class ExportSettings:
         return cls(**d)
 
     def transactional_id(self, slot: int) -> str:
-        return naming.transactional_id(self.transactional_id_prefix, slot, self.naming_strategy, self.run_key)
+        return naming.transactional_id(
+            self.transactional_id_prefix, slot, self.naming_strategy, self.run_key, self.attempt_tag
+        )
 
 
 WRITERS = ("auto", "native", "python")

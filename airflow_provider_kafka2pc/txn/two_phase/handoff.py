@@ -2,11 +2,13 @@
 
 ``hand_off`` (the application, once every transaction of its driver attempt is prepared) appends
 the attempt's record and reads it back. ``accept`` (the Airflow side) reads the run's handoffs,
-refuses a malformed or foreign one by name, and accepts the one attempt whose transactions the
-broker still holds open at the producer epochs the record names. Attempts of one run share its
-transactional ids, so a later attempt (a driver restarted by YARN, a resubmission by an Airflow
-retry) fences every earlier one: at most one attempt is live, and an attempt that hands off after
-it was fenced, or after the run's decision, is never accepted (DESIGN §15, §16).
+refuses a malformed or foreign one by name, and accepts the first, in log order, whose
+transactions the broker still holds open at the producer epochs the record names. Each attempt
+(a driver restarted by YARN, a resubmission by an Airflow retry) writes ids of its own, so no
+attempt fences another, before or after the run's decision: a live earlier attempt that starts a
+Spark task again cannot abort the transactions of the attempt being committed. An attempt that
+hands off after the run's decision is never accepted; what the others leave open is aborted by
+the commit task's recovery pass, the abort task or the next attempt's recovery (DESIGN §15, §16).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError
 from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff
 from airflow_provider_kafka2pc.txn.protocol.naming import NamingStrategy
 from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
@@ -79,25 +80,21 @@ def accept(
     described = inspector.describe({c.transactional_id for h in handoffs for c in h.committables})
     live = [h for h in handoffs if all(_held(c, described.get(c.transactional_id)) for c in h.committables)]
     stale = tuple(h.attempt for h in handoffs if h not in live)
-    # An attempt that prepared nothing (an empty frame) holds nothing to fence, so it always looks
-    # live. One that prepared transactions wins; an empty one only if it is the newest handoff (a
-    # newer attempt that wrote records and was fenced or aborted is waited for, not replaced by none).
+    # An attempt that prepared nothing (an empty frame) holds nothing that can be aborted, so it
+    # always looks live. One that prepared transactions wins; an empty one only if it is the newest
+    # handoff (a newer attempt that wrote records and was aborted is waited for, not replaced by none).
+    # Of several complete attempts the first to hand off is the run's: each is whole, and the first
+    # stays the first as later ones arrive.
     if any(h.committables for h in live):
-        live = [h for h in live if h.committables]
+        live = [h for h in live if h.committables][:1]
     elif live:
         live = live[-1:] if live[-1] is handoffs[-1] else []
-    if len(live) > 1:
-        raise DecisionConflictError(
-            f"attempts {', '.join(repr(h.attempt) for h in live)} of run {run} of exporter {prefix!r} all hold open "
-            "transactions: they did not share transactional ids (different naming or partitioning). Nothing was "
-            "accepted; the run's abort task ends them all. Export with one naming strategy and partitioning"
-        )
     if not live:
         return Acceptance(
             None,
             f"attempt(s) {', '.join(repr(a) for a in stale)} of run {run} handed off transactions the broker no "
-            "longer holds open at their producer epochs (a later attempt fenced them, or they were aborted or timed "
-            "out): waiting for an attempt that completes",
+            "longer holds open at their producer epochs (aborted by a recovery or the abort task, or timed out): "
+            "waiting for an attempt that completes",
             stale,
         )
     return Acceptance(live[0], stale=stale)
