@@ -229,6 +229,8 @@ def _resolve_report(passes: Sequence[RecoveryResult], still_open: Sequence[TxnLi
             {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id}
             for t in sorted(still_open, key=lambda t: survey.id_order(t.transactional_id))
         ],
+        # Open, undecided, of a repair whose lease is live: left to it (it commits or aborts them).
+        "left_to_repair": [{"transactional_id": tid, "run": run} for tid, run in passes[-1].left_to_repair],
     }
 
 

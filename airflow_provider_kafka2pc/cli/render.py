@@ -232,8 +232,11 @@ def resolved(out: TextIO, report: Mapping[str, Any]) -> None:
                 ],
             )
         )
+    repairing = {t["transactional_id"]: t["run"] for t in report.get("left_to_repair", ())}
     for t in report["still_open"]:
-        out.write(f"still open: {t['transactional_id']} ({t['state']})\n")
+        run = repairing.get(t["transactional_id"])
+        held = f": left to the live repair of run {run}, which commits or aborts it" if run is not None else ""
+        out.write(f"still open: {t['transactional_id']} ({t['state']}){held}\n")
     if report["lost"] and not report["losses"]:  # lost in this call, and retired from the log since
         out.write(f"LOST: {len(report['lost'])} transaction(s) decided COMMIT can never become visible:\n")
         out.write(_lost_table(report["lost"]))

@@ -100,20 +100,23 @@ def write_slot(
     timeout_ms: int | None,
     hold_ms: int = 0,
     value_prefix: str = "value",
+    hold_until: str = "",
 ) -> Committable:
     """One slot's records (keys ``TAG/slot/i``) in transaction ``tid``, prepared, with the digest of
     its keys and values, as the exporter's writer records it. ``hold_ms`` holds half-way through,
-    flushed, the transaction open ("holding" on stderr)."""
+    flushed, the transaction open ("holding" on stderr); ``hold_until``, until that file exists."""
     w = TransactionalWriter(conf, tid, timeout_ms).open()
     digest = RecordDigest()
     for i in range(records):
         key, value = f"{tag}/{slot}/{i}".encode(), f"{value_prefix}-{slot}-{i}".encode()
         w.produce(topic, value, key)
         digest.add(key, value)
-        if hold_ms and i == (records - 1) // 2:  # half written, on the broker, the transaction open
+        if (hold_ms or hold_until) and i == (records - 1) // 2:  # half written, on the broker, the transaction open
             w.flush_and_verify()
             print(f"holding {slot}", file=sys.stderr, flush=True)
             time.sleep(hold_ms / 1000)
+            while hold_until and not os.path.exists(hold_until):
+                time.sleep(0.01)
     c = w.prepare()
     assert c is not None
     return dataclasses.replace(c, digest=digest.text())

@@ -3,6 +3,7 @@ again by ``phase_two.write_slot`` (the same keys and values as the run's prepare
 it (SIGKILL of its process group) at a point it announces on stderr:
 
     --hold-in-export-ms MS     "holding" with the first re-exported slot half written, open
+    --hold-in-export-until F   the same, until file F exists
     --hold-after-decision-ms MS "decided" once the repair's COMMIT is appended, before any EndTxn
     --pause-after-decision      "paused", then SIGSTOP of itself, once the repair's COMMIT is read back
     --stall-after-ends K       "stalled" after the first K EndTxns of the repair's commit
@@ -31,6 +32,7 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+from airflow_provider_kafka2pc.txn.protocol.repair_lease import DEFAULT_TTL_MS
 from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, repair_lost_run
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from tests.helpers.actors import PROTOCOL_ERRORS, report_exit
@@ -88,6 +90,8 @@ def main() -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--change-slot", type=int, default=None)
     ap.add_argument("--hold-in-export-ms", type=int, default=0)
+    ap.add_argument("--hold-in-export-until", default="")
+    ap.add_argument("--lease-ttl-ms", type=int, default=DEFAULT_TTL_MS)
     ap.add_argument("--hold-after-decision-ms", type=int, default=0)
     ap.add_argument("--pause-after-decision", action="store_true")
     ap.add_argument("--stall-after-ends", type=int, default=None)
@@ -108,17 +112,19 @@ def main() -> int:
             await_file(args.export_after, "planned")
 
         def one(slot: int) -> Committable:
-            hold = args.hold_in_export_ms if slot == plan.slots[0] else 0
+            first = slot == plan.slots[0]
+            hold, until = (args.hold_in_export_ms, args.hold_in_export_until) if first else (0, "")
             value = "changed" if slot == args.change_slot else "value"
             tag = args.tag or args.prefix
-            return write_slot(conf, plan.transactional_id(slot), args.topic, tag, slot, args.records, None, hold, value)
+            tid = plan.transactional_id(slot)
+            return write_slot(conf, tid, args.topic, tag, slot, args.records, None, hold, value, until)
 
         with ThreadPoolExecutor(8) as pool:
             return list(pool.map(one, plan.slots))
 
     try:
         with WireClient(conf) as wire:
-            report = repair_lost_run(wire, log, args.prefix, args.run, export_again)
+            report = repair_lost_run(wire, log, args.prefix, args.run, export_again, lease_ttl_ms=args.lease_ttl_ms)
         rec = report.record
         decision = rec.repair.decision_id if rec.repair is not None else None
         print(json.dumps({"status": rec.status.value, "now": report.repaired_now, "note": report.note,

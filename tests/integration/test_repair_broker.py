@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -104,7 +105,7 @@ def lost(kafka_short_timeout: KafkaEnv, tmp_path_factory: pytest.TempPathFactory
     """Every run the module repairs, made LOST at once (one wait for the broker's cap)."""
     env, tmp = kafka_short_timeout, tmp_path_factory.mktemp("repair")
     tag = uuid.uuid4().hex[:6]
-    names = ["main", "changed", *KILL_POINTS]
+    names = ["main", "changed", "leased", *KILL_POINTS]
     prefixes = {n: f"rep{tag}_{n.replace('-', '_')}" for n in names} | {
         f"race{i}": f"rep{tag}_race{i}" for i in range(RACES)
     }
@@ -178,7 +179,8 @@ def test_a_repair_killed_at_each_point_ends_exactly_once_after_a_rerun(lost: Los
     prefix = lost.prefixes[point]
     flag = {"in-export": "--hold-in-export-ms", "after-decision": "--hold-after-decision-ms"}.get(point)
     extra = [flag, "60000"] if flag else ["--stall-after-ends", "2"]
-    proc, err = lost.repair(tmp_path, prefix, *extra)
+    # A killed repair's lease lapses after its time to live: 3 s here, so that the rerun waits briefly.
+    proc, err = lost.repair(tmp_path, prefix, *extra, "--lease-ttl-ms", "3000")
     wait_for_line(proc, err, KILL_POINTS[point])
     sigkill(proc)
     # The broker's view at the kill: the repair's transactions still open (in-commit: 2 of 4 ended).
@@ -196,7 +198,7 @@ def test_a_repair_killed_at_each_point_ends_exactly_once_after_a_rerun(lost: Los
         )  # fmt: skip
         assert acked.returncode == 2 and f"`kafka2pc resolve --prefix {prefix}`" in acked.stderr, acked.stderr
         assert lost.status(prefix) is RunStatus.LOST  # nothing written
-    code, report, text = _finish(*lost.repair(tmp_path, prefix))
+    code, report, text = _finish(*lost.repair(tmp_path, prefix, "--lease-ttl-ms", "3000"))
     assert code == 0 and report["status"] == "REPAIRED", text[-3000:]
     # Died before its decision: the rerun exports again. After it: the rerun rolls it forward, exports nothing,
     # and says what it made visible itself (the killed try ended 2 of the 4 in the commit).
@@ -212,34 +214,70 @@ def test_a_repair_killed_at_each_point_ends_exactly_once_after_a_rerun(lost: Los
 
 
 def test_two_repairs_racing_give_one_result_20_times(lost: Lost, tmp_path: Path) -> None:
-    """Both repairs plan, then export, then decide at the same moment (barrier files): both reach a
-    decision every time, the first in the log wins, the other aborts its own and finishes the winner."""
+    """Two repairs of one run started together: the one whose lease came first holds the run and
+    exports ("planned", held there by a barrier file), the other waits for it (its log says so),
+    then reports the first's result; neither aborts the other's transactions."""
     outcomes: Counter[str] = Counter()
     for i in range(RACES):
         prefix = lost.prefixes[f"race{i}"]
-        go, decide = tmp_path / f"go{i}", tmp_path / f"decide{i}"
-        procs = [lost.repair(tmp_path, prefix, "--export-after", str(go), "--decide-after", str(decide), records=20)
-                 for _ in range(2)]  # fmt: skip
-        for proc, err in procs:
-            wait_for_line(proc, err, "planned")
+        go = tmp_path / f"go{i}"
+        procs = [lost.repair(tmp_path, prefix, "--export-after", str(go), records=20) for _ in range(2)]
+        said: dict[int, str] = {}
+        deadline = time.monotonic() + 120
+        while len(said) < 2:  # one holds the run and exports, the other waits for it: each says so
+            for n, (proc, err) in enumerate(procs):
+                text = err.read_text()
+                assert proc.poll() is None, text[-3000:]
+                if "planned" in text:
+                    said[n] = "planned"
+                elif "waiting for the repair that holds it" in text:
+                    said[n] = "waiting"
+            assert time.monotonic() < deadline, said
+            time.sleep(0.05)
+        assert sorted(said.values()) == ["planned", "waiting"], said
         go.touch()
-        for proc, err in procs:
-            wait_for_line(proc, err, "exported")
-        decide.touch()
         results = [_finish(*p) for p in procs]
         assert [code for code, _, _ in results] == [0, 0], [text[-2000:] for _, _, text in results]
-        winners = [r for _, r, _ in results if r["now"] is True]
-        losers = [str(r["note"]) for _, r, _ in results if r["now"] is False]
-        assert len(winners) == 1 and len(losers) == 1, results
-        # Void by the rule whichever way the log had it: the winner in force, or its generation taken.
-        assert losers[0].startswith("another repair came first (") and str(winners[0]["decision"]) in losers[0]
-        assert all(r["decision"] == winners[0]["decision"] for _, r, _ in results), results
+        winner, other = (results[n][1] for n in sorted(said, key=lambda n: said[n] != "planned"))
+        assert winner["now"] is True and other["now"] is False, results
+        assert str(other["note"]).startswith("nothing to do: run") and str(winner["decision"]) in str(other["note"])
+        assert other["decision"] == winner["decision"], results
         seen = lost.keys(prefix)
         assert set(seen) == lost.expected(prefix, txns=4, records=20) and set(seen.values()) == {1}, i
         assert lost.env.open_transactions(prefix) == [] and lost.status(prefix) is RunStatus.REPAIRED
-        outcomes["winner in force" if "came first)" in losers[0].split(";")[0] else "generation taken"] += 1
+        outcomes["the second reported the first's result"] += 1
     # Kafka's own tool, once for all of them (a JVM per round would cost more than the races).
     listed = kafka_local().run_tool(lost.env.directory, "transactions", ["list"]).stdout
     races = tuple(f"{p}-" for n, p in lost.prefixes.items() if n.startswith("race"))
     assert not [t for t in listed.splitlines() if t.startswith(races) and ("Ongoing" in t or "Prepare" in t)], listed
     print(f"{RACES} races, both deciding each time, one result each: {dict(outcomes)}")
+
+
+def test_recovery_during_a_repair_leaves_its_transactions_to_it(lost: Lost, tmp_path: Path) -> None:
+    """A recovery pass over the whole exporter (a POOLING exporter's next DAG run, ``kafka2pc
+    resolve``) while a repair exports, its first transaction half written and open: the repair's
+    lease keeps recovery off its transactions; the repair then completes, every record once."""
+    prefix = lost.prefixes["leased"]
+    gate = tmp_path / "leased-gate"
+    proc, err = lost.repair(tmp_path, prefix, "--hold-in-export-until", str(gate))
+    try:
+        wait_for_line(proc, err, "holding")
+        before = lost.env.open_transactions(prefix)
+        assert before and all(f"-{attempts_of(RUN)}" in tid for tid in before), before
+        recovered = subprocess.run(
+            [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "resolve", "--prefix", prefix,
+             "--bootstrap-servers", lost.env.bootstrap, "--decision-topic", lost.decisions],
+            capture_output=True, text=True, cwd=REPO, timeout=120,
+        )  # fmt: skip
+        said = recovered.stdout + recovered.stderr
+        assert f"left to the live repair of run {RUN}, which commits or aborts it" in said, said[-3000:]
+        assert lost.env.open_transactions(prefix) == before  # nothing of the repair aborted
+        gate.touch()
+        code, report, text = _finish(proc, err)
+    finally:
+        if proc.poll() is None:
+            sigkill(proc)
+    assert code == 0 and report["status"] == "REPAIRED" and report["now"] is True, text[-3000:]
+    seen = lost.keys(prefix)
+    assert set(seen) == lost.expected(prefix) and set(seen.values()) == {1}
+    assert lost.left_open(prefix) == []

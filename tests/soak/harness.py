@@ -386,8 +386,10 @@ class Soak:
         are Spark's; a lost offsets participant): then it is acknowledged instead."""
         argv = [sys.executable, "-m", "tests.helpers.repair_actor", "--bootstrap", self.bootstrap,
                 "--decision-topic", self.decisions, "--prefix", PREFIX, "--run", r.run, "--topic", self.topic,
-                "--records", str(r.records), "--tag", r.tag]  # fmt: skip
-        if r.pause_repair:  # its rerun (the call below) finishes what the paused one decided
+                "--records", str(r.records), "--tag", r.tag, "--lease-ttl-ms", "5000"]  # fmt: skip
+        # Its rerun (the call below) finishes what the paused one decided, once the paused one's lease
+        # lapsed (5 s: it renews nothing while stopped).
+        if r.pause_repair:
             self.pause(r, argv, "pause_repair")
         p = self.call(argv)
         status = json.loads(p.stdout.strip().splitlines()[-1])["status"] if p.returncode == 0 else ""

@@ -64,6 +64,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     OUTCOME_KEY,
     POSITION_KEY,
     REPAIR_KEY,
+    REPAIR_LEASE_KEY,
     RUN_KEY,
     Covered,
     DecisionRecord,
@@ -78,6 +79,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     prefix_of,
     repair_claim_key,
 )
+from airflow_provider_kafka2pc.txn.protocol.repair_lease import RepairLease, holder_of
 from airflow_provider_kafka2pc.txn.protocol.run_history import RunHistory
 
 
@@ -106,6 +108,8 @@ class LogState:
     repair_claims: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (prefix, run, gen) -> decision
     # Spark applications' handoffs, (prefix, run) -> attempt -> the record as read (``txn.protocol.handoff``).
     handoffs: dict[tuple[str, str], dict[str, Entry]] = field(default_factory=dict)
+    # Live repairs' leases, (prefix, run) -> holder -> (offset, lease) (``txn.protocol.repair_lease``).
+    repair_leases: dict[tuple[str, str], dict[str, tuple[int, RepairLease]]] = field(default_factory=dict)
     end_offset: int = -1  # the last offset read of the protocol's partition
     broker_time_ms: int = 0  # the newest LogAppendTime read: the broker's clock, roughly now
 
@@ -132,6 +136,15 @@ class LogState:
             return None
         d = self.decisions.get(next(iter(ids)) or "")
         return d if d is not None and d.kind is Kind.COMMIT and d.run == run else None
+
+    def repair_holder(self, prefix: str, run: str, now_ms: int) -> RepairLease | None:
+        """The repair that holds the run: its live lease came first (``txn.protocol.repair_lease``)."""
+        return holder_of(self.repair_leases.get((prefix, run), {}).values(), now_ms)
+
+    def leased(self, prefix: str, now_ms: int) -> list[RepairLease]:
+        """Every live repair lease of the exporter: recovery leaves their undecided transactions alone."""
+        return [lease for (p, _run), held in self.repair_leases.items() if p == prefix
+                for _offset, lease in held.values() if lease.live(now_ms)]  # fmt: skip
 
     def aborted_since(self, run: str, offset: int) -> bool:
         """Whether an ABORT of ``run`` (its abort task's) was appended after ``offset``."""
@@ -228,6 +241,14 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
             run, _, generation = rest.rpartition(":")
             if e.value:  # the first in the log holds; a second of one generation never comes from the rules
                 state.repair_claims.setdefault((prefix, run, int(generation)), str(json.loads(e.value)["decision"]))
+            continue
+        if key.startswith(REPAIR_LEASE_KEY.encode()):
+            prefix, _, rest = key[len(REPAIR_LEASE_KEY) :].decode().partition(":")
+            holder, _, run = rest.partition(":")
+            holders = state.repair_leases.setdefault((prefix, run), {})
+            holders.pop(holder, None)
+            if e.value is not None:
+                holders[holder] = (e.offset, RepairLease.from_json(e.value))
             continue
         if key.startswith(HANDOFF_KEY.encode()):
             prefix, attempt, run = parse_handoff_key(key)

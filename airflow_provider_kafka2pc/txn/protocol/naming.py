@@ -25,6 +25,7 @@ DELIMITER = "-"
 _PART = r"[A-Za-z0-9][A-Za-z0-9._]*"
 _PREFIX_RE = re.compile(_PART, re.ASCII)
 _MAX_ID_LENGTH = 249
+_ATTEMPT_TAG_RE = re.compile(r"a[0-9a-f]{10}", re.ASCII)
 # The run's consumer-offsets participant (a Kafka-sourced export, KIP-447): one more transaction
 # beside the partitions' ones, ``{prefix}-offsets`` or ``{prefix}-{run_key}-offsets``. Its slot
 # is -1 wherever slots are numbers (XCom columns, sorting), so it sorts before every partition.
@@ -99,7 +100,7 @@ def transactional_id(
             raise ValueError("INCREMENTING naming needs a run key")
         middle = sanitize_run_key(run_key) + (f"{DELIMITER}{attempt}" if attempt is not None else "")
         tid = f"{prefix}{DELIMITER}{middle}{DELIMITER}{last}"
-    if attempt is not None and (strategy is NamingStrategy.POOLING or not _PREFIX_RE.fullmatch(attempt)):
+    if attempt is not None and (strategy is NamingStrategy.POOLING or not _ATTEMPT_TAG_RE.fullmatch(attempt)):
         raise ValueError(f"attempt tag {attempt!r}: an INCREMENTING id's part, from attempt_tag()")
     if len(tid) > _MAX_ID_LENGTH:
         raise InvalidPrefixError(f"transactional id {tid!r} is too long")
@@ -114,6 +115,8 @@ def parse_transactional_id(tid: str) -> ParsedId | None:
     if len(parts) not in (2, 3, 4) or not (numbered or slot == OFFSETS_NAME):
         return None
     if not all(_PREFIX_RE.fullmatch(p) for p in parts[:-1]):
+        return None
+    if len(parts) == 4 and not _ATTEMPT_TAG_RE.fullmatch(parts[2]):  # only what attempt_tag() writes
         return None
     return ParsedId(
         parts[0],

@@ -34,6 +34,8 @@ GROUP_KEY = "kafka2pc.group:"
 # Which repair decision took generation N of a LOST run's repairs: written when that repair is final,
 # one key per generation, never removed (``txn.protocol.decisions``: a repair of a taken generation is void).
 REPAIR_KEY = "kafka2pc.repair:"
+# A live repair's lease, one key per repair attempt (``txn.protocol.repair_lease``); tombstoned at its end.
+REPAIR_LEASE_KEY = "kafka2pc.repair-lease:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.

@@ -63,6 +63,8 @@ class RecoveryResult:
     lost: tuple[LostTransaction, ...] = ()  # decided COMMIT, never visible, not acknowledged
     visibility: tuple[Visibility, ...] = ()  # per run with a loss: how much of it is visible
     spared: tuple[Visibility, ...] = ()  # the loss of the run whose own export repairs it (``spare``)
+    # (id, run) of open, undecided transactions of a live repair: its own to decide (its lease)
+    left_to_repair: tuple[tuple[str, str], ...] = ()
 
     @property
     def done(self) -> bool:
@@ -119,6 +121,23 @@ def recover(
     state = decision_log.read_for(prefix)
     open_states = inspector.describe_prefix(prefix)
     open_states = [s for s in open_states if mine(s.transactional_id) or ref_of(s) in state.ruling]
+    # A live repair's undecided transactions are its own to decide (``txn.protocol.repair_lease``).
+    leased = state.leased(prefix, now_ms())
+    left_to_repair = {
+        s.transactional_id: le.run
+        for s in open_states
+        if ref_of(s) not in state.ruling
+        for le in leased
+        if le.protects(s.transactional_id)
+    }
+    if left_to_repair:
+        log.info(
+            "recovery of %s: %d open transaction(s) of a live repair (%s) left to it",
+            prefix,
+            len(left_to_repair),
+            ", ".join(sorted({f"run {run}" for run in left_to_repair.values()})),
+        )
+        open_states = [s for s in open_states if s.transactional_id not in left_to_repair]
     plan = plan_recovery(open_states, state)
     undecided = [
         s for s in open_states if s.state == "Ongoing" and ref_of(s) not in state.ruling and mine(s.transactional_id)
@@ -148,7 +167,14 @@ def recover(
     spared = tuple(f.visibility for f in found if spare is not None and f.visibility.run == spare)
     found = [f for f in found if spare is None or f.visibility.run != spare]
     lost = {t.transactional_id: t for f in found for t in f.lost}
-    result = RecoveryResult(plan, tuple(resolutions), tuple(lost.values()), tuple(f.visibility for f in found), spared)
+    result = RecoveryResult(
+        plan,
+        tuple(resolutions),
+        tuple(lost.values()),
+        tuple(f.visibility for f in found),
+        spared,
+        tuple(sorted(left_to_repair.items())),
+    )
     if raise_on_loss:
         result.raise_for_loss()
     return result

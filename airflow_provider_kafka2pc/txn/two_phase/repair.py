@@ -57,11 +57,13 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     new_decision,
     topics_of,
 )
+from airflow_provider_kafka2pc.txn.protocol.repair_lease import DEFAULT_TTL_MS
 from airflow_provider_kafka2pc.txn.two_phase import visibility
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, check_current_producers
 from airflow_provider_kafka2pc.txn.two_phase.doomed import commit_headroom, doomed_of
 from airflow_provider_kafka2pc.txn.two_phase.loss_proof import fate_of, proof_of
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover, recover_until_clear
+from airflow_provider_kafka2pc.txn.two_phase.repair_lease import hold_run
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver, check_unique
 from airflow_provider_kafka2pc.txn.two_phase.ruling import (
     committed_in,
@@ -180,12 +182,34 @@ def repair_lost_run(
     actor: str = ACTOR,
     max_workers: int = 16,
     end_txn_timeout_s: float = 60.0,
+    lease_ttl_ms: int = DEFAULT_TTL_MS,
 ) -> RepairReport:
     """Repair the LOST run ``run`` of ``prefix`` (steps in the module's docstring). Idempotent: a
     second call finds the run REPAIRED and does nothing; a call after a crash finishes or replaces
-    the attempt that died."""
+    the attempt that died. The repair holds the run by a lease (``txn.two_phase.repair_lease``): a
+    second repair of the run waits for it and reports its result; recovery leaves its transactions
+    alone while it lives."""
     naming.validate_prefix(prefix)
-    attempts = attempts_of(run)
+    attempt_key = f"{attempts_of(run)}{uuid.uuid4().hex[:8]}"
+    with hold_run(decision_log, prefix, run, attempt_key, lease_ttl_ms) as repaired:
+        if repaired is not None:
+            return _repaired_already(repaired)
+        return _repair_holding(
+            wire, decision_log, prefix, run, attempt_key, export_again, actor, max_workers, end_txn_timeout_s
+        )
+
+
+def _repair_holding(
+    wire: WireClient,
+    decision_log: DecisionLog,
+    prefix: str,
+    run: str,
+    attempt_key: str,
+    export_again: Callable[[RepairPlan], Sequence[Committable]],
+    actor: str,
+    max_workers: int,
+    end_txn_timeout_s: float,
+) -> RepairReport:
     # A repair decided by an earlier try (killed past its decision) is finished here: say what this call did.
     decided = decision_log.read_for(prefix, run).repair_of(prefix, run)
     ended = _recovery_pass(wire, decision_log, prefix, run, actor, _attempt_of(run))
@@ -194,7 +218,7 @@ def repair_lost_run(
         decided = decided or later
         ended += _recovery_pass(wire, decision_log, prefix, run, actor)
         state = decision_log.read_for(prefix, run)
-    plan = plan_repair(state, prefix, run, f"{attempts}{uuid.uuid4().hex[:8]}")
+    plan = plan_repair(state, prefix, run, attempt_key)
     if isinstance(plan, RunRecord):
         return _repaired_already(plan, _finished_here(decided, ended))
     _prove_lost(wire, plan, end_txn_timeout_s)
