@@ -90,6 +90,7 @@ def export_from_application(
     run = naming.decision_run_name(dag_id, run_id)
     run_key = naming.sanitize_run_key(run_id)
     attempt = check_attempt(attempt or attempt_of(df.sparkSession))
+    tag = naming.attempt_tag(attempt)
     config = dict(kafka_config) if kafka_config is not None else config_from_environment()
     topic_name = decision_topic or os.environ.get(ENV_DECISION_TOPIC) or DEFAULT_DECISION_TOPIC
     log.info("kafka2pc: run %s of exporter %s, attempt %s, producer config %s", run, prefix, attempt, redact(config))
@@ -125,15 +126,20 @@ def export_from_application(
             topic=topic,
             naming_strategy=strategy,
             run_key=run_key,
-            attempt_tag=naming.attempt_tag(attempt),  # ids of its own: no attempt fences another
+            attempt_tag=tag,  # ids of its own: no attempt fences another
             transaction_timeout_ms=transaction_timeout_ms,
             writer=writer,
             repairable=repairable,
         )
         session.clients.close()  # idle through the Spark job: connect afresh after it
 
+        def this_attempts(tid: str) -> bool:
+            parsed = naming.parse_transactional_id(tid)
+            return parsed is not None and parsed.run_key == run_key and parsed.attempt == tag
+
         def abort_now() -> bool:
-            return recover_until_clear(session.recover)[0]
+            # Only what this attempt opened: another attempt's may be the one being committed.
+            return recover_until_clear(lambda: session.recover(owns=this_attempts))[0]
 
         result = export_dataframe(df, settings, window=window, abort_opened=abort_now)
         now = session.clients.decision_log().read_for(prefix, run)

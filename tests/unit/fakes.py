@@ -346,6 +346,13 @@ class MemoryDecisionLog(DecisionLog):
     def ensure_topic(self) -> None:
         """Nothing to create: append and scan never leave memory."""
 
+    def sibling(self) -> MemoryDecisionLog:
+        """The same memory: another thread's client of one log (its lock keeps appends whole)."""
+        return self
+
+    def close(self) -> None:
+        """Nothing to close: a sibling's close must not end the log its test still reads."""
+
     def append(self, items: Sequence[tuple[bytes, bytes | None]]) -> list[Position]:
         out = []
         with self._lock:

@@ -47,8 +47,9 @@ def test_the_record_round_trips_under_a_key_whose_run_holds_colons() -> None:
     ("raw", "match"),
     [
         (b"{not json", r"handoff of attempt 'app-1.1' for run etl/manual__.* cannot be read \(JSONDecodeError"),
-        (b'{"v": 9}', r"not a kafka2pc handoff of format 1 \(found 9\): the application and the Airflow side"),
-        (b'{"v": 1, "prefix": "orders"}', r"cannot be read \(KeyError: 'run'\)"),
+        (b'{"v": 9}', r"not a kafka2pc handoff of format 2 \(found 9\): the application and the Airflow side"),
+        (b'{"v": 1, "prefix": "orders"}', r"not a kafka2pc handoff of format 2 \(found 1\)"),
+        (b'{"v": 2, "prefix": "orders"}', r"cannot be read \(KeyError: 'run'\)"),
     ],
 )
 def test_a_malformed_handoff_is_refused_by_name(raw: bytes, match: str) -> None:

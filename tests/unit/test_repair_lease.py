@@ -61,6 +61,9 @@ def test_recovery_leaves_a_live_repairs_transactions_alone_and_aborts_a_lapsed_o
     assert sorted(broker.aborts_sent()) == ["orders-0", "orders-repair.abc.2-0"]
     assert broker.state_of("orders-repair.abc.1-0") == "Ongoing"
     assert result.left_to_repair == (("orders-repair.abc.1-0", RUN),)
+    # The holder itself, ending what its failed re-export opened, does not spare its own.
+    mine = recover(broker, "orders", log, owns=lambda tid: "repair.abc.1" in tid, honour_leases=False)
+    assert "orders-repair.abc.1-0" in broker.aborts_sent() and mine.left_to_repair == ()
 
 
 def _second(log: MemoryDecisionLog, got: list[RunRecord | None]) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from airflow_provider_kafka2pc.txn.kafka.errors import (
     DecisionLogError,
@@ -170,6 +170,13 @@ class DecisionTopicClient:
         self._ready = False
         self._partitions = 2
         self._local = threading.local()  # the budget of the read or append running on this thread
+
+    def sibling(self) -> Self:
+        """A client of the same topic with the same settings, for another thread: a client's producer
+        and budget are its own (a failed append purges its producer's queue)."""
+        twin = type(self)(self._config, self.topic, self._replication_factor, self.timeout_s)
+        twin.prefixes = set(self.prefixes)
+        return twin
 
     @property
     def budget_s(self) -> float:

@@ -28,7 +28,7 @@ from airflow_provider_kafka2pc.txn.protocol.errors import ForeignHandoffError, M
 from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, attempt_tag, parse_transactional_id
 from airflow_provider_kafka2pc.txn.protocol.records import HANDOFF_KEY
 
-FORMAT = 1
+FORMAT = 2  # 2: each attempt's ids carry its tag (``naming.attempt_tag``); 1 shared the run's ids
 _ATTEMPT = re.compile(r"[A-Za-z0-9._-]{1,120}")
 
 

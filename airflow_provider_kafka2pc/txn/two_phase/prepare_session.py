@@ -63,9 +63,10 @@ class PrepareSession:
         with self._acl_named():
             return self.clients.decision_log().take_turn(lease, is_live)
 
-    def recover(self, spare_own_loss: bool = False) -> RecoveryResult:
+    def recover(self, spare_own_loss: bool = False, owns: Callable[[str], bool] | None = None) -> RecoveryResult:
         """One recovery pass over the exporter's open transactions (DESIGN §3.1). ``spare_own_loss``:
-        a loss of this run does not fail it (its export task repairs it)."""
+        a loss of this run does not fail it (its export task repairs it). ``owns``: abort only the
+        undecided transactions whose id it accepts (default: the run's)."""
         with self._acl_named():
             return recover(
                 self.clients.wire(),
@@ -73,6 +74,7 @@ class PrepareSession:
                 self.clients.decision_log(),
                 run=self.run,
                 run_key=self.run_key,
+                owns=owns,
                 spare=self.run if spare_own_loss else None,
             )
 

@@ -109,20 +109,26 @@ def recover(
     run_key: str | None = None,
     owns: Callable[[str], bool] | None = None,
     spare: str | None = None,
+    honour_leases: bool = True,
 ) -> RecoveryResult:
     """One recovery pass. ``run_key`` (INCREMENTING): abort only this run's undecided transactions;
     another run's may belong to a run that is still live (decisions in force are obeyed for all).
     ``owns`` instead: abort only the undecided transactions whose id it accepts (a repair's).
     ``spare``: a loss of that run does not fail the pass (a cleared run whose export repairs it);
-    it is reported in ``spared``."""
+    it is reported in ``spared``. ``honour_leases`` False: the caller is the repair that holds
+    the lease (it aborts what its own failed re-export opened)."""
     naming.validate_prefix(prefix)
     mine = owns if owns is not None else (lambda tid: _of_run(tid, run_key))
     inspector = TransactionInspector(wire)
-    state = decision_log.read_for(prefix)
+    # The clock first, the broker's listing next, the log last: a repair appends its lease before it
+    # opens a transaction, so every repair transaction listed has its lease in the read, judged at a
+    # time no later than the read (a pass stopped in between cannot take a renewed lease for lapsed).
+    now = now_ms()
     open_states = inspector.describe_prefix(prefix)
+    state = decision_log.read_for(prefix)
     open_states = [s for s in open_states if mine(s.transactional_id) or ref_of(s) in state.ruling]
     # A live repair's undecided transactions are its own to decide (``txn.protocol.repair_lease``).
-    leased = state.leased(prefix, now_ms())
+    leased = state.leased(prefix, now) if honour_leases else []
     left_to_repair = {
         s.transactional_id: le.run
         for s in open_states

@@ -297,7 +297,14 @@ def abort_attempts(wire: WireClient, decision_log: DecisionLog, prefix: str, run
 
     def one_pass() -> RecoveryResult:
         return recover(
-            wire, prefix, decision_log, run=f"repair of {run}", actor=actor, raise_on_loss=False, owns=_attempt_of(run)
+            wire,
+            prefix,
+            decision_log,
+            run=f"repair of {run}",
+            actor=actor,
+            raise_on_loss=False,
+            owns=_attempt_of(run),
+            honour_leases=False,  # the caller holds the run's lease: what its re-export opened is its own to end
         )
 
     return recover_until_clear(one_pass)[0]

@@ -3,9 +3,11 @@
 ``hold_run`` appends the repair's lease, renews it from a thread every third of its time to live,
 and returns once the lease is the run's holder: at once, or after the repair that held the run
 ended. If that repair ended the run REPAIRED, ``hold_run`` says so instead and the caller reports
-its result. The lease is tombstoned when the holder leaves, whatever happened. A holder that was
-stopped (SIGSTOP, a frozen VM) longer than its lease never renews it again: the run may be another
-repair's by then, and its own transactions aborted.
+its result. The lease is tombstoned when the holder leaves, whatever happened. The renewals go
+through a decision log client of their own (a failed append purges its client's producer: never
+the main thread's COMMIT). A holder that was stopped (SIGSTOP, a frozen VM) longer than its lease
+renews it again when it resumes: by then the run may be another repair's and its own transactions
+aborted, which its decision finds void; the renewal only tells recovery that it still lives.
 """
 
 from __future__ import annotations
@@ -31,26 +33,28 @@ class _Renewal(threading.Thread):
 
     def __init__(self, decision_log: DecisionLog, lease: RepairLease) -> None:
         super().__init__(name=f"kafka2pc-repair-lease-{lease.holder}", daemon=True)
-        self._log, self.lease, self._stopping = decision_log, lease, threading.Event()
+        self._log, self.lease, self._stopping = decision_log.sibling(), lease, threading.Event()
 
     def run(self) -> None:
         every_s = self.lease.ttl_ms / 3000
-        while not self._stopping.wait(every_s):
-            now = now_ms()
-            if not self.lease.live(now):  # stopped past its lease: the run may be another's now
-                log.warning("repair lease of run %s lapsed (this process was stopped): not renewed", self.lease.run)
-                return
-            renewed = replace(self.lease, at_ms=now)
-            try:
-                self._log.append([(renewed.key, renewed.to_json())])
-            except Exception as e:  # the next renewal tries again; a lease that lapses only lets others in
-                log.warning("repair lease of run %s not renewed: %s", self.lease.run, e)
-                continue
-            self.lease = renewed
+        try:
+            while not self._stopping.wait(every_s):
+                if not self.lease.live(now_ms()):
+                    log.warning("repair lease of run %s lapsed (this process was stopped or cut off)", self.lease.run)
+                renewed = replace(self.lease, at_ms=now_ms())
+                try:
+                    self._log.append([(renewed.key, renewed.to_json())])
+                except Exception as e:  # the next renewal tries again; a lease that lapses only lets others in
+                    log.warning("repair lease of run %s not renewed: %s", self.lease.run, e)
+                    continue
+                self.lease = renewed
+        finally:
+            self._log.close()
 
     def stop(self) -> None:
+        """Stop renewing; returns once no renewal is in flight, so none lands after the tombstone."""
         self._stopping.set()
-        self.join(timeout=self.lease.ttl_ms / 1000)
+        self.join()
 
 
 @contextlib.contextmanager
@@ -83,11 +87,12 @@ def hold_run(
 def _wait_for_turn(decision_log: DecisionLog, lease: RepairLease, poll_s: float) -> RunRecord | None:
     said = ""
     while True:
+        now = now_ms()  # before the read: a holder's renewal read afterwards is never judged lapsed
         state = decision_log.read_for(lease.prefix, lease.run)
         rec = state.runs.get((lease.prefix, lease.run))
         if rec is not None and rec.status is RunStatus.REPAIRED:
             return rec
-        holder = state.repair_holder(lease.prefix, lease.run, now_ms())
+        holder = state.repair_holder(lease.prefix, lease.run, now)
         if holder is None or holder.holder == lease.holder:
             return None
         if said != holder.holder:
