@@ -30,7 +30,10 @@ STARTUP_NOISE = (
     r"^To adjust logging level use sc.setLogLevel",
     r"PySpark does not yet fully support pandas >= 3",  # a Python worker's import; Arrow is used, not pandas
 )
-demote(log, (*STARTUP_NOISE, *SELF_RESOLVING))
+# Spark's own shutdown race: stopping the context interrupts the cleaner thread while it waits to
+# drop a broadcast the job no longer needs (an InterruptedException follows). Nothing of the run.
+SHUTDOWN_NOISE = (r" ERROR ContextCleaner: Error cleaning broadcast \d+$",)
+demote(log, (*STARTUP_NOISE, *SHUTDOWN_NOISE, *SELF_RESOLVING))
 
 _LOG4J = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
 _LIBRDKAFKA = re.compile(r"^%(\d)\|")  # %level|time|facility|client| message

@@ -16,6 +16,7 @@ from airflow_provider_kafka2pc.txn.kafka.client_logs import LIBRDKAFKA_LOG
         (jvm_logs.log, "26/11/25 22:29:05 WARN NativeCodeLoader: Unable to load native-hadoop library"),
         (jvm_logs.log, "WARNING: Using incubator modules: jdk.incubator.vector"),
         (jvm_logs.log, "26/11/25 22:29:03 WARN Utils: Your hostname, vm, resolves to a loopback address: 127.0.0.1"),
+        (jvm_logs.log, "26/12/06 13:49:07 ERROR ContextCleaner: Error cleaning broadcast 1"),  # Spark's stop
         (LIBRDKAFKA_LOG, "GETPID [rdkafka#producer-4] [thrd:main]: Failed to acquire idempotence PID from broker "
          "127.0.0.1:1/1: Broker: Coordinator load in progress: retrying"),
     ],
