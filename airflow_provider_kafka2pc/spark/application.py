@@ -133,13 +133,11 @@ def export_from_application(
         )
         session.clients.close()  # idle through the Spark job: connect afresh after it
 
-        def this_attempts(tid: str) -> bool:
-            parsed = naming.parse_transactional_id(tid)
-            return parsed is not None and parsed.run_key == run_key and parsed.attempt == tag
+        this_attempts = naming.Members(prefix, strategy, run_key, tag)
 
         def abort_now() -> bool:
             # Only what this attempt opened: another attempt's may be the one being committed.
-            return recover_until_clear(lambda: session.recover(owns=this_attempts))[0]
+            return recover_until_clear(lambda: session.recover(owns=this_attempts.owns))[0]
 
         result = export_dataframe(df, settings, window=window, abort_opened=abort_now)
         now = session.clients.decision_log().read_for(prefix, run)

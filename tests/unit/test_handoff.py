@@ -87,6 +87,8 @@ def test_each_attempt_writes_ids_of_its_own_and_they_stay_the_runs() -> None:
     assert parsed is not None and (parsed.prefix, parsed.run_key, parsed.slot) == (PREFIX, KEY, 3)
     assert parsed.attempt == attempt_tag("application_1_0001.1")
     assert Members(PREFIX, INC, KEY).owns(a) and Members(PREFIX, INC, KEY).owns(b)
+    mine = Members(PREFIX, INC, KEY, attempt_tag("app-2.1"))  # one attempt's ids alone
+    assert mine.owns(b) and not mine.owns(a) and not mine.owns(transactional_id(PREFIX, 3, INC, KEY))
     assert not Members(PREFIX, INC, "other_run").owns(a) and not Members(PREFIX, NamingStrategy.POOLING).owns(a)
     with pytest.raises(ValueError, match="attempt tag"):
         transactional_id(PREFIX, 0, NamingStrategy.POOLING, None, attempt_tag("x"))

@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import ForeignHandoffError, MalformedHandoffError
-from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, attempt_tag, parse_transactional_id
+from airflow_provider_kafka2pc.txn.protocol.naming import Members, NamingStrategy, attempt_tag
 from airflow_provider_kafka2pc.txn.protocol.records import HANDOFF_KEY
 
 FORMAT = 2  # 2: each attempt's ids carry its tag (``naming.attempt_tag``); 1 shared the run's ids
@@ -140,12 +140,8 @@ class Handoff:
                 "was accepted; pass this DAG run's run id and prefix to the application"
             )
         expected = Members(prefix, strategy, run_key)
-        foreign = sorted(
-            c.transactional_id
-            for c in self.committables
-            if not expected.owns(c.transactional_id)
-            or getattr(parse_transactional_id(c.transactional_id), "attempt", None) != self.attempt_tag
-        )
+        written = Members(prefix, strategy, run_key, self.attempt_tag)  # the run's ids of this attempt
+        foreign = sorted(c.transactional_id for c in self.committables if not written.owns(c.transactional_id))
         if foreign or (self.naming_strategy, self.run_key) != (strategy, run_key):
             raise ForeignHandoffError(
                 f"the handoff of attempt {self.attempt!r} for run {run} carries transactional ids of another run, "

@@ -141,15 +141,19 @@ def broker_pattern(prefix: str) -> str:
 @dataclass(frozen=True)
 class Members:
     """The transactional ids one exporter writes for one run: ``{prefix}-{slot}`` (POOLING) or
-    ``{prefix}-{run_key}-{slot}`` (INCREMENTING). Without a strategy, any id of the prefix."""
+    ``{prefix}-{run_key}-{slot}`` (INCREMENTING). Without a strategy, any id of the prefix. With an
+    ``attempt`` (an ``attempt_tag``), only that application driver attempt's ids of the run."""
 
     prefix: str
     strategy: NamingStrategy | None = None
     run_key: str | None = None
+    attempt: str | None = None
 
     def owns(self, tid: str) -> bool:
         parsed = parse_transactional_id(tid)
         if parsed is None or parsed.prefix != self.prefix:
+            return False
+        if self.attempt is not None and parsed.attempt != self.attempt:
             return False
         if self.strategy is None:
             return True
