@@ -262,8 +262,11 @@ def test_recovery_during_a_repair_leaves_its_transactions_to_it(lost: Lost, tmp_
     proc, err = lost.repair(tmp_path, prefix, "--hold-in-export-until", str(gate))
     try:
         wait_for_line(proc, err, "holding")
-        before = lost.env.open_transactions(prefix)
-        assert before and all(f"-{attempts_of(RUN)}" in tid for tid in before), before
+        # "holding" is the first slot's; the repair's other slots write beside it, in threads
+        deadline = time.monotonic() + 120
+        while len(before := lost.env.open_transactions(prefix)) < LOST and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(before) == LOST and all(f"-{attempts_of(RUN)}" in tid for tid in before), before
         recovered = subprocess.run(
             [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "resolve", "--prefix", prefix,
              "--bootstrap-servers", lost.env.bootstrap, "--decision-topic", lost.decisions],
