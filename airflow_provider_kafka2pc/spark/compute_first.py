@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_kafka2pc.spark.digest_column import digest_of
 from airflow_provider_kafka2pc.spark.staging import OTHER_HOSTS, STAGING_UNUSABLE
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -39,7 +41,7 @@ def prepare_window(
     assert settings.transaction_timeout_ms is not None
     stored, estimate, unknown = None, None, NOT_MATERIALIZED
     if window.materialize:
-        stored = compute_first(df, window, digest=settings.repairable)
+        stored = compute_first(df, window, digest_of(settings))
         if stored.sizes is not None:
             busy = [s for s in stored.sizes if s.records > 0]
             log.info(
@@ -87,18 +89,17 @@ def prepare_window(
     return stored, budget
 
 
-def compute_first(df: Any, window: WindowSettings, digest: bool = True) -> Any:
+def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], Any] | None = None) -> Any:
     """The source computed before any transaction opens: nothing to do for a frame stored already or
     a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
     pass), else stored with a checkpoint; the task log says which, and why. Every way records the
-    digest (``spark/digest_column.py``) unless ``digest`` is False or the frame is stored already (a
-    repair cannot read it again): a column computed with the rest, or for a plain scan a hash per
+    digest ``hash_rows`` adds (``spark/digest_column.py``) unless it is None or the frame is stored
+    already (a repair cannot read it again): a column computed with the rest, or for a plain scan a hash per
     row in the write job."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
-    from airflow_provider_kafka2pc.spark.digest_column import with_digest as hashed
 
     def with_digest(frame: Any) -> Any:
-        return hashed(frame) if digest else frame
+        return hash_rows(frame) if hash_rows is not None else frame
 
     from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
     from airflow_provider_kafka2pc.spark.staging import StagedFrame, stage, staging_unavailable

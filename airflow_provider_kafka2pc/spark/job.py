@@ -108,7 +108,7 @@ def export_dataframe(
     if transactional and stored is None and settings.repairable:  # materialize=False: hashed in the window
         from airflow_provider_kafka2pc.spark.digest_column import with_digest
 
-        df = with_digest(df)
+        df = with_digest(df, settings.digest_scheme, settings.topic)
     staged = stored if isinstance(stored, StagedFrame) else None
     barrier = _budget_terms(stored, settings, window)
     staged_bytes = 0

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import RepairRefusedError
+from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEMES, scheme_of
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def repair_exporter(
     from airflow_provider_kafka2pc.spark.repeatable_source import why_not_repeatable
 
     def export_again(plan: RepairPlan) -> Sequence[Committable]:
+        scheme = _recorded_scheme(plan)
         df = frame(plan)
         why = why_not_repeatable(df)
         if why is not None:
@@ -60,6 +62,7 @@ def repair_exporter(
             run_key=plan.attempt_key,
             delivery_guarantee=DeliveryGuarantee.EXACTLY_ONCE,
             repairable=True,  # the digests are what the repair compares
+            digest_scheme=scheme,  # as the run recorded them
         )
         result = export_dataframe(
             df, attempt, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,
@@ -75,6 +78,20 @@ def repair_exporter(
         return result.committables
 
     return export_again
+
+
+def _recorded_scheme(plan: RepairPlan) -> str:
+    """The scheme of the run's recorded digests, which the re-export computes again: an export before
+    ``xxh64t`` recorded ``xxh64``. Refused before anything is read when Spark cannot compute it."""
+    schemes = sorted({scheme_of(t.covered.digest or "") or "none" for t in plan.lost})
+    if len(schemes) == 1 and schemes[0] in SPARK_SCHEMES:
+        return schemes[0]
+    raise RepairRefusedError(
+        f"run {plan.run} of exporter {plan.prefix} cannot be repaired by Spark: its lost transactions recorded "
+        f"digests of scheme {', '.join(schemes)}, and Spark computes {' or '.join(SPARK_SCHEMES)}. Nothing was "
+        "written, and the run stays LOST. Repair it with the writer that exported it, or export the missing part "
+        f"in a run of its own and acknowledge the loss (`kafka2pc acknowledge --prefix {plan.prefix} --run {plan.run}`)"
+    )
 
 
 __all__ = ["FrameOfPlan", "repair_exporter"]

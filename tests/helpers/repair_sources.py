@@ -1,6 +1,7 @@
 """Sources ``kafka2pc repair --source`` loads in the repair tests: the frame the run exported,
-built again from the Parquet directory the test names in ``KAFKA2PC_TEST_REPAIR_PARQUET``, or the
-Kafka source (topic and group in ``KAFKA2PC_TEST_REPAIR_TOPIC`` and ``..._GROUP``)."""
+built again from the Parquet directory the test names in ``KAFKA2PC_TEST_REPAIR_PARQUET`` (with a
+topic column, or with it swapped), or the Kafka source (topic and group in
+``KAFKA2PC_TEST_REPAIR_TOPIC`` and ``..._GROUP``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,26 @@ from typing import Any
 def parquet_frame(spark: Any) -> Any:
     """key and value of the test's Parquet files, one Spark partition per file."""
     return spark.read.parquet(os.environ["KAFKA2PC_TEST_REPAIR_PARQUET"]).select("key", "value")
+
+
+def with_two_topics(df: Any, even: str, odd: str) -> Any:
+    """``df`` with a topic column: records whose key ends in an even number to ``even``, the rest to ``odd``."""
+    from pyspark.sql import functions as F
+
+    parity = F.substring_index(F.col("key"), "/", -1).cast("int") % 2
+    return df.withColumn("topic", F.when(parity == 0, F.lit(even)).otherwise(F.lit(odd)))
+
+
+def two_topic_frame(spark: Any) -> Any:
+    """The multi-topic run's frame: the topics in ``KAFKA2PC_TEST_REPAIR_TOPICS`` (even, odd)."""
+    even, odd = os.environ["KAFKA2PC_TEST_REPAIR_TOPICS"].split(",")
+    return with_two_topics(parquet_frame(spark), even, odd)
+
+
+def swapped_topic_frame(spark: Any) -> Any:
+    """The same records, each to the other topic: every transaction still writes both topics."""
+    even, odd = os.environ["KAFKA2PC_TEST_REPAIR_TOPICS"].split(",")
+    return with_two_topics(parquet_frame(spark), odd, even)
 
 
 def random_frame(spark: Any) -> Any:

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.kafka
 
 RUN = "orders/manual__2026-11-28T12:00:00+00:00"
 FILES, LOST, RECORDS = 8, 4, 300  # one Spark partition per Parquet file; the last 4 transactions lost
-CASES = ("main", "changed", "random")
+CASES = ("main", "changed", "random", "topics", "old")  # "topics": a topic column over two topics;
+# "old": digests of the scheme exports recorded before the topic was hashed (key and value only)
 KAFKA_PARTITIONS, KAFKA_LOST = 4, 2  # the Kafka-sourced run: one Spark partition per source partition
 KAFKA_JARS = json.loads(kafka_source_jars())["spark.jars"]
 # One Spark partition per small file: Spark packs files up to a split size counting each file's open
@@ -54,6 +55,7 @@ class LostRuns:
     prefixes: dict[str, str]
     topics: dict[str, str]
     sources: dict[str, Path]  # the Parquet directory each run exported
+    odd_topic: str  # the "topics" run's second topic (its records with odd keys)
     source_topic: str  # the Kafka-sourced run's source, read by group ``group``
     group: str
     ends: dict[int, int]  # the Kafka-sourced run's range: where its group stands after its COMMIT
@@ -66,12 +68,14 @@ class LostRuns:
         argv = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", command, "--prefix", self.prefixes[case],
                 "--json", "--bootstrap-servers", self.env.bootstrap, "--decision-topic", self.decisions]  # fmt: skip
         if command == "repair":
-            argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", "--topic", self.topics[case],
+            topic = [] if case == "topics" else ["--topic", self.topics[case]]  # the frame's topic column
+            argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", *topic,
                      "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
                      "--spark-conf", "=".join(ONE_PARTITION_PER_FILE),
                      "--spark-conf", f"spark.jars={KAFKA_JARS}"]  # fmt: skip
         env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources.get(case, "")),
                "KAFKA2PC_TEST_REPAIR_TOPIC": self.source_topic, "KAFKA2PC_TEST_REPAIR_GROUP": self.group,
+               "KAFKA2PC_TEST_REPAIR_TOPICS": f"{self.topics['topics']},{self.odd_topic}",
                "PYSPARK_PYTHON": sys.executable}  # fmt: skip
         return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
 
@@ -95,16 +99,21 @@ def _write_files(spark: Any, directory: Path, prefix: str) -> None:
     df.write.parquet(str(directory))
 
 
-def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, directory: Path) -> None:
-    """Export the files, decide COMMIT, end the first transactions only: the broker aborts the rest."""
+def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, directory: Path,
+          odd_topic: str | None = None, scheme: str = "xxh64t") -> None:  # fmt: skip
+    """Export the files (to ``topic``, or with odd keys to ``odd_topic``), decide COMMIT, end the
+    first transactions only: the broker aborts the rest."""
     from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from tests.helpers.repair_sources import with_two_topics
 
-    settings = ExportSettings(prefix, env.config, topic=topic)
+    settings = ExportSettings(prefix, env.config, topic=topic, digest_scheme=scheme)
     df = spark.read.parquet(str(directory)).select("key", "value")
+    if odd_topic is not None:
+        df = with_two_topics(df, topic, odd_topic)
     result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
     cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
-    assert len(cs) == FILES and all(c.digest and c.digest.startswith("xxh64:") for c in cs), cs
+    assert len(cs) == FILES and all(c.digest and c.digest.startswith(f"{scheme}:") for c in cs), cs
     log = DecisionLog(env.config, topic=decisions)
     with WireClient(env.config) as wire:
         decided = decide_commit(cs, wire, log, RUN, end_txn_timeout_s=2)
@@ -197,15 +206,17 @@ def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFac
     decisions, sources = f"decisions_repair_spark_{tag}", {c: tmp / c for c in CASES}
     DecisionLog(env.config, topic=decisions).ensure_topic()
     _warm_up(spark, env, tag)
+    odd_topic = env.topic(4)
     for case in CASES:
         _write_files(spark, sources[case], prefixes[case])
-        _lose(spark, env, decisions, prefixes[case], topics[case], sources[case])
+        _lose(spark, env, decisions, prefixes[case], topics[case], sources[case],
+              odd_topic if case == "topics" else None, "xxh64" if case == "old" else "xxh64t")  # fmt: skip
     prefixes["kafka"], topics["kafka"] = f"rsp{tag}_kafka", env.topic(4)
     source_topic, group = env.topic(KAFKA_PARTITIONS), f"rsp{tag}_group"
     _fill(env, source_topic, f"{prefixes['kafka']}/")
     ends = _lose_kafka_run(spark, env, decisions, prefixes["kafka"], topics["kafka"], source_topic, group)
     record_lost(env.config, decisions, prefixes.values(), RUN, CAP30_TXN_MAX_TIMEOUT_MS)  # the broker aborts the rest
-    runs = LostRuns(env, decisions, prefixes, topics, sources, source_topic, group, ends)
+    runs = LostRuns(env, decisions, prefixes, topics, sources, odd_topic, source_topic, group, ends)
     yield runs
 
 
@@ -242,7 +253,9 @@ def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostR
     done = lost.kafka2pc("repair", "changed")
     assert done.returncode == 4  # the run stays LOST
     assert "refused: the source no longer gives the records the run lost" in done.stderr, done.stderr[-3000:]
-    assert "Spark partition" in done.stderr and "different keys or values" in done.stderr, done.stderr[-3000:]
+    assert "Spark partition" in done.stderr and "different keys, values, topics or partitions" in done.stderr, (
+        done.stderr[-3000:]
+    )
     assert lost.keys("changed") == visible
     assert lost.env.open_transactions(lost.prefixes["changed"]) == []
     assert lost.status("changed") is RunStatus.LOST
@@ -273,3 +286,41 @@ def test_a_kafka_sourced_run_is_repaired_from_its_stored_range_and_its_group_doe
     assert lost.env.open_transactions(prefix) == []
     assert group_offsets(lost.env, lost.group) == lost.ends  # the repair read the range, moved nothing
     assert lost.kafka2pc("list", "kafka").returncode == 0
+
+
+def test_a_repair_whose_rows_swap_topics_is_refused_and_the_run_s_own_frame_repairs_it(lost: LostRuns) -> None:
+    """Each transaction wrote to both topics, so the swapped frame writes to the topics each lost one
+    did: the digest, which hashes where every record goes, tells them apart."""
+    prefix, even, odd = lost.prefixes["topics"], lost.topics["topics"], lost.odd_topic
+
+    def where() -> Counter[tuple[str, bytes]]:
+        lost.env.open_transactions(prefix)
+        return Counter((t, r.key) for t in (even, odd) for r in lost.env.read_committed(t) if r.key)
+
+    visible = where()
+    assert sum(visible.values()) == (FILES - LOST) * RECORDS
+    swapped = lost.kafka2pc("repair", "topics", source="swapped_topic_frame")
+    assert swapped.returncode == 4, swapped.stderr[-3000:]  # the run stays LOST
+    assert "refused: the source no longer gives the records the run lost" in swapped.stderr, swapped.stderr[-3000:]
+    assert "different keys, values, topics or partitions" in swapped.stderr, swapped.stderr[-3000:]
+    assert where() == visible and lost.env.open_transactions(prefix) == []
+    assert lost.status("topics") is RunStatus.LOST
+    done = lost.kafka2pc("repair", "topics", source="two_topic_frame")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout)["status"] == "REPAIRED"
+    expected = {
+        (even if i % 2 == 0 else odd, f"{prefix}/{f}/{i}".encode()) for f in range(FILES) for i in range(RECORDS)
+    }
+    seen = where()
+    assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))
+    assert lost.env.open_transactions(prefix) == []
+
+
+def test_a_run_recorded_before_topics_were_hashed_is_repaired_with_the_digest_it_recorded(lost: LostRuns) -> None:
+    done = lost.kafka2pc("repair", "old")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout)["status"] == "REPAIRED"
+    seen = lost.keys("old")
+    expected = {f"{lost.prefixes['old']}/{f}/{i}".encode() for f in range(FILES) for i in range(RECORDS)}
+    assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))
+    assert lost.env.open_transactions(lost.prefixes["old"]) == []

@@ -291,8 +291,8 @@ def test_the_writer_sums_spark_s_hash_column_modulo_2_64_and_drops_it_before_pro
     _take_digest(batch.slice(0, 2), digest)
     assert out.schema.names == ["key", "value"] and out.num_rows == 5
     unsigned = sum(h % 2**64 for h in hashes + hashes[:2]) % 2**64
-    assert digest.text() == f"xxh64:7:{unsigned:016x}"
-    assert split_digest(digest.text()) == ("xxh64", 7, unsigned)
+    assert digest.text() == f"xxh64t:7:{unsigned:016x}"
+    assert split_digest(digest.text()) == ("xxh64t", 7, unsigned)
     assert split_digest("xxh64:7") is None and split_digest("xxh64:x:00") is None
     plain = pa.RecordBatch.from_pydict({"value": [b"v"]})
     assert _take_digest(plain, digest) is plain and digest.count == 7

@@ -7,9 +7,13 @@ deterministic source may hand a partition's rows to the writer in another order 
 computation (a shuffle's fetch order), and the records a reader sees once are the same either way.
 Its text names the scheme, so a digest of another scheme never compares equal by accident.
 
-Two schemes: ``b2sum64`` hashes each pair here (writers outside Spark, tests); ``xxh64`` sums the
-hashes Spark's JVM computed beside each row (``spark/digest_column.py``: Spark's ``xxhash64`` of the
-key's nullness, the key and the value), which costs the writer one vector sum per batch.
+Three schemes: ``b2sum64`` hashes each pair here (writers outside Spark, tests); the Spark ones sum
+the hashes Spark's JVM computed beside each row (``spark/digest_column.py``), which costs the writer
+one vector sum per batch. ``xxh64t`` (every Spark export now) hashes where the record goes as well:
+Spark's ``xxhash64`` of the key's nullness, the key, the value, the topic and the partition column
+(when the frame has one). So a repair whose rows swap topics, or move from one explicit partition to
+another, does not compare equal. ``xxh64`` (key and value only) is what exports before it recorded;
+a repair of such a run computes it again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SCHEME = "b2sum64"
-SPARK_SCHEME = "xxh64"
+SPARK_SCHEME = "xxh64t"  # key, value, topic, partition
+SPARK_PAIR_SCHEME = "xxh64"  # key and value: recorded by exports before xxh64t
+SPARK_SCHEMES = (SPARK_SCHEME, SPARK_PAIR_SCHEME)
 _MASK = (1 << 64) - 1
 _NONE = b"\xff"  # a null key or value; a present one is prefixed with its length, so none collide
 
@@ -82,4 +88,11 @@ def describe_difference(recorded: str, recomputed: str) -> str:
         return f"the digests are of different schemes ({was[0]} recorded, {now[0]} now): compare cannot prove anything"
     if len(was) == len(now) == 3 and was[1] != now[1]:
         return f"{was[1]} records were exported, {now[1]} now"
-    return f"the same number of records, but different keys or values (digest {recorded} recorded, {recomputed} now)"
+    what = "keys, values, topics or partitions" if was[0] == SPARK_SCHEME else "keys or values"
+    return f"the same number of records, but different {what} (digest {recorded} recorded, {recomputed} now)"
+
+
+def scheme_of(text: str) -> str | None:
+    """The scheme a digest's text names; None for a text of another shape."""
+    parts = split_digest(text)
+    return parts[0] if parts is not None else None

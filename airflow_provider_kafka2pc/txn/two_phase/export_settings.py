@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEME
 
 
 class DeliveryGuarantee(StrEnum):
@@ -40,6 +41,8 @@ class ExportSettings:
     # Record a digest per transaction (``txn/protocol/record_digest.py``), so that a run that loses
     # transactions after its COMMIT can be repaired; costs one hash per record in Spark's JVM.
     repairable: bool = True
+    # Which digest (``txn/protocol/record_digest.py``): a repair computes the one its run recorded.
+    digest_scheme: str = SPARK_SCHEME
 
     def to_json(self) -> str:
         d = asdict(self)

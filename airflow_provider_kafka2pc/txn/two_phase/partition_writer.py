@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
-from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEME, RecordDigest
+from airflow_provider_kafka2pc.txn.protocol.record_digest import RecordDigest
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings, validate_writer
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def write_partition(settings: ExportSettings, slot: int, attempt: int, batches: 
     from airflow_provider_kafka2pc.txn.kafka.writer import TransactionalWriter
 
     writer: DeliveryWriter | None = None
-    digest = RecordDigest(scheme=SPARK_SCHEME)
+    digest = RecordDigest(scheme=settings.digest_scheme)
     write = _write_batch
     fail_after = (
         settings.fail_first_attempt[1]
