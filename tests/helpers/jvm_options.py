@@ -1,9 +1,12 @@
-"""The options of every JVM the tests start: the C1 compiler only, and Spark's classes from a
-class-data-sharing archive made once per checkout.
+"""The options of every JVM the tests start: the C1 compiler only (one thread of it), the serial
+collector, no perf data, and Spark's classes from a class-data-sharing archive made once per
+checkout.
 
 The suite is bound by the CPU of two cores, and Spark drivers are its largest share after the
 brokers. A short Spark job measured on this machine: 20 CPU-s as Java starts it, 13 with C1 only,
-8.5 with the archive as well (its wall time 11 s -> 7 s). The brokers run C1 already
+8.5 with the archive as well (its wall time 11 s -> 7 s); a job of 200,000 rows through
+``mapInArrow`` 9.1-9.8 CPU-s so, 7.9-8.5 with the serial collector, one compiler thread and no
+hsperfdata sampler (what the brokers run with already). The brokers run C1 already
 (scripts/kafka_local.py). The options reach every JVM through ``JDK_JAVA_OPTIONS``; a JVM whose
 class path the archive does not match (a broker, a Kafka tool, the registry's newer Java) maps
 nothing and goes on as before, and its CDS log lines are off, because the Spark launcher's stdout
@@ -23,7 +26,7 @@ from tests.helpers.kafka import REPO, kafka_local
 
 # Per checkout, beside the run's other build output; scripts/test makes it before the workers start.
 ARCHIVE_DIR = REPO / "build" / "jvm-archives"
-C1_ONLY = "-XX:TieredStopAtLevel=1"
+LEAN: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1", "-XX:+UseSerialGC", "-XX:-UsePerfData")
 # The CDS messages of a JVM that cannot use the archive would land on stdout (the brokers' own).
 CDS_QUIET: tuple[str, ...] = kafka_local().CDS_QUIET
 
@@ -55,7 +58,8 @@ def _archive_path(directory: Path) -> Path:
     import pyspark
 
     java_home = os.environ.get("JAVA_HOME", "")
-    key = hashlib.sha256(f"{pyspark.__version__}|{pyspark.__file__}|{java_home}".encode()).hexdigest()[:12]
+    key = f"{pyspark.__version__}|{pyspark.__file__}|{java_home}|{' '.join(LEAN)}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:12]
     return directory / f"spark-driver-{pyspark.__version__}-{key}.jsa"
 
 
@@ -67,7 +71,7 @@ def spark_class_archive(directory: Path = ARCHIVE_DIR) -> Path | None:
         return archive
     directory.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f"{archive.name}.{os.getpid()}")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "JDK_JAVA_OPTIONS": C1_ONLY}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "JDK_JAVA_OPTIONS": " ".join(LEAN)}
     done = subprocess.run(
         [sys.executable, "-c", _ARCHIVE_JOB, str(partial), *CDS_QUIET],
         env=env,
@@ -92,8 +96,8 @@ def main() -> None:
 def jdk_java_options(archive: Path | None) -> str:
     """``JDK_JAVA_OPTIONS`` for every JVM of the tests."""
     if archive is None:
-        return C1_ONLY
-    return " ".join([C1_ONLY, f"-XX:SharedArchiveFile={archive}", *CDS_QUIET])
+        return " ".join(LEAN)
+    return " ".join([*LEAN, f"-XX:SharedArchiveFile={archive}", *CDS_QUIET])
 
 
 if __name__ == "__main__":
