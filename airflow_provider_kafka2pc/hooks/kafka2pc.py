@@ -276,6 +276,16 @@ class Kafka2PCHook(ConnectionHook):
             clients = session.clients
             return accept(clients.decision_log(), TransactionInspector(clients.wire()), prefix, run, strategy, run_key)
 
+    def retire_handoffs(self, prefix: str, run: str) -> int:
+        """Tombstone the handoff records of a run that has its decision (``txn.two_phase.handoff``)."""
+        from airflow_provider_kafka2pc.txn.two_phase.handoff import retire_handoffs
+
+        decision_log = self.decision_log()
+        try:
+            return retire_handoffs(decision_log, prefix, run)
+        finally:
+            decision_log.close()
+
     def take_turn(self, prefix: str, dag_id: str, run_id: str) -> Lease | None:
         """Queue this DAG run for the POOLING exporter ``prefix``; the live run ahead of it, or None.
 

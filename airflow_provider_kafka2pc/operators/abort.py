@@ -136,6 +136,12 @@ class Kafka2PCAbortOperator(PhaseTwoOperator):
         finally:
             decision_log.close()
             wire.close()
+        if any(self._prepares_elsewhere(t) for t in failed):
+            for prefix in exporters:
+                try:
+                    hook.retire_handoffs(prefix, decision_run(context))
+                except Exception as e:  # inert once the run is aborted: only space
+                    self.log.info("kafka2pc: the handoff records of %s stay in the decision topic: %s", prefix, e)
         return self.counts(report)
 
     def _prepares_elsewhere(self, task_id: str) -> bool:

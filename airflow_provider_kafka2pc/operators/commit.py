@@ -138,7 +138,8 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
         """A handed-off run: abort, now, what the application's other driver attempts left open (each
         wrote ids of its own: one still running, or killed, holds read_committed readers back until
         its broker deadline). One recovery pass over the run's ids; the COMMIT covers the accepted
-        attempt's. A failure leaves them to the next recovery and the deadline, never fails the run."""
+        attempt's. Then the run's handoff records are retired. A failure leaves them to the next
+        recovery and the deadline, never fails the run."""
         for p in payloads:
             if p.attempt_tag is None:
                 continue
@@ -159,6 +160,10 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
                     len(result.plan.abort),
                     run,
                 )
+            try:
+                hook.retire_handoffs(p.prefix, run)
+            except Exception as e:  # the records are inert once the run is decided: only space
+                self.log.info("kafka2pc: run %s's handoff records stay in the decision topic: %s", run, e)
 
     def _skip_unless_only_finished_exports_skipped(
         self, context: Context, payloads: Mapping[str, ExportPayload | None]

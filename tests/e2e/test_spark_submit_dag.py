@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_topic_client import DEFAULT_DECISION_TOPIC
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+from airflow_provider_kafka2pc.txn.protocol.naming import decision_run_name
 from tests.helpers.airflow_dagtest import DagTester, kafka2pc_connection
 from tests.helpers.kafka import REPO, KafkaEnv
 
@@ -50,6 +54,29 @@ def test_a_submitted_application_is_committed_once_through_its_handoff(kafka: Ka
     text = result.log.read_text(errors="replace")
     assert "Pausing task as DEFERRED" in text and "[DAG TEST] Trigger completed" in text  # the sensor deferred
     assert "kafka2pc: accepted attempt local-" in text and "4 transaction(s), 20000 records, open on the broker" in text
+    # The run has its record: the commit retired its handoff (nothing reads it again).
+    state = _decisions(kafka, result.run_id)
+    assert state.run_status(PREFIX, _run(result.run_id)) is not None and state.handoffs.get(_key(result.run_id)) in (
+        None,
+        {},
+    ), state.handoffs
+    assert "retired 1 handoff record(s) of run" in text
+
+
+def _run(run_id: str) -> str:
+    return decision_run_name("kafka2pc_spark_submit", run_id)
+
+
+def _key(run_id: str) -> tuple[str, str]:
+    return (PREFIX, _run(run_id))
+
+
+def _decisions(kafka: KafkaEnv, run_id: str) -> LogState:
+    log = DecisionLog(kafka.config, topic=DEFAULT_DECISION_TOPIC)
+    try:
+        return log.read_for(PREFIX, _run(run_id))
+    finally:
+        log.close()
 
 
 def _drivers(topic: str) -> list[int]:

@@ -19,7 +19,7 @@ from airflow_provider_kafka2pc.txn.protocol.naming import (
     transactional_id,
 )
 from airflow_provider_kafka2pc.txn.protocol.records import RunRecord, RunStatus
-from airflow_provider_kafka2pc.txn.two_phase.handoff import Acceptance, accept, hand_off
+from airflow_provider_kafka2pc.txn.two_phase.handoff import Acceptance, accept, hand_off, retire_handoffs
 from tests.unit.fakes import FakeBroker, MemoryDecisionLog, committable
 
 PREFIX, RUN_ID = "orders", "manual__2026-12-06T08:00:00+00:00"
@@ -130,6 +130,23 @@ def test_a_decided_run_accepts_nothing() -> None:
     log.append([(decided.key, decided.to_json())])
     found = _accept(log, broker)
     assert found.handoff is None and found.decided == decided
+
+
+def test_a_run_s_handoffs_are_retired_once_it_has_its_record_and_not_before() -> None:
+    log, broker = MemoryDecisionLog(), FakeBroker()
+    for attempt in ("app-1.1", "app-1.2"):
+        h = _handoff(attempt)
+        for c in h.committables:
+            broker.prepared(c)
+        hand_off(log, h)
+    assert retire_handoffs(log, PREFIX, RUN) == 0  # undecided: the sensor still needs them
+    assert len(log.read_for(PREFIX, RUN).handoffs[(PREFIX, RUN)]) == 2
+    decided = RunRecord(PREFIX, RUN, RunStatus.COMMITTED, 2, 20, 1)
+    log.append([(decided.key, decided.to_json())])
+    assert retire_handoffs(log, PREFIX, RUN) == 2
+    assert log.read_for(PREFIX, RUN).handoffs.get((PREFIX, RUN), {}) == {}
+    assert _accept(log, broker).decided == decided  # the sensor answers from the run's record
+    assert retire_handoffs(log, PREFIX, RUN) == 0
 
 
 def _trigger_events(monkeypatch: pytest.MonkeyPatch, answers: list[Acceptance | Exception]) -> list[dict[str, object]]:

@@ -9,6 +9,7 @@ attempt fences another, before or after the run's decision: a live earlier attem
 Spark task again cannot abort the transactions of the attempt being committed. An attempt that
 hands off after the run's decision is never accepted; what the others leave open is aborted by
 the commit task's recovery pass, the abort task or the next attempt's recovery (DESIGN §15, §16).
+Once the run has its record, ``retire_handoffs`` tombstones the handoffs (the commit and abort tasks).
 """
 
 from __future__ import annotations
@@ -100,6 +101,21 @@ def accept(
     return Acceptance(live[0], stale=stale)
 
 
+def retire_handoffs(decision_log: DecisionLog, prefix: str, run: str) -> int:
+    """Tombstone the run's handoff records once the run has a record of its own (its decision, or
+    the outcome after it): from then on nothing reads them (``accept`` answers from the run's record,
+    the application returns before it looks), and compaction keeps a compacted topic's every key, so
+    each run would leave its attempts' committables in the topic for good. Returns how many."""
+    state = decision_log.read_for(prefix, run)
+    if state.run_status(prefix, run) is None:
+        return 0
+    keys = [e.key for e in state.handoffs.get((prefix, run), {}).values()]
+    if keys:
+        decision_log.append([(key, None) for key in keys])
+        log.info("retired %d handoff record(s) of run %s of exporter %s", len(keys), run, prefix)
+    return len(keys)
+
+
 def _held(c: Committable, s: TxnState | None) -> bool:
     """The broker holds the committable's transaction open at its producer id and epoch, and is not
     ending it (one that wrote nothing opened none: its producer id and epoch must still be the id's)."""
@@ -108,4 +124,4 @@ def _held(c: Committable, s: TxnState | None) -> bool:
     return c.records == 0 or s.state == "Ongoing"
 
 
-__all__ = ["Acceptance", "accept", "hand_off"]
+__all__ = ["Acceptance", "accept", "hand_off", "retire_handoffs"]
