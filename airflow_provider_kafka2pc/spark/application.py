@@ -150,7 +150,11 @@ def export_from_application(
         handoff = Handoff(
             prefix, run, attempt, strategy, run_key, result.committables, result.summary(), int(time.time() * 1000)
         )
-        hand_off(session.clients.decision_log(), handoff)
+        if not hand_off(session.clients.decision_log(), handoff):
+            # Decided between the check above and the handoff; the commit's pass over the run's ids
+            # aborts what this attempt prepared, or the next recovery does.
+            log.warning("kafka2pc: run %s was decided while this attempt handed off: it is not the run's", run)
+            return None
         return handoff
 
 

@@ -5,6 +5,7 @@ the refusals by name, and which driver attempt is accepted. The real broker and 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -147,6 +148,42 @@ def test_a_run_s_handoffs_are_retired_once_it_has_its_record_and_not_before() ->
     assert log.read_for(PREFIX, RUN).handoffs.get((PREFIX, RUN), {}) == {}
     assert _accept(log, broker).decided == decided  # the sensor answers from the run's record
     assert retire_handoffs(log, PREFIX, RUN) == 0
+
+
+def test_a_handoff_retired_by_a_decision_between_its_append_and_its_read_back_says_so() -> None:
+    class DecidedMeanwhile(MemoryDecisionLog):
+        def append(self, records: Any) -> Any:
+            done = super().append(records)
+            if any(value is not None for _, value in records):  # the commit decides and retires now
+                decided = RunRecord(PREFIX, RUN, RunStatus.COMMITTED, 2, 20, 1)
+                super().append([(decided.key, decided.to_json())])
+                retire_handoffs(self, PREFIX, RUN)
+            return done
+
+    log = DecidedMeanwhile()
+    assert hand_off(log, _handoff("app-1.1")) is False
+    assert hand_off(MemoryDecisionLog(), _handoff("app-1.1")) is True
+
+
+def test_an_aborted_run_retires_only_the_handoffs_its_abort_rules() -> None:
+    """An ABORT leaves no run record, and a cleared run may hand off again: a handoff whose every
+    transaction the ABORT rules goes, one written after it stays for the sensor."""
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
+
+    log, broker = MemoryDecisionLog(), FakeBroker()
+    first, empty = _handoff("app-1.1"), dataclasses.replace(_handoff("app-1.2"), committables=())
+    for c in first.committables:
+        broker.prepared(c)
+    hand_off(log, first)
+    hand_off(log, empty)  # prepared nothing: nothing of it can be ruled
+    abort_prepared(list(first.committables), broker, log, RUN)
+    again = _handoff("app-2.1", epoch=1)
+    for c in again.committables:
+        broker.prepared(c)
+    hand_off(log, again)  # the run cleared and submitted again
+    assert retire_handoffs(log, PREFIX, RUN) == 1
+    assert set(log.read_for(PREFIX, RUN).handoffs[(PREFIX, RUN)]) == {"app-1.2", "app-2.1"}
+    assert _accept(log, broker).handoff == again
 
 
 def _trigger_events(monkeypatch: pytest.MonkeyPatch, answers: list[Acceptance | Exception]) -> list[dict[str, object]]:

@@ -22,9 +22,12 @@ from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError
 from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff
 from airflow_provider_kafka2pc.txn.protocol.naming import NamingStrategy
-from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
+from airflow_provider_kafka2pc.txn.protocol.records import Entry, Kind, RunRecord
+from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,15 @@ class Acceptance:
     decided: RunRecord | None = None  # the run already reached its decision: nothing is accepted
 
 
-def hand_off(decision_log: DecisionLog, handoff: Handoff) -> None:
-    """Append the attempt's record and read it back: once this returns, the Airflow side can see it."""
+def hand_off(decision_log: DecisionLog, handoff: Handoff) -> bool:
+    """Append the attempt's record and read it back: once this returns True, the Airflow side can
+    see it. False: the run reached its decision meanwhile and its handoffs were retired, this one
+    with them (it will never be accepted)."""
     decision_log.append([(handoff.key, handoff.to_json())])
-    got = decision_log.read_for(handoff.prefix).handoffs.get((handoff.prefix, handoff.run), {}).get(handoff.attempt)
+    state = decision_log.read_for(handoff.prefix, handoff.run)
+    got = state.handoffs.get((handoff.prefix, handoff.run), {}).get(handoff.attempt)
+    if got is None and state.run_status(handoff.prefix, handoff.run) is not None:
+        return False
     if got is None or got.value != handoff.to_json():
         raise DecisionLogError(
             f"the handoff of attempt {handoff.attempt!r} for run {handoff.run} was appended to decision topic "
@@ -56,6 +64,7 @@ def hand_off(decision_log: DecisionLog, handoff: Handoff) -> None:
         len(handoff.committables),
         handoff.records,
     )
+    return True
 
 
 def accept(
@@ -102,18 +111,34 @@ def accept(
 
 
 def retire_handoffs(decision_log: DecisionLog, prefix: str, run: str) -> int:
-    """Tombstone the run's handoff records once the run has a record of its own (its decision, or
-    the outcome after it): from then on nothing reads them (``accept`` answers from the run's record,
-    the application returns before it looks), and compaction keeps a compacted topic's every key, so
-    each run would leave its attempts' committables in the topic for good. Returns how many."""
+    """Tombstone the run's handoff records that nothing will read again, and return how many:
+    compaction keeps a compacted topic's every key, so each run would leave its attempts'
+    committables in the topic for good. Once the run has its decision (a COMMIT, or the outcome
+    after it) that is all of them: ``accept`` answers from the run's record, an application returns
+    before it looks. An aborted run has no record (a cleared run may hand off again): only the
+    handoffs whose every transaction an ABORT in force rules, which ``accept`` passes over anyway."""
     state = decision_log.read_for(prefix, run)
+    entries = list(state.handoffs.get((prefix, run), {}).values())
     if state.run_status(prefix, run) is None:
-        return 0
-    keys = [e.key for e in state.handoffs.get((prefix, run), {}).values()]
+        entries = [e for e in entries if _aborted(state, e)]
+    keys = [e.key for e in entries]
     if keys:
         decision_log.append([(key, None) for key in keys])
         log.info("retired %d handoff record(s) of run %s of exporter %s", len(keys), run, prefix)
     return len(keys)
+
+
+def _aborted(state: LogState, entry: Entry) -> bool:
+    """Every transaction of the handoff (one at least) is ruled by an ABORT in force; a record that
+    cannot be read stays (``accept`` names it)."""
+    try:
+        handoff = Handoff.from_json(entry.value or b"", entry.key)
+    except Kafka2PCError:
+        return False
+    rulings = [state.ruled_by(ref_of(c)) for c in handoff.committables]
+    return bool(rulings) and all(
+        d is not None and d.kind is Kind.ABORT and state.in_force(d.decision_id) for d in rulings
+    )
 
 
 def _held(c: Committable, s: TxnState | None) -> bool:
