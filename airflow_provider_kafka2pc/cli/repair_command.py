@@ -22,7 +22,8 @@ from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase import survey
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, abort_attempts, repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair import abort_attempts, repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 
 # The repair commits right after its write job, in this process: no scheduler hand-over to allow for.
 _HANDOVER_MS = 2_000
@@ -77,7 +78,10 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
         abort_opened=lambda: abort_attempts(conn.wire(), conn.decision_log(), args.prefix, args.run, ACTOR),
     )
     try:
-        report = repair_lost_run(conn.wire(), conn.decision_log(), args.prefix, args.run, export_again, actor=ACTOR)
+        report = repair_lost_run(
+            conn.wire(), conn.decision_log(), args.prefix, args.run, export_again, actor=ACTOR,
+            files_now=export_again.files_now,
+        )  # fmt: skip
     except NotLostError as e:
         raise UsageError(str(e)) from None
     finally:

@@ -358,7 +358,7 @@ class Kafka2PCExportOperator(BaseOperator):
         seen["repairing"] = True
         export_again = repair_exporter(frame, settings, self.window, formats, abort_now)
         try:
-            report = session.repair(export_again, actor)
+            report = session.repair(export_again, actor, export_again.files_now)
         finally:
             if spark is not None:
                 spark.stop()
@@ -402,6 +402,7 @@ class Kafka2PCExportOperator(BaseOperator):
     ) -> dict[str, Any] | None:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
         from airflow_provider_kafka2pc.spark.job import export_dataframe
+        from airflow_provider_kafka2pc.spark.source_listing import record_source_files
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         prefix, run = session.prefix, session.run
@@ -477,6 +478,8 @@ class Kafka2PCExportOperator(BaseOperator):
         window = self._window_with_shown_rate(context, prefix)
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
+            record_source_files(df, settings, session.clients.decision_log, prefix, run)
+            session.clients.close()  # idle through the write job, as above
             seen["writing"] = True
             result = export_dataframe(
                 df, settings, on_progress=progress, window=window, abort_opened=abort_now, formats=formats

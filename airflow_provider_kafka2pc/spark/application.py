@@ -71,6 +71,7 @@ def export_from_application(
     does: the write job's failure, a window overrun, a refused topic or ACL, each after ending what
     it opened."""
     from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.source_listing import record_source_files
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff, check_attempt
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -131,6 +132,7 @@ def export_from_application(
             writer=writer,
             repairable=repairable,
         )
+        record_source_files(df, settings, session.clients.decision_log, prefix, run)
         session.clients.close()  # idle through the Spark job: connect afresh after it
 
         this_attempts = naming.Members(prefix, strategy, run_key, tag)

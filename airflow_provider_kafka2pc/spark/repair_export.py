@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.txn.protocol import naming
@@ -25,11 +26,25 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-    from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Splits
+    from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 
 log = logging.getLogger(__name__)
 
 FrameOfPlan = Callable[["RepairPlan"], Any]  # the run's frame again (a Kafka source: the plan's stored range)
+
+
+@dataclass(frozen=True)
+class ReExport:
+    """A repair's ``export_again``, and the file splits its frame read (``spark/file_scan.py``;
+    None before it ran or for a frame that is not a plain scan), which a refusal compares with the
+    run's (``txn.protocol.source_files``)."""
+
+    export_again: Callable[[RepairPlan], Sequence[Committable]]
+    files_now: Callable[[], Splits | None]
+
+    def __call__(self, plan: RepairPlan) -> Sequence[Committable]:
+        return self.export_again(plan)
 
 
 def repair_exporter(
@@ -39,15 +54,19 @@ def repair_exporter(
     formats: RecordFormats | None = None,
     abort_opened: Callable[[], bool] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
-) -> Callable[[RepairPlan], Sequence[Committable]]:
+) -> ReExport:
     """The ``export_again`` of a repair: ``settings`` as the run's export had them (prefix, producer
     config, topic, writer, timeout); the ids and the delivery guarantee are the repair's."""
+    from airflow_provider_kafka2pc.spark.file_scan import file_splits
     from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.repeatable_source import why_not_repeatable
+
+    read: dict[str, Splits | None] = {}
 
     def export_again(plan: RepairPlan) -> Sequence[Committable]:
         scheme = _recorded_scheme(plan)
         df = frame(plan)
+        read["files"] = file_splits(df)
         why = why_not_repeatable(df)
         if why is not None:
             raise RepairRefusedError(
@@ -77,7 +96,7 @@ def repair_exporter(
         )
         return result.committables
 
-    return export_again
+    return ReExport(export_again, lambda: read.get("files"))
 
 
 def _recorded_scheme(plan: RepairPlan) -> str:
@@ -94,4 +113,4 @@ def _recorded_scheme(plan: RepairPlan) -> str:
     )
 
 
-__all__ = ["FrameOfPlan", "repair_exporter"]
+__all__ = ["FrameOfPlan", "ReExport", "repair_exporter"]

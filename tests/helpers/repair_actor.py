@@ -33,7 +33,8 @@ from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
 from airflow_provider_kafka2pc.txn.protocol.repair_lease import DEFAULT_TTL_MS
-from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair import repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
 from tests.helpers.actors import PROTOCOL_ERRORS, report_exit
 from tests.helpers.phase_two import write_slot

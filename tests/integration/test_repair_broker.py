@@ -22,7 +22,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
-from airflow_provider_kafka2pc.txn.two_phase.repair import attempts_of
+from airflow_provider_kafka2pc.txn.two_phase.repair_plan import attempts_of
 from tests.conftest import SHORT_TXN_MAX_TIMEOUT_MS
 from tests.helpers.actors import sigkill, spawn, wait_for_line
 from tests.helpers.kafka import REPO, KafkaEnv, kafka_local

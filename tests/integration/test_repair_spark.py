@@ -64,14 +64,16 @@ class LostRuns:
         self.env.open_transactions(self.prefixes[case])
         return Counter(r.key for r in self.env.read_committed(self.topics[case]) if r.key)
 
-    def kafka2pc(self, command: str, case: str, source: str = "parquet_frame") -> subprocess.CompletedProcess[str]:
+    def kafka2pc(
+        self, command: str, case: str, source: str = "parquet_frame", packing: tuple[str, str] = ONE_PARTITION_PER_FILE
+    ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", command, "--prefix", self.prefixes[case],
                 "--json", "--bootstrap-servers", self.env.bootstrap, "--decision-topic", self.decisions]  # fmt: skip
         if command == "repair":
             topic = [] if case == "topics" else ["--topic", self.topics[case]]  # the frame's topic column
             argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", *topic,
                      "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
-                     "--spark-conf", "=".join(ONE_PARTITION_PER_FILE),
+                     "--spark-conf", "=".join(packing),
                      "--spark-conf", f"spark.jars={KAFKA_JARS}"]  # fmt: skip
         env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources.get(case, "")),
                "KAFKA2PC_TEST_REPAIR_TOPIC": self.source_topic, "KAFKA2PC_TEST_REPAIR_GROUP": self.group,
@@ -104,6 +106,7 @@ def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, di
     """Export the files (to ``topic``, or with odd keys to ``odd_topic``), decide COMMIT, end the
     first transactions only: the broker aborts the rest."""
     from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.spark.source_listing import record_source_files
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from tests.helpers.repair_sources import with_two_topics
 
@@ -111,10 +114,11 @@ def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, di
     df = spark.read.parquet(str(directory)).select("key", "value")
     if odd_topic is not None:
         df = with_two_topics(df, topic, odd_topic)
+    log = DecisionLog(env.config, topic=decisions)
+    record_source_files(df, settings, lambda: log, prefix, RUN)  # as the export task does, before its window
     result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
     cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
     assert len(cs) == FILES and all(c.digest and c.digest.startswith(f"{scheme}:") for c in cs), cs
-    log = DecisionLog(env.config, topic=decisions)
     with WireClient(env.config) as wire:
         decided = decide_commit(cs, wire, log, RUN, end_txn_timeout_s=2)
         assert isinstance(decided, Decided), decided
@@ -241,7 +245,16 @@ def test_kafka2pc_repair_exports_the_lost_spark_partitions_again_exactly_once(lo
 
 
 def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostRuns, spark: Any) -> None:
+    """First the same files under Spark's default packing (several small files per partition): the
+    refusal says the files are the same but packed differently. Then the files rewritten: it names
+    each file of a lost partition that was removed and each that was added."""
     visible = lost.keys("changed")
+    packed = lost.kafka2pc("repair", "changed", packing=("spark.sql.files.openCostInBytes", str(4 * 1024 * 1024)))
+    assert packed.returncode == 4, packed.stderr[-3000:]  # the run stays LOST
+    assert "what changed in the files it read: Spark partition 4: the same files are packed differently: it read " in (
+        packed.stderr
+    ), packed.stderr[-3000:]
+    assert lost.keys("changed") == visible and lost.env.open_transactions(lost.prefixes["changed"]) == []
     # Rewrite the source: the same files, but one record of every file changed (the lost ones too).
     from pyspark.sql import functions as F
 
@@ -256,6 +269,9 @@ def test_a_rewritten_file_is_refused_before_anything_becomes_visible(lost: LostR
     assert "Spark partition" in done.stderr and "different keys, values, topics or partitions" in done.stderr, (
         done.stderr[-3000:]
     )
+    # Overwritten: every file of the run is gone, new ones (other names) read instead.
+    assert "what changed in the files it read: Spark partition 4: file://" in done.stderr, done.stderr[-3000:]
+    assert ".parquet was removed; file://" in done.stderr and ".parquet was added" in done.stderr
     assert lost.keys("changed") == visible
     assert lost.env.open_transactions(lost.prefixes["changed"]) == []
     assert lost.status("changed") is RunStatus.LOST

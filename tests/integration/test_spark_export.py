@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -285,7 +286,7 @@ def test_the_physical_plan_surface_tells_a_plain_scan_of_columnar_files_from_a_c
     inside the window)."""
     from pyspark.sql import functions as F
 
-    from airflow_provider_kafka2pc.spark.file_scan import plain_file_scan
+    from airflow_provider_kafka2pc.spark.file_scan import file_splits, plain_file_scan
 
     rows = spark.range(400, numPartitions=4).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
     rows.write.parquet(str(tmp_path / "p"))
@@ -313,6 +314,16 @@ def test_the_physical_plan_surface_tells_a_plain_scan_of_columnar_files_from_a_c
     }
     for what, frame in computed.items():
         assert plain_file_scan(frame) is None, what
+        assert file_splits(frame) is None, what
+    # The splits each partition reads (what a repair's refusal names): every file once, as listed.
+    splits = file_splits(kept)
+    assert splits is not None and sorted(splits) == list(range(kept.rdd.getNumPartitions())), splits
+    files = {Path(f.path.removeprefix("file:")).resolve(): f for s in splits.values() for f in s}
+    listed = {p.resolve(): p.stat() for p in (tmp_path / "p").glob("*.parquet")}
+    assert set(files) == set(listed), (files, listed)
+    for path, f in files.items():
+        assert (f.start, f.length, f.size) == (0, listed[path].st_size, listed[path].st_size), f
+        assert f.modified_ms == listed[path].st_mtime_ns // 1_000_000, (f, listed[path].st_mtime_ns)
 
 
 def test_a_cached_frame_and_a_parquet_scan_are_written_as_stored_and_a_computed_one_is_staged_first(

@@ -26,7 +26,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     repair_claim_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.source_range import PartitionRange, SourceRange
-from airflow_provider_kafka2pc.txn.two_phase.repair import attempts_of, plan_repair
+from airflow_provider_kafka2pc.txn.two_phase.repair_plan import attempts_of, plan_repair
 
 RUN = "dag/manual__2026-11-28T10:00:00+00:00"
 KEY = attempts_of(RUN) + "0a1b2c3d"

@@ -38,6 +38,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     GROUP_KEY,
     POSITION_KEY,
     RUN_KEY,
+    SOURCE_FILES_KEY,
     DecisionRecord,
     Entry,
     Lease,
@@ -45,10 +46,20 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     run_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.run_history import history_key, run_key_of
+from airflow_provider_kafka2pc.txn.protocol.source_files import Splits, decode_splits, encode_splits, source_files_key
 
 log = logging.getLogger(__name__)
 
 RUN_KEY_BYTES = RUN_KEY.encode()
+SOURCE_FILES_KEY_BYTES = SOURCE_FILES_KEY.encode()
+
+
+def _of_history(key: bytes, value: bytes | None) -> bool:
+    """Records of the history partition: run records (their tombstones are partition 0's only) and
+    source-file listings (with their tombstones)."""
+    return (key.startswith(RUN_KEY_BYTES) and value is not None) or key.startswith(SOURCE_FILES_KEY_BYTES)
+
+
 Item = tuple[bytes, bytes | None]
 History = Collection[bytes] | Literal["all"]  # which run records of finished runs a read needs
 KeepRun = Callable[[str, str, bytes], bool]  # (prefix, run, raw value): keep this run record?
@@ -142,11 +153,7 @@ class DecisionLog(DecisionTopic):
             # History first, flushed, then the protocol: a reader that reads partition 0 and then 1
             # and no longer finds a decision finds the run record it left.
             # A run record's tombstone is for partition 0 only: the history keeps every run record.
-            history = (
-                [i for i, (key, v) in enumerate(items) if key.startswith(RUN_KEY_BYTES) and v is not None]
-                if self._partitions > 1
-                else []
-            )
+            history = [i for i, (key, v) in enumerate(items) if _of_history(key, v)] if self._partitions > 1 else []
             for batch in (history, [i for i in range(len(items)) if i not in set(history)]):
                 for i in batch:
                     key, value = items[i]
@@ -156,10 +163,11 @@ class DecisionLog(DecisionTopic):
                             f"{MAX_RECORD_BYTES}: commit fewer Spark partitions per run (coalesce the DataFrame)"
                         )
                     partition = HISTORY_PARTITION if batch is history else 0
+                    run_record = value if key.startswith(RUN_KEY_BYTES) else None
                     # One history key per run, status and generation: compaction keeps every rank.
-                    at = history_key(key, value) if batch is history and value is not None else key
+                    at = history_key(key, run_record) if batch is history and run_record is not None else key
                     self._produce(producer, at, value, partition, on_delivery(i))
-                    if batch is history and value is not None and not is_committed(value):
+                    if batch is history and run_record is not None and not is_committed(run_record):
                         # LOST / ACKNOWLEDGED runs also live in the protocol's partition: recovery meets them.
                         self._produce(producer, key, value, 0, _extra)
                     producer.poll(0)
@@ -355,6 +363,30 @@ class DecisionLog(DecisionTopic):
         wanted = set(prefixes)
         self.prefixes.update(wanted)
         return lambda p, r, _raw: r == run and p in wanted
+
+    def record_source_files(self, prefix: str, run: str, splits: Splits) -> bool:
+        """Append the files each Spark partition of ``run`` read (``txn.protocol.source_files``) to
+        the history partition; False, writing nothing, on a topic without one (0.1.0's) or for an
+        export of more splits than a record holds."""
+        value = encode_splits(splits)
+        with self._budget():
+            self.ensure_topic()
+            if value is None or self._partitions < 2:
+                return False
+        self.append([(source_files_key(prefix, run), value)])
+        return True
+
+    def source_files(self, prefix: str, run: str) -> Splits | None:
+        """What ``record_source_files`` recorded for ``run``, or None."""
+        with self._budget():
+            self.ensure_topic()
+            if self._partitions < 2:
+                return None
+        key = source_files_key(prefix, run)
+        value = None
+        for e in self.scan(None, HISTORY_PARTITION, frozenset({key})):
+            value = e.value  # the latest of the key
+        return decode_splits(value) if value else None
 
     def scan(
         self, until: int | None = None, partition: int = 0, keys: frozenset[bytes] | None = None

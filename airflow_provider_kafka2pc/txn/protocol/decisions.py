@@ -66,6 +66,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     REPAIR_KEY,
     REPAIR_LEASE_KEY,
     RUN_KEY,
+    SOURCE_FILES_KEY,
     Covered,
     DecisionRecord,
     Entry,
@@ -216,6 +217,8 @@ def replay(entries: Iterable[Entry], keep_run: Any = None) -> LogState:
         key = e.key
         if key.startswith(RUN_KEY.encode()):  # the highest rank holds: a late record changes nothing
             history.add(e)
+            continue
+        if key.startswith(SOURCE_FILES_KEY.encode()):  # a repair reads its run's by key, nobody else
             continue
         if key.startswith(LEASE_KEY.encode()):
             state.leases.pop(key, None)

@@ -36,6 +36,9 @@ GROUP_KEY = "kafka2pc.group:"
 REPAIR_KEY = "kafka2pc.repair:"
 # A live repair's lease, one key per repair attempt (``txn.protocol.repair_lease``); tombstoned at its end.
 REPAIR_LEASE_KEY = "kafka2pc.repair-lease:"
+# The files each Spark partition of a run read (``txn.protocol.source_files``): on the history
+# partition, read by key by a repair only; replay passes over them.
+SOURCE_FILES_KEY = "kafka2pc.source-files:"
 
 FORMAT_VERSION = 2
 # How long after the last deadline an ABORT is kept: covers clock differences between brokers.

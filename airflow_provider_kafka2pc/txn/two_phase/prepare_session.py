@@ -23,9 +23,11 @@ from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError, KafkaAu
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
 from airflow_provider_kafka2pc.txn.protocol.records import Lease, RunRecord
+from airflow_provider_kafka2pc.txn.protocol.source_files import Splits
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover
-from airflow_provider_kafka2pc.txn.two_phase.repair import RepairPlan, RepairReport, abort_attempts, repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair import RepairReport, abort_attempts, repair_lost_run
+from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport, ref_of
 
 log = logging.getLogger(__name__)
@@ -78,12 +80,18 @@ class PrepareSession:
                 spare=self.run if spare_own_loss else None,
             )
 
-    def repair(self, export_again: Callable[[RepairPlan], Sequence[Committable]], actor: str) -> RepairReport:
+    def repair(
+        self,
+        export_again: Callable[[RepairPlan], Sequence[Committable]],
+        actor: str,
+        files_now: Callable[[], Splits | None] | None = None,
+    ) -> RepairReport:
         """Repair the run, LOST after its COMMIT (``txn/two_phase/repair.py``)."""
         with self._acl_named():
             return repair_lost_run(
-                self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, export_again, actor=actor
-            )
+                self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, export_again, actor=actor,
+                files_now=files_now,
+            )  # fmt: skip
 
     def abort_repair_attempts(self, actor: str) -> bool:
         """End what a failed re-export of the run's repair opened, now; True when nothing is left open."""
