@@ -105,10 +105,11 @@ def export_dataframe(
         df = only_partitions(df, only_slots)
     writers = len(only_slots) if only_slots is not None else None
     stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
-    if transactional and stored is None and settings.repairable:  # materialize=False: hashed in the window
-        from airflow_provider_kafka2pc.spark.digest_column import with_digest
+    if transactional and stored is None:  # materialize=False: hashed in the window
+        from airflow_provider_kafka2pc.spark.digest_column import digest_of
 
-        df = with_digest(df, settings.digest_scheme, settings.topic)
+        if (hash_rows := digest_of(settings)) is not None:
+            df = hash_rows(df)
     staged = stored if isinstance(stored, StagedFrame) else None
     barrier = _budget_terms(stored, settings, window)
     staged_bytes = 0

@@ -36,9 +36,9 @@ FrameOfPlan = Callable[["RepairPlan"], Any]  # the run's frame again (a Kafka so
 
 @dataclass(frozen=True)
 class ReExport:
-    """A repair's ``export_again``, and the file splits its frame read (``spark/file_scan.py``;
+    """A repair's ``export_again``, and the file splits its frame reads (``spark/file_scan.py``;
     None before it ran or for a frame that is not a plain scan), which a refusal compares with the
-    run's (``txn.protocol.source_files``)."""
+    run's (``txn.protocol.source_files``): listed only then, while the repair's Spark session lives."""
 
     export_again: Callable[[RepairPlan], Sequence[Committable]]
     files_now: Callable[[], Splits | None]
@@ -61,12 +61,12 @@ def repair_exporter(
     from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.repeatable_source import why_not_repeatable
 
-    read: dict[str, Splits | None] = {}
+    frames: list[Any] = []  # the frame of the last call: its splits are listed only for a refusal
 
     def export_again(plan: RepairPlan) -> Sequence[Committable]:
         scheme = _recorded_scheme(plan)
         df = frame(plan)
-        read["files"] = file_splits(df)
+        frames[:] = [df]
         why = why_not_repeatable(df)
         if why is not None:
             raise RepairRefusedError(
@@ -96,7 +96,7 @@ def repair_exporter(
         )
         return result.committables
 
-    return ReExport(export_again, lambda: read.get("files"))
+    return ReExport(export_again, lambda: file_splits(frames[0]) if frames else None)
 
 
 def _recorded_scheme(plan: RepairPlan) -> str:
