@@ -184,6 +184,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)"
     )
     p.add_argument("--writer", default="auto", choices=("auto", "native", "python"), help="as the export's writer")
+    for role in ("key", "value"):
+        p.add_argument(
+            f"--{role}-format",
+            default=None,
+            metavar="MODULE:NAME",
+            help=f"the export's {role}_format (an AvroFormat or JsonSchemaFormat object), for a run framed for a "
+            "schema registry",
+        )
+    p.add_argument(
+        "--schema-registry-conn-id",
+        default=None,
+        metavar="ID",
+        help="the formats' registry: the kafka2pc_schema_registry Airflow connection the export used",
+    )
+    p.add_argument("--schema-registry-url", default=None, metavar="URL", help="or the registry's URL")
+    p.add_argument(
+        "--schema-registry-config-file",
+        default=None,
+        metavar="PATH",
+        help="the URL's credentials, one KEY=VALUE a line: basic.auth.user.info=USER:PASSWORD or "
+        "bearer.auth.token=TOKEN; ssl.ca.location=PATH, timeout=SECONDS",
+    )
     return parser
 
 

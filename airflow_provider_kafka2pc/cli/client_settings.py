@@ -50,7 +50,7 @@ def airflow_connection(conn_id: str) -> ClientSettings:
     """An Airflow connection's client settings, decision topic and connect timeout, mapped by the
     tasks' own hook.
 
-    Found where ``airflow connections get`` finds it (``_find_airflow_connection``). Imported here,
+    Found where ``airflow connections get`` finds it (``find_airflow_connection``). Imported here,
     not at the top: the CLI runs without Airflow, and only --conn-id needs it.
     """
     try:
@@ -63,15 +63,15 @@ def airflow_connection(conn_id: str) -> ClientSettings:
             f"--conn-id needs Apache Airflow installed ({e}); give --bootstrap-servers and --config instead"
         ) from None
     try:
-        hook = Kafka2PCHook(conn_id, connection=_find_airflow_connection(conn_id))
+        hook = Kafka2PCHook(conn_id, connection=find_airflow_connection(conn_id))
         return ClientSettings(hook.get_config(), hook.decision_topic, hook.connect_timeout_s)
     except AirflowNotFoundException:
-        raise UsageError(f"no Airflow connection {conn_id!r}: {_looked_in(conn_id)}") from None
+        raise UsageError(f"no Airflow connection {conn_id!r}: {looked_in(conn_id)}") from None
     except Kafka2PCConfigError as e:
         raise UsageError(f"connection {conn_id!r}: {e}") from None
 
 
-def _find_airflow_connection(conn_id: str) -> Any:
+def find_airflow_connection(conn_id: str) -> Any:
     """The connection as ``airflow connections get`` finds it: the AIRFLOW_CONN_<ID> variable, the
     configured secrets backend, and, where Airflow is configured in this shell, its metadata
     database (``Connection.get_connection_from_secrets``, the call that command makes). Elsewhere the
@@ -108,8 +108,8 @@ def _airflow_core() -> str | None:
         return None
 
 
-def _looked_in(conn_id: str) -> str:
-    """Where ``_find_airflow_connection`` looked, and why not in a database: the not-found message."""
+def looked_in(conn_id: str) -> str:
+    """Where ``find_airflow_connection`` looked, and why not in a database: the not-found message."""
     from airflow.sdk import conf
 
     backend = str(conf.get("secrets", "backend", fallback="") or "")

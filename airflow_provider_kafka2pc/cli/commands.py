@@ -9,7 +9,7 @@
     kafka2pc acknowledge --prefix P --run R [--note TEXT]
                                       mark the LOST run R of P as ACKNOWLEDGED: recovery stops
                                       failing on it (its lost records stay lost)
-    kafka2pc repair --prefix P --run R --source MODULE:NAME [--topic T]
+    kafka2pc repair --prefix P --run R --source MODULE:NAME [--topic T] [--value-format MODULE:NAME ...]
                                       export the LOST run R's lost Spark partitions again from the
                                       source, prove them the same records, commit them: REPAIRED
 

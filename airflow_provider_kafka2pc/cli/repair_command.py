@@ -5,18 +5,21 @@ where the command runs: a callable ``(spark) -> DataFrame`` giving the frame the
 the ``KafkaSource`` the export read (the run's stored range is read again; its transform is called
 with no Airflow context). Spark starts here, at ``--spark-master`` (``local[*]`` by default) with
 ``--spark-conf``; the lost Spark partitions are exported again, compared with what the run lost,
-and committed by the transaction core (``txn/two_phase/repair.py``). Spark and the source are
-imported only when the command runs.
+and committed by the transaction core (``txn/two_phase/repair.py``). A run exported with registry
+formats is framed again with ``--key-format``/``--value-format`` (the export's objects, named the
+same way) for the registry ``cli/registry_settings.py`` finds. Spark and the source are imported
+only when the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.cli.arguments import ACTOR, EXIT_LOST, EXIT_OK, UsageError
+from airflow_provider_kafka2pc.cli.registry_settings import record_formats
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -25,23 +28,42 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettin
 from airflow_provider_kafka2pc.txn.two_phase.repair import abort_attempts, repair_lost_run
 from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.registry.formats import RegistryFormat
+
 # The repair commits right after its write job, in this process: no scheduler hand-over to allow for.
 _HANDOVER_MS = 2_000
 
 
-def load_source(spec: str) -> Any:
+def load_named(spec: str, option: str) -> Any:
     """The object ``module:name`` names; a UsageError saying what is wrong otherwise."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise UsageError(f"--source {spec!r}: give module:name, e.g. my_dags.orders:orders_frame")
+        raise UsageError(f"{option} {spec!r}: give module:name, e.g. my_dags.orders:orders_frame")
     try:
         found: Any = importlib.import_module(module)
         for part in name.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as e:
-        raise UsageError(f"--source {spec!r} cannot be loaded ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{option} {spec!r} cannot be loaded ({type(e).__name__}: {e})") from None
+    return found
+
+
+def load_source(spec: str) -> Any:
+    found = load_named(spec, "--source")
     if not callable(found) and not hasattr(found, "dataframe"):
         raise UsageError(f"--source {spec!r} is neither a callable (spark) -> DataFrame nor a KafkaSource")
+    return found
+
+
+def load_format(spec: str | None, option: str) -> RegistryFormat | None:
+    from airflow_provider_kafka2pc.registry.formats import RegistryFormat
+
+    if spec is None:
+        return None
+    found = load_named(spec, option)
+    if not isinstance(found, RegistryFormat):
+        raise UsageError(f"{option} {spec!r} is a {type(found).__name__}, not an AvroFormat or JsonSchemaFormat")
     return found
 
 
@@ -53,12 +75,16 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
     if not conn.decision_topic_exists():
         raise UsageError(f"decision topic {args.decision_topic!r} does not exist: run {args.run!r} has no record")
     source = load_source(args.source)
+    formats = record_formats(
+        args, load_format(args.key_format, "--key-format"), load_format(args.value_format, "--value-format")
+    )
     conf = spark_conf(f"kafka2pc-repair-{args.prefix}")
     for item in args.spark_conf:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--spark-conf {item!r}: give KEY=VALUE")
         conf.set(key, value)
+    avro = formats is not None and formats.uses_avro  # spark-avro's to_avro encodes
     sessions: list[Any] = []
 
     def frame(plan: RepairPlan) -> Any:
@@ -66,7 +92,7 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
         kafka = hasattr(source, "dataframe")
         if kafka and read is None:
             raise UsageError(f"run {plan.run} of {plan.prefix} has no stored Kafka source range to read again")
-        spark = build_session(conf, args.spark_master, kafka_source=kafka)
+        spark = build_session(conf, args.spark_master, kafka_source=kafka, avro=avro)
         sessions.append(spark)
         return source.dataframe(spark, conn.config, read, None) if kafka else source(spark)
 
@@ -75,6 +101,7 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
         frame,
         settings,
         WindowSettings(handover_ms=_HANDOVER_MS),
+        formats,
         abort_opened=lambda: abort_attempts(conn.wire(), conn.decision_log(), args.prefix, args.run, ACTOR),
     )
     try:
@@ -95,4 +122,4 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
     return EXIT_OK if report.record.status is RunStatus.REPAIRED else EXIT_LOST
 
 
-__all__ = ["cmd_repair", "load_source"]
+__all__ = ["cmd_repair", "load_format", "load_named", "load_source"]

@@ -22,7 +22,13 @@ def validate_schema(schema: Any, default_topic: str | None) -> None:
         problems.append("the 'value' column is required")
     for name in ("key", "value"):
         if name in fields and not isinstance(fields[name], (T.BinaryType, T.StringType)):
-            problems.append(f"column {name!r} must be binary or string, not {fields[name].simpleString()}")
+            encode = (
+                f" (a struct is encoded for a schema registry by a format: the export's {name}_format, "
+                f"`kafka2pc repair --{name}-format`)"
+                if isinstance(fields[name], T.StructType)
+                else ""
+            )
+            problems.append(f"column {name!r} must be binary or string, not {fields[name].simpleString()}{encode}")
     if "topic" in fields and not isinstance(fields["topic"], T.StringType):
         problems.append(f"column 'topic' must be string, not {fields['topic'].simpleString()}")
     if "topic" not in fields and not default_topic:

@@ -1,12 +1,14 @@
 """Sources ``kafka2pc repair --source`` loads in the repair tests: the frame the run exported,
 built again from the Parquet directory the test names in ``KAFKA2PC_TEST_REPAIR_PARQUET`` (with a
-topic column, or with it swapped), or the Kafka source (topic and group in
+topic column, or with it swapped, or with Avro values), or the Kafka source (topic and group in
 ``KAFKA2PC_TEST_REPAIR_TOPIC`` and ``..._GROUP``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from airflow_provider_kafka2pc.registry.formats import AvroFormat
 
 
 def parquet_frame(spark: Any) -> Any:
@@ -39,6 +41,20 @@ def random_frame(spark: Any) -> Any:
     from pyspark.sql import functions as F
 
     return parquet_frame(spark).withColumn("value", F.concat(F.col("value"), F.rand().cast("string")))
+
+
+def avro_frame(spark: Any) -> Any:
+    """The Avro-valued run's frame: each value a record of its text and length."""
+    from pyspark.sql import functions as F
+
+    text = F.col("value")
+    return parquet_frame(spark).select(
+        "key", F.struct(text.alias("text"), F.length(text).alias("length")).alias("value")
+    )
+
+
+# The Avro-valued run's value_format, as a DAG file keeps it (``--value-format ...:AVRO_VALUE``).
+AVRO_VALUE = AvroFormat()
 
 
 def kafka_source() -> Any:

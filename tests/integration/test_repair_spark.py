@@ -34,15 +34,18 @@ from tests.e2e.test_kafka_source_dag import group_offsets, kafka_source_jars
 from tests.helpers.jvm_options import stop_driver_jvm
 from tests.helpers.kafka import REPO, KafkaEnv
 from tests.helpers.lost_runs import record_lost
+from tests.helpers.registry import RegistryEnv, spark_avro_jar
 
 pytestmark = pytest.mark.kafka
 
 RUN = "orders/manual__2026-11-28T12:00:00+00:00"
 FILES, LOST, RECORDS = 8, 4, 300  # one Spark partition per Parquet file; the last 4 transactions lost
-CASES = ("main", "changed", "random", "topics", "old")  # "topics": a topic column over two topics;
-# "old": digests of the scheme exports recorded before the topic was hashed (key and value only)
+CASES = ("main", "changed", "random", "topics", "old", "avro")  # "topics": a topic column over two
+# topics; "old": digests of the scheme exports recorded before the topic was hashed (key and value
+# only); "avro": values framed for the schema registry, Avro records
 KAFKA_PARTITIONS, KAFKA_LOST = 4, 2  # the Kafka-sourced run: one Spark partition per source partition
 KAFKA_JARS = json.loads(kafka_source_jars())["spark.jars"]
+JARS = f"{KAFKA_JARS},{spark_avro_jar()}"  # Spark's Kafka source and spark-avro
 # One Spark partition per small file: Spark packs files up to a split size counting each file's open
 # cost, so an open cost of the default split size (128 MB) leaves each file a partition of its own.
 ONE_PARTITION_PER_FILE = ("spark.sql.files.openCostInBytes", str(128 * 1024 * 1024))
@@ -59,13 +62,20 @@ class LostRuns:
     source_topic: str  # the Kafka-sourced run's source, read by group ``group``
     group: str
     ends: dict[int, int]  # the Kafka-sourced run's range: where its group stands after its COMMIT
+    registry: RegistryEnv
+    registry_file: Path  # the registry's credentials, as a user keeps them for the CLI
 
     def keys(self, case: str) -> Counter[bytes]:
         self.env.open_transactions(self.prefixes[case])
         return Counter(r.key for r in self.env.read_committed(self.topics[case]) if r.key)
 
     def kafka2pc(
-        self, command: str, case: str, source: str = "parquet_frame", packing: tuple[str, str] = ONE_PARTITION_PER_FILE
+        self,
+        command: str,
+        case: str,
+        source: str = "parquet_frame",
+        packing: tuple[str, str] = ONE_PARTITION_PER_FILE,
+        more: tuple[str, ...] = (),
     ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", command, "--prefix", self.prefixes[case],
                 "--json", "--bootstrap-servers", self.env.bootstrap, "--decision-topic", self.decisions]  # fmt: skip
@@ -74,7 +84,7 @@ class LostRuns:
             argv += ["--run", RUN, "--source", f"tests.helpers.repair_sources:{source}", *topic,
                      "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
                      "--spark-conf", "=".join(packing),
-                     "--spark-conf", f"spark.jars={KAFKA_JARS}"]  # fmt: skip
+                     "--spark-conf", f"spark.jars={JARS}", *more]  # fmt: skip
         env = {**os.environ, "KAFKA2PC_TEST_REPAIR_PARQUET": str(self.sources.get(case, "")),
                "KAFKA2PC_TEST_REPAIR_TOPIC": self.source_topic, "KAFKA2PC_TEST_REPAIR_GROUP": self.group,
                "KAFKA2PC_TEST_REPAIR_TOPICS": f"{self.topics['topics']},{self.odd_topic}",
@@ -102,21 +112,22 @@ def _write_files(spark: Any, directory: Path, prefix: str) -> None:
 
 
 def _lose(spark: Any, env: KafkaEnv, decisions: str, prefix: str, topic: str, directory: Path,
-          odd_topic: str | None = None, scheme: str = "xxh64t") -> None:  # fmt: skip
+          odd_topic: str | None = None, scheme: str = "xxh64t", formats: Any = None) -> None:  # fmt: skip
     """Export the files (to ``topic``, or with odd keys to ``odd_topic``), decide COMMIT, end the
     first transactions only: the broker aborts the rest."""
     from airflow_provider_kafka2pc.spark.job import export_dataframe
     from airflow_provider_kafka2pc.spark.source_listing import record_source_files
     from airflow_provider_kafka2pc.spark.window import WindowSettings
-    from tests.helpers.repair_sources import with_two_topics
+    from tests.helpers.repair_sources import avro_frame, with_two_topics
 
     settings = ExportSettings(prefix, env.config, topic=topic, digest_scheme=scheme)
-    df = spark.read.parquet(str(directory)).select("key", "value")
+    os.environ["KAFKA2PC_TEST_REPAIR_PARQUET"] = str(directory)  # where avro_frame reads
+    df = avro_frame(spark) if formats is not None else spark.read.parquet(str(directory)).select("key", "value")
     if odd_topic is not None:
         df = with_two_topics(df, topic, odd_topic)
     log = DecisionLog(env.config, topic=decisions)
     record_source_files(df, settings, lambda: log, prefix, RUN)  # as the export task does, before its window
-    result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000))
+    result = export_dataframe(df, settings, window=WindowSettings(handover_ms=1_000), formats=formats)
     cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
     assert len(cs) == FILES and all(c.digest and c.digest.startswith(f"{scheme}:") for c in cs), cs
     with WireClient(env.config) as wire:
@@ -196,13 +207,18 @@ def spark() -> Iterator[Any]:
     stop_driver_jvm()  # a running JVM keeps its class path: this one needs Spark's Kafka source
     session = SparkSession.builder.master("local[2]").appName("kafka2pc-repair-tests").config(
         "spark.ui.enabled", "false"
-    ).config(*ONE_PARTITION_PER_FILE).config("spark.jars", KAFKA_JARS).getOrCreate()  # fmt: skip
+    ).config(*ONE_PARTITION_PER_FILE).config("spark.jars", JARS).getOrCreate()  # fmt: skip
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="module")
-def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LostRuns]:
+def lost(
+    spark: Any, kafka_cap30: KafkaEnv, schema_registry: RegistryEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LostRuns]:
+    from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
+    from tests.helpers.repair_sources import AVRO_VALUE
+
     env, tmp = kafka_cap30, tmp_path_factory.mktemp("repair-spark")
     tag = uuid.uuid4().hex[:6]
     prefixes = {c: f"rsp{tag}_{c}" for c in CASES}
@@ -213,14 +229,19 @@ def lost(spark: Any, kafka_cap30: KafkaEnv, tmp_path_factory: pytest.TempPathFac
     odd_topic = env.topic(4)
     for case in CASES:
         _write_files(spark, sources[case], prefixes[case])
+        formats = RecordFormats(schema_registry.settings(), value=AVRO_VALUE) if case == "avro" else None
         _lose(spark, env, decisions, prefixes[case], topics[case], sources[case],
-              odd_topic if case == "topics" else None, "xxh64" if case == "old" else "xxh64t")  # fmt: skip
+              odd_topic if case == "topics" else None, "xxh64" if case == "old" else "xxh64t", formats)  # fmt: skip
     prefixes["kafka"], topics["kafka"] = f"rsp{tag}_kafka", env.topic(4)
     source_topic, group = env.topic(KAFKA_PARTITIONS), f"rsp{tag}_group"
     _fill(env, source_topic, f"{prefixes['kafka']}/")
     ends = _lose_kafka_run(spark, env, decisions, prefixes["kafka"], topics["kafka"], source_topic, group)
     record_lost(env.config, decisions, prefixes.values(), RUN, CAP30_TXN_MAX_TIMEOUT_MS)  # the broker aborts the rest
-    runs = LostRuns(env, decisions, prefixes, topics, sources, odd_topic, source_topic, group, ends)
+    registry_file = tmp / "registry.properties"
+    registry_file.write_text(f"basic.auth.user.info={schema_registry.user}:{schema_registry.password}\n")
+    runs = LostRuns(
+        env, decisions, prefixes, topics, sources, odd_topic, source_topic, group, ends, schema_registry, registry_file
+    )
     yield runs
 
 
@@ -340,3 +361,35 @@ def test_a_run_recorded_before_topics_were_hashed_is_repaired_with_the_digest_it
     expected = {f"{lost.prefixes['old']}/{f}/{i}".encode() for f in range(FILES) for i in range(RECORDS)}
     assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))
     assert lost.env.open_transactions(lost.prefixes["old"]) == []
+
+
+def test_an_avro_valued_run_is_repaired_from_the_cli_and_every_record_decodes(lost: LostRuns) -> None:
+    """The run's values were framed for the registry (magic byte, schema id, Avro), and its digests
+    hash those bytes: without the export's format the repair is refused, nothing written; with it
+    (``--value-format`` and the registry, its credentials in a file) every record is there once and
+    confluent-kafka's AvroDeserializer reads each."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    prefix, topic = lost.prefixes["avro"], lost.topics["avro"]
+    visible = lost.keys("avro")
+    assert sum(visible.values()) == (FILES - LOST) * RECORDS
+    bare = lost.kafka2pc("repair", "avro", source="avro_frame")
+    assert bare.returncode != 0, bare.stdout[-2000:]
+    assert "--value-format" in bare.stderr, bare.stderr[-3000:]
+    assert lost.keys("avro") == visible and lost.env.open_transactions(prefix) == []
+    assert lost.status("avro") is RunStatus.LOST
+    registry = ("--value-format", "tests.helpers.repair_sources:AVRO_VALUE",
+                "--schema-registry-url", lost.registry.url,
+                "--schema-registry-config-file", str(lost.registry_file))  # fmt: skip
+    done = lost.kafka2pc("repair", "avro", source="avro_frame", more=registry)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout)["status"] == "REPAIRED"
+    assert lost.registry.password not in done.stdout + done.stderr
+    values = AvroDeserializer(lost.registry.confluent_client())
+    records = lost.env.read_committed(topic)
+    decoded = {r.key: values(r.value, SerializationContext(topic, MessageField.VALUE)) for r in records}
+    texts = {f"{prefix}/{f}/{i}".encode(): f"value-{f * RECORDS + i}" for f in range(FILES) for i in range(RECORDS)}
+    expected = {key: {"text": text, "length": len(text)} for key, text in texts.items()}
+    assert len(records) == len(expected) and decoded == expected, (len(records), len(decoded))
+    assert lost.env.open_transactions(prefix) == []

@@ -3,10 +3,15 @@ itself runs on the real broker and Spark: tests/integration/test_repair_spark.py
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from airflow_provider_kafka2pc.cli.arguments import UsageError, parse_args
-from airflow_provider_kafka2pc.cli.repair_command import load_source
+from airflow_provider_kafka2pc.cli.registry_settings import record_formats
+from airflow_provider_kafka2pc.cli.repair_command import load_format, load_source
 
 
 @pytest.mark.parametrize(
@@ -38,3 +43,68 @@ def test_repair_takes_the_run_the_source_and_spark_settings() -> None:
     assert (args.spark_master, args.spark_conf, args.writer) == ("local[*]", ["a=1"], "auto")
     with pytest.raises(SystemExit):
         parse_args(["repair", "--prefix", "orders", "--run", "dag/r1"])  # no --source
+
+
+def _formats_args(*more: str) -> Any:
+    return parse_args(["repair", "--prefix", "orders", "--run", "dag/r1", "--source", "m:f", *more])
+
+
+def test_the_export_s_formats_are_loaded_by_name_and_anything_else_is_refused() -> None:
+    from tests.helpers import repair_sources
+
+    assert load_format("tests.helpers.repair_sources:AVRO_VALUE", "--value-format") is repair_sources.AVRO_VALUE
+    assert load_format(None, "--key-format") is None
+    with pytest.raises(UsageError, match=r"--key-format 'tests.helpers.repair_sources:parquet_frame' is a function, "):
+        load_format("tests.helpers.repair_sources:parquet_frame", "--key-format")
+
+
+def test_the_registry_comes_from_a_url_and_a_file_of_confluent_s_names(tmp_path: Path) -> None:
+    from tests.helpers.repair_sources import AVRO_VALUE
+
+    secret = "p@ss:word=x"
+    (tmp_path / "r.properties").write_text(f"# the exporter's\nbasic.auth.user.info=exporter:{secret}\ntimeout=4\n")
+    args = _formats_args("--schema-registry-url", "https://sr:8081", "--schema-registry-config-file",
+                         str(tmp_path / "r.properties"))  # fmt: skip
+    formats = record_formats(args, None, AVRO_VALUE)
+    assert formats is not None and formats.value is AVRO_VALUE and formats.key is None
+    r = formats.registry
+    assert (r.url, r.username, r.password, r.timeout_s, r.bearer_token) == (
+        "https://sr:8081",
+        "exporter",
+        secret,
+        4.0,
+        None,
+    )
+    assert secret not in repr(formats)
+    assert record_formats(_formats_args(), None, None) is None  # a run without formats needs no registry
+
+
+@pytest.mark.parametrize(
+    ("options", "lines", "said"),
+    [
+        ((), None, "need the registry the export framed its records for: give --schema-registry-conn-id"),
+        (("--schema-registry-url", "sr:8081"), None, "is not an http(s) URL"),
+        (("--schema-registry-url", "http://u:pw@sr"), None, "holds credentials"),
+        (("--schema-registry-url", "http://sr", "--schema-registry-conn-id", "c"), None, "not both"),
+        (("--schema-registry-url", "http://sr"), "hunter2\n", "r.properties:1: expected KEY=VALUE with KEY one of"),
+        (("--schema-registry-url", "http://sr"), "password=hunter2\n", "expected KEY=VALUE with KEY one of"),
+        (("--schema-registry-url", "http://sr"), "timeout=soon\n", "timeout must be seconds"),
+    ],
+)
+def test_a_registry_that_cannot_be_used_is_a_usage_error_that_never_echoes_a_secret(
+    tmp_path: Path, options: tuple[str, ...], lines: str | None, said: str
+) -> None:
+    from tests.helpers.repair_sources import AVRO_VALUE
+
+    given = list(options)
+    if lines is not None:
+        (tmp_path / "r.properties").write_text(lines)
+        given += ["--schema-registry-config-file", str(tmp_path / "r.properties")]
+    with pytest.raises(UsageError, match=re.escape(said)) as raised:
+        record_formats(_formats_args(*given), None, AVRO_VALUE)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_a_registry_without_formats_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="without --key-format or --value-format"):
+        record_formats(_formats_args("--schema-registry-url", "http://sr"), None, None)

@@ -38,7 +38,13 @@ def test_the_kafka_sink_columns_are_accepted(schema: T.StructType) -> None:
         (_schema(key=T.StringType()), "t", "'value' column is required"),
         (_schema(value=T.StringType(), extra=T.StringType()), "t", "unexpected column"),
         (_schema(value=T.LongType()), "t", "'value' must be binary or string"),
-        (_schema(value=T.StringType(), key=T.DoubleType()), "t", "'key' must be binary or string"),
+        (_schema(value=T.StringType(), key=T.DoubleType()), "t", "'key' must be binary or string, not double$"),
+        (
+            _schema(value=T.StructType([T.StructField("id", T.LongType())])),
+            "t",
+            r"'value' must be binary or string, not struct<id:bigint> \(a struct is encoded for a schema registry by "
+            r"a format: the export's value_format, `kafka2pc repair --value-format`\)",
+        ),
         (_schema(value=T.StringType(), topic=T.LongType()), "t", "'topic' must be string"),
         (_schema(value=T.StringType()), None, "no default topic"),
         (_schema(value=T.StringType(), partition=T.StringType()), "t", "'partition' must be int"),

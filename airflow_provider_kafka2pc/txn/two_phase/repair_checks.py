@@ -65,7 +65,8 @@ def check_same(
         f"what changed in the files it read: {'; '.join(changes)}"
         if changes
         else "its data changed, or its partitioning did (another cluster size or parallelism splits files and "
-        "coalesces shuffles differently: repair with the run's Spark settings)"
+        "coalesces shuffles differently: repair with the run's Spark settings), or its key and value formats did "
+        "(a run exported with registry formats is framed again with the same formats and registry)"
     )
     raise RepairRefusedError(
         f"repair of run {plan.run} of exporter {plan.prefix} refused: the source no longer gives the records the "
