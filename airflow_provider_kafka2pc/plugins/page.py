@@ -3,13 +3,16 @@
     GET  /kafka2pc/exporters?conn_id=C&prefix=P[&prefix=Q]   the page (HTML)
     GET  /kafka2pc/api/exporters?conn_id=C&prefix=P           the same reports as JSON
     POST /kafka2pc/exporters/acknowledge                      acknowledge a LOST run (a form)
+    POST /kafka2pc/exporters/repair                           repair a LOST run: clear its export task (a form)
 
 Every endpoint asks Airflow's auth manager, with the user of the request (the UI's ``_token``
 cookie or an ``Authorization: Bearer`` JWT): no user is 401 (the page itself sends a browser to
 Airflow's login page instead, and back after it); reading needs GET on DAG runs
 (``is_authorized_dag``, ``DagAccessEntity.RUN``); acknowledging a loss needs, on top, PUT on the
 connection the page reads Kafka with (``is_authorized_connection``: "can edit on Connections"), a
-same-origin request, and the run id typed again. The reports are ``txn.two_phase.survey``'s, the CLI's own;
+same-origin request, and the run id typed again; repairing one needs, on top of reading, PUT on the
+run's task instances in its DAG (what Airflow's Clear needs), a same-origin request and the run id
+typed again (``plugins/page_access.py``). The reports are ``txn.two_phase.survey``'s, the CLI's own;
 the acknowledgement is ``txn.two_phase.recovery.acknowledge_loss``, the CLI's own.
 """
 
@@ -18,10 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
-from urllib.parse import urlsplit
 
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails, DagAccessEntity
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
 from fastapi.exception_handlers import http_exception_handler
@@ -29,6 +30,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_kafka2pc.plugins.live_runs import live_dag_runs, mark_live
+from airflow_provider_kafka2pc.plugins.page_access import (
+    may_acknowledge,
+    may_repair,
+    require_read,
+    require_same_origin,
+)
 from airflow_provider_kafka2pc.plugins.page_html import render_page
 from airflow_provider_kafka2pc.plugins.urls import PAGE, page_query
 
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
     from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
+    from airflow_provider_kafka2pc.plugins.page_repair import RepairTask
 
 log = logging.getLogger(__name__)
 
@@ -69,50 +77,6 @@ def _is_page(request: Request) -> bool:
     return path.rstrip("/") == f"/{PAGE}"
 
 
-# -- who may do what ---------------------------------------------------------------------------
-
-
-def may_read(user: BaseUser) -> bool:
-    """Reading an exporter's state: what reading DAG runs allows (Viewer and up)."""
-    return bool(get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, user=user))
-
-
-def may_acknowledge(user: BaseUser, conn_id: str) -> bool:
-    """Acknowledging a loss writes to the decision log with the connection's credentials: it needs
-    what editing that connection needs ("can edit on Connections"; Op and Admin)."""
-    return may_read(user) and bool(
-        get_auth_manager().is_authorized_connection(
-            method="PUT", details=ConnectionDetails(conn_id=conn_id, team_name=_team_of(conn_id)), user=user
-        )
-    )
-
-
-def _team_of(conn_id: str) -> str | None:
-    from airflow.configuration import conf
-
-    if not conf.getboolean("core", "multi_team", fallback=False):
-        return None
-    from airflow.models.connection import Connection
-
-    team: str | None = Connection.get_team_name(conn_id)
-    return team
-
-
-def _require_read(user: BaseUser) -> None:
-    if not may_read(user):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: reading exporters needs read access to DAG runs")
-
-
-def _same_origin(request: Request) -> bool:
-    """A browser names where a form was sent from; refuse one sent from another site."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        return False
-    origin = request.headers.get("origin")
-    if origin in (None, "null"):
-        return True  # a sandboxed frame sends "null"; the cookie is SameSite=Lax anyway
-    return urlsplit(origin).netloc == request.headers.get("host", "")
-
-
 # -- reading -----------------------------------------------------------------------------------
 
 
@@ -143,6 +107,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
     prefixes the decision log knows (their claims). Read-only: a missing decision topic is not
     created."""
     from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
+    from airflow_provider_kafka2pc.plugins.page_repair import repair_task
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
     from airflow_provider_kafka2pc.txn.protocol import naming
@@ -181,6 +146,11 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
                 described = reports.describe_report(inspector, state, prefix)
                 behind = reports.source_report(config, state, prefix)["source_behind"]
                 mark_live(prefix, report["transactions"], state.queue(prefix), live, state.claims.get(prefix))
+                for loss in report["losses"]:
+                    task = repair_task(
+                        loss["run"], state.claims.get(prefix), (t["transactional_id"] for t in loss["lost"])
+                    )
+                    loss["repair_task"] = task.to_json() if task is not None else None
                 exporters.append(
                     {
                         "prefix": prefix,
@@ -273,11 +243,12 @@ Prefixes = Annotated[list[str] | None, Query(alias="prefix", description="an exp
 
 @router.get("/api/exporters")
 def api_exporters(user: GetUserDep, conn_id: ConnId = "kafka2pc_default", prefixes: Prefixes = None) -> Response:
-    _require_read(user)
+    require_read(user)
     try:
         body = survey(conn_id, prefixes or [])
     except PageError as e:
         return JSONResponse({"detail": str(e)}, status_code=e.code)
+    _mark_repairable(user, body)
     return JSONResponse(body | {"can_acknowledge": may_acknowledge(user, conn_id)})
 
 
@@ -287,19 +258,39 @@ def exporters_page(
     conn_id: ConnId = "kafka2pc_default",
     prefixes: Prefixes = None,
     acknowledged: str | None = None,
+    repairing: str | None = None,
+    cleared: str | None = None,
 ) -> HTMLResponse:
-    _require_read(user)
+    require_read(user)
     wanted = [p.strip() for given in prefixes or [] for p in given.split(",") if p.strip()]
-    notice = (
-        f"Run {acknowledged} acknowledged: recovery no longer fails on it; its lost records stay lost."
-        if acknowledged
-        else None
-    )
+    notice = None
+    if acknowledged:
+        notice = f"Run {acknowledged} acknowledged: recovery no longer fails on it; its lost records stay lost."
+    elif repairing:
+        notice = (
+            f"Repair of run {repairing} started: Airflow cleared task(s) {cleared or 'none'} of the run, and its "
+            "export task now exports the lost Spark partitions again, proves them the same records and commits them. "
+            "Reload this page: the run shows REPAIRED once its commit has run."
+        )
     try:
         data = survey(conn_id, wanted)
     except PageError as e:
         return HTMLResponse(render_page(conn_id, wanted, None, False, error=str(e)), status_code=e.code)
+    _mark_repairable(user, data)
     return HTMLResponse(render_page(conn_id, wanted, data, may_acknowledge(user, conn_id), notice=notice))
+
+
+def _mark_repairable(user: BaseUser, data: Mapping[str, Any]) -> None:
+    """Each recorded loss an export task can repair says whether this user may clear that task."""
+    allowed: dict[str, bool] = {}
+    for exporter in data["exporters"]:
+        for loss in exporter["losses"]:
+            task = loss.get("repair_task")
+            if task is not None and loss["final"]:
+                dag_id = task["dag_id"]
+                loss["can_repair"] = allowed.setdefault(dag_id, may_repair(user, dag_id))
+            else:
+                loss["can_repair"] = False
 
 
 @router.post(f"/{PAGE}/acknowledge")
@@ -315,8 +306,7 @@ def acknowledge(
     from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NotLostError
     from airflow_provider_kafka2pc.txn.two_phase.recovery import acknowledge_loss
 
-    if not _same_origin(request):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: the form was sent from another site")
+    require_same_origin(request)
     if not may_acknowledge(user, conn_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
@@ -341,6 +331,68 @@ def acknowledge(
     log.warning("kafka2pc: run %s of %s acknowledged LOST by %s", run, prefix, user.get_name())
     query = page_query(conn_id, [prefix]) + "&" + _q("acknowledged", run)
     return RedirectResponse(f"../{PAGE}?{query}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+@router.post(f"/{PAGE}/repair")
+def repair(
+    request: Request,
+    user: GetUserDep,
+    conn_id: Annotated[str, Form()],
+    prefix: Annotated[str, Form()],
+    run: Annotated[str, Form()],
+    confirm_run: Annotated[str, Form()] = "",
+) -> Response:
+    """Repair a LOST run: clear its export task (``plugins/page_repair.py``), which repairs it."""
+    from airflow_provider_kafka2pc.plugins.page_repair import clear_export_task
+
+    require_same_origin(request)
+    require_read(user)
+    if confirm_run.strip() != run:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"not repaired: type the run id {run!r} to confirm")
+    task = _lost_run_task(conn_id, prefix, run)
+    if not may_repair(user, task.dag_id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"Forbidden: repairing run {run} needs permission to clear task instances of DAG {task.dag_id!r}",
+        )
+    cleared = clear_export_task(request, task)
+    log.warning(
+        "kafka2pc: repair of LOST run %s of %s started by %s: cleared %s", run, prefix, user.get_name(), cleared
+    )
+    query = page_query(conn_id, [prefix]) + "&" + _q("repairing", run) + "&" + _q("cleared", ", ".join(cleared))
+    return RedirectResponse(f"../{PAGE}?{query}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+def _lost_run_task(conn_id: str, prefix: str, run: str) -> RepairTask:
+    """The export task that repairs ``run``, read from the decision log: 409 unless the run is LOST
+    and was an export task's."""
+    from airflow_provider_kafka2pc.plugins.page_repair import repair_task
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, repair_command
+    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+
+    try:
+        decision_log = _hook(conn_id).decision_log()
+        try:
+            state = decision_log.read_for(prefix, run)
+        finally:
+            decision_log.close()
+    except PageError as e:
+        raise HTTPException(e.code, str(e)) from None
+    except Kafka2PCError as e:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(e)) from None
+    rec = state.run_status(prefix, run)
+    if rec is None or rec.status is not RunStatus.LOST:
+        said = "has no run record" if rec is None else f"is {rec.status.value}"
+        raise HTTPException(status.HTTP_409_CONFLICT, f"not repaired: run {run} of exporter {prefix} {said}, not LOST")
+    task = repair_task(run, state.claims.get(prefix), (t.covered.transactional_id for t in rec.lost))
+    if task is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"not repaired: run {run} of exporter {prefix} was not exported by an export task of its DAG "
+            f"(exporter claimed by {state.claims.get(prefix) or 'nobody'}); repair it from a shell: "
+            f"{repair_command(prefix, run)}",
+        )
+    return task
 
 
 def _q(key: str, value: str) -> str:

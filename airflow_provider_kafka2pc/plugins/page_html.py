@@ -225,11 +225,7 @@ def _loss(conn_id: str, loss: Mapping[str, Any], can_acknowledge: bool) -> str:
             "then it can be acknowledged here.</div>"
         )
     else:
-        parts.append(
-            '<div class="muted"><b>Repair it</b>: clear this DAG run (or its export task) in Airflow; the export '
-            "task exports exactly the lost Spark partitions again, proves them the same records and commits them. "
-            f"From a shell: <code>{e(loss['repair'])}</code>. Acknowledge only if the source changed.</div>"
-        )
+        parts.append(_repair(conn_id, loss))
     if loss["final"] and can_acknowledge:
         parts.append(
             f'<form class="inline" method="post" action="{PAGE}/acknowledge">'
@@ -249,3 +245,35 @@ def _loss(conn_id: str, loss: Mapping[str, Any], can_acknowledge: bool) -> str:
         )
     parts.append("</div>")
     return "".join(parts)
+
+
+def _repair(conn_id: str, loss: Mapping[str, Any]) -> str:
+    """How to repair a recorded loss: the button that clears the run's export task (for a user who may
+    clear it), else the ways to do it by hand."""
+    run, prefix, task = loss["run"], loss["prefix"], loss.get("repair_task")
+    shell = f"From a shell: <code>{e(loss['repair'])}</code>. Acknowledge only if the source changed."
+    if task is None:
+        return (
+            '<div class="muted"><b>Repair it</b> from a shell (the run was not exported by an export task of its '
+            f"DAG, so no clear repairs it): <code>{e(loss['repair'])}</code>. Acknowledge only if the source "
+            "changed.</div>"
+        )
+    what = (
+        f"clears task <code>{e(task['task_id'])}</code> of DAG run <code>{e(task['run_id'])}</code> (and the tasks "
+        "after it) in Airflow; that export task exports exactly the lost Spark partitions again, proves them the "
+        "same records and commits them"
+    )
+    if not loss.get("can_repair"):
+        return (
+            f'<div class="muted"><b>Repair it</b>: a clear of the export task {what}; it needs permission to clear '
+            f"task instances of DAG <code>{e(task['dag_id'])}</code>. {shell}</div>"
+        )
+    return (
+        f'<form class="inline repair" method="post" action="{PAGE}/repair">'
+        f'<input type="hidden" name="conn_id" value="{e(conn_id)}">'
+        f'<input type="hidden" name="prefix" value="{e(prefix)}">'
+        f'<input type="hidden" name="run" value="{e(run)}">'
+        '<label>Type the run id to confirm<input name="confirm_run" autocomplete="off" size="30" required></label>'
+        '<button type="submit">Repair run</button></form>'
+        f'<div class="muted"><b>Repair it</b>: the button {what}. {shell}</div>'
+    )

@@ -25,6 +25,11 @@ Airflow 3 (PostgreSQL, SimpleAuthManager with an admin and a viewer) with the te
   its visible/lost counts before any recovery ran; a viewer sees it and cannot acknowledge (no
   button, and the POST is refused); anonymous requests are refused; the admin acknowledges it with
   the run id retyped and the page shows ACKNOWLEDGED.
+- A repair from the exporters page: a run of the repair DAG whose commit died after committing half
+  of its transactions, the rest aborted by the broker at their timeout, recorded LOST. A viewer sees
+  no Repair button and its POST is refused, nothing cleared; the admin retypes the run id and presses
+  Repair: Airflow clears the run's export task and what follows it, the export repairs the run, the
+  topic holds every record of the run once and the page shows it REPAIRED.
 
 Screenshots of the key pages go to build/ui-screenshots/ (a failing test's as <test>-failed.png).
 """
@@ -75,6 +80,7 @@ WAIT_S = 30.0
 
 DAGS = Path(__file__).parent / "dags"
 DAG_ID = "e2e_kafka2pc"  # its tasks on the connection "stoppable", a broker this module stops
+REPAIR_DAG_ID = "e2e_kafka2pc_repair"  # the same tasks, 30 s transactions, prefix {prefix}_rep
 STOPPABLE = "kafka2pc_stoppable"
 # The example DAG, as a user finds it: on kafka2pc_default, which here names the module's own broker
 # (no other module's run has made the example's topic there); the exporters page uses the shared one.
@@ -635,6 +641,70 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
     shot(driver, "failed-commit-exporters-page")
 
 
+def test_a_lost_run_is_repaired_from_the_exporters_page_and_a_viewer_cannot(
+    ui: UI, browser: Callable[[str], Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.errors import TransactionLostError
+    from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
+
+    af, stoppable = ui.af, ui.stoppable
+    prefix, tag, rows, partitions = f"{ui.prefix}_rep", f"rep{uuid.uuid4().hex[:4]}", 2000, 4
+    af.unpause(REPAIR_DAG_ID)
+    conf = {"tag": tag, "rows": rows, "partitions": partitions, "fault": "commit_half"}
+    run_id = af.trigger(REPAIR_DAG_ID, conf=conf)
+    assert af.wait_run(REPAIR_DAG_ID, run_id, timeout=300) == "failed", af.task_states(REPAIR_DAG_ID, run_id)
+    # The commit died after committing 2 of 4; the broker aborts the other 2 at their 30 s timeout.
+    wait_for("the broker's abort", lambda: not stoppable.open_transactions(prefix, settle_s=0), timeout=180)
+    half = [k for k in visible_keys(stoppable, ui.topic) if k.startswith(f"{tag}-")]
+    assert 0 < len(half) < rows
+    wire, decision_log = stoppable.new_wire(), DecisionLog(stoppable.config)
+    try:  # the next recovery pass records the run LOST (what the recovery sensor does)
+        with pytest.raises(TransactionLostError, match="2 of 4 transaction"):
+            recover(wire, prefix, decision_log, run="ui-recovery")
+    finally:
+        decision_log.close()
+        wire.close()
+    run = f"{REPAIR_DAG_ID}/{run_id}"
+    url = f"{af.base_url}/kafka2pc/exporters?conn_id={STOPPABLE}&prefix={prefix}"
+    loss_box = f"[data-run='{run}']"
+
+    # A viewer sees the loss and how it is repaired, but no button; its POST is refused, nothing cleared.
+    viewer = browser("viewer")
+    viewer.get(url)
+    loss = wait_for("the loss (viewer)", lambda: viewer.find_element(By.CSS_SELECTOR, loss_box))
+    assert f"needs permission to clear task instances of DAG {REPAIR_DAG_ID}" in loss.text, loss.text
+    assert not viewer.find_elements(By.CSS_SELECTOR, "form.repair")
+    form = {"conn_id": STOPPABLE, "prefix": prefix, "run": run, "confirm_run": run}
+    r = httpx.post(f"{af.base_url}/kafka2pc/exporters/repair", data=form,
+                   headers={"Authorization": f"Bearer {ui.token('viewer')}"})  # fmt: skip
+    assert r.status_code == 403 and "needs permission to clear task instances" in r.text, r.text
+    assert af.run_state(REPAIR_DAG_ID, run_id) == "failed"
+
+    # The admin retypes the run id and presses Repair: Airflow clears the export task, which repairs.
+    admin = browser("admin")
+    admin.get(url)
+    repair = wait_for("the repair form", lambda: admin.find_element(By.CSS_SELECTOR, f"{loss_box} form.repair"))
+    repair.find_element(By.NAME, "confirm_run").send_keys(run)
+    shot(admin, "exporters-repair-form")
+    repair.find_element(By.TAG_NAME, "button").click()
+    notice = wait_for("the notice", lambda: admin.find_element(By.ID, "notice"))
+    assert f"Repair of run {run} started: Airflow cleared task(s) abort, commit, prepare of the run" in notice.text
+    assert af.wait_run(REPAIR_DAG_ID, run_id, timeout=300) == "success", af.task_states(REPAIR_DAG_ID, run_id)
+    exactly_once(visible_keys(stoppable, ui.topic), tag, rows)
+    assert stoppable.open_transactions(prefix) == []
+    repaired = af.task_log(REPAIR_DAG_ID, run_id, "prepare", 2)
+    assert "is LOST: repairing it" in repaired and f"is REPAIRED: all {rows} records are visible once" in repaired
+    admin.get(url)
+    runs = wait_for("the runs", lambda: admin.find_element(By.CSS_SELECTOR, f"[data-prefix='{prefix}'] [id$='-runs']"))
+    row = next(r for r in runs.find_elements(By.TAG_NAME, "tr") if run in r.text)
+    assert "REPAIRED" in row.text and f"repaired by {REPAIR_DAG_ID}.prepare" in row.text, row.text
+    assert not admin.find_elements(By.CSS_SELECTOR, loss_box)
+    shot(admin, "exporters-repaired")
+
+
 # -- the exporters page -----------------------------------------------------------------------------
 
 
@@ -669,8 +739,9 @@ def test_exporters_page_shows_open_transactions_a_loss_and_its_acknowledgement(
     base = ui.af.base_url
 
     # Every endpoint asks the auth manager: nobody logged in gets nothing.
-    for method, path in (("GET", "/kafka2pc/exporters"), ("GET", "/kafka2pc/api/exporters"),
-                         ("POST", "/kafka2pc/exporters/acknowledge")):  # fmt: skip
+    endpoints = (("GET", "/kafka2pc/exporters"), ("GET", "/kafka2pc/api/exporters"),
+                 ("POST", "/kafka2pc/exporters/acknowledge"), ("POST", "/kafka2pc/exporters/repair"))  # fmt: skip
+    for method, path in endpoints:
         data = {"conn_id": SHARED} if method == "POST" else None
         r = httpx.request(method, f"{base}{path}", params={"prefix": lossy}, data=data)
         if (method, path) == ("GET", "/kafka2pc/exporters"):  # a browser: to Airflow's login, and back after it

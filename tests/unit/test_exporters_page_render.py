@@ -55,7 +55,31 @@ def test_a_lost_run_says_how_to_repair_it_and_a_repaired_run_says_who_repaired_w
     x: dict[str, Any] = {"prefix": "orders", "transactions": [], "losses": [loss], "runs": runs}
     topic = {"decision_topic": "kafka2pc_decisions", "decision_topic_exists": True, "known_prefixes": {}}
     html = render_page("kafka2pc_default", ["orders"], {"exporters": [x], **topic}, True)
-    assert "<b>Repair it</b>: clear this DAG run (or its export task) in Airflow" in html
+    assert "<b>Repair it</b> from a shell (the run was not exported by an export task of its DAG" in html
     assert "<code>kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME</code>" in html
     assert "Acknowledge loss</button>" in html
     assert "repaired by orders_dag.prepare (try 2) at 1970-01-01T00:00:09Z: 10 lost records exported again" in html
+
+
+def _loss_page(**more: Any) -> str:
+    loss = {
+        "run": "dag/r1", "prefix": "orders", "final": True, "visible_transactions": 1, "transactions": 2,
+        "visible_records": 10, "records": 20, "lost_transactions": 1, "lost_records": 10, "pending_transactions": 0,
+        "acknowledge": "kafka2pc acknowledge --prefix orders --run dag/r1",
+        "repair": "kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME", "lost": [],
+        "repair_task": {"dag_id": "dag", "run_id": "r1", "task_id": "orders.prepare"}, **more,
+    }  # fmt: skip
+    x: dict[str, Any] = {"prefix": "orders", "transactions": [], "losses": [loss], "runs": []}
+    topic = {"decision_topic": "kafka2pc_decisions", "decision_topic_exists": True, "known_prefixes": {}}
+    return render_page("kafka2pc_default", ["orders"], {"exporters": [x], **topic}, False)
+
+
+def test_a_loss_an_export_task_repairs_has_a_repair_button_for_who_may_clear_it_and_a_note_for_others() -> None:
+    allowed = _loss_page(can_repair=True)
+    assert '<form class="inline repair" method="post" action="exporters/repair">' in allowed
+    assert '<input type="hidden" name="run" value="dag/r1">' in allowed and "Repair run</button>" in allowed
+    assert "clears task <code>orders.prepare</code> of DAG run <code>r1</code> (and the tasks after it)" in allowed
+    refused = _loss_page(can_repair=False)
+    assert "Repair run</button>" not in refused
+    assert "it needs permission to clear task instances of DAG <code>dag</code>" in refused
+    assert "<code>kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME</code>" in refused
