@@ -18,8 +18,9 @@ the acknowledgement is ``txn.two_phase.recovery.acknowledge_loss``, the CLI's ow
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -27,6 +28,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_kafka2pc.plugins.live_runs import live_dag_runs, mark_live
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
     from airflow_provider_kafka2pc.plugins.page_repair import RepairTask
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 
 log = logging.getLogger(__name__)
 
@@ -293,61 +296,49 @@ def _mark_repairable(user: BaseUser, data: Mapping[str, Any]) -> None:
                 loss["can_repair"] = False
 
 
+class RunForm(BaseModel):
+    """A form about one run of one exporter, its run id typed again to confirm."""
+
+    conn_id: str
+    prefix: str
+    run: str
+    confirm_run: str = ""
+
+
+class AcknowledgeForm(RunForm):
+    note: str = ""
+
+
 @router.post(f"/{PAGE}/acknowledge")
-def acknowledge(
-    request: Request,
-    user: GetUserDep,
-    conn_id: Annotated[str, Form()],
-    prefix: Annotated[str, Form()],
-    run: Annotated[str, Form()],
-    confirm_run: Annotated[str, Form()] = "",
-    note: Annotated[str, Form()] = "",
-) -> Response:
-    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NotLostError
+def acknowledge(request: Request, user: GetUserDep, form: Annotated[AcknowledgeForm, Form()]) -> Response:
     from airflow_provider_kafka2pc.txn.two_phase.recovery import acknowledge_loss
 
+    conn_id, prefix, run, note = form.conn_id, form.prefix, form.run, form.note
     require_same_origin(request)
     if not may_acknowledge(user, conn_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"Forbidden: acknowledging a loss needs permission to edit connection {conn_id!r}",
         )
-    if confirm_run.strip() != run:
+    if form.confirm_run.strip() != run:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"not acknowledged: type the run id {run!r} to confirm")
     who = f"acknowledged in the Airflow UI by {user.get_name()}"
-    try:
-        hook = _hook(conn_id)
-        decision_log = hook.decision_log()
-        try:
-            acknowledge_loss(decision_log, prefix, run, f"{note.strip()} ({who})" if note.strip() else who)
-        finally:
-            decision_log.close()
-    except PageError as e:
-        raise HTTPException(e.code, str(e)) from None
-    except NotLostError as e:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(e)) from None
-    except Kafka2PCError as e:
-        raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(e)) from None
+    with _decision_log_of(conn_id) as decision_log:
+        acknowledge_loss(decision_log, prefix, run, f"{note.strip()} ({who})" if note.strip() else who)
     log.warning("kafka2pc: run %s of %s acknowledged LOST by %s", run, prefix, user.get_name())
     query = page_query(conn_id, [prefix]) + "&" + _q("acknowledged", run)
     return RedirectResponse(f"../{PAGE}?{query}", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.post(f"/{PAGE}/repair")
-def repair(
-    request: Request,
-    user: GetUserDep,
-    conn_id: Annotated[str, Form()],
-    prefix: Annotated[str, Form()],
-    run: Annotated[str, Form()],
-    confirm_run: Annotated[str, Form()] = "",
-) -> Response:
+def repair(request: Request, user: GetUserDep, form: Annotated[RunForm, Form()]) -> Response:
     """Repair a LOST run: clear its export task (``plugins/page_repair.py``), which repairs it."""
     from airflow_provider_kafka2pc.plugins.page_repair import clear_export_task
 
+    conn_id, prefix, run = form.conn_id, form.prefix, form.run
     require_same_origin(request)
     require_read(user)
-    if confirm_run.strip() != run:
+    if form.confirm_run.strip() != run:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"not repaired: type the run id {run!r} to confirm")
     task = _lost_run_task(conn_id, prefix, run)
     if not may_repair(user, task.dag_id):
@@ -367,19 +358,11 @@ def _lost_run_task(conn_id: str, prefix: str, run: str) -> RepairTask:
     """The export task that repairs ``run``, read from the decision log: 409 unless the run is LOST
     and was an export task's."""
     from airflow_provider_kafka2pc.plugins.page_repair import repair_task
-    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, repair_command
+    from airflow_provider_kafka2pc.txn.protocol.errors import repair_command
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 
-    try:
-        decision_log = _hook(conn_id).decision_log()
-        try:
-            state = decision_log.read_for(prefix, run)
-        finally:
-            decision_log.close()
-    except PageError as e:
-        raise HTTPException(e.code, str(e)) from None
-    except Kafka2PCError as e:
-        raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(e)) from None
+    with _decision_log_of(conn_id) as decision_log:
+        state = decision_log.read_for(prefix, run)
     rec = state.run_status(prefix, run)
     if rec is None or rec.status is not RunStatus.LOST:
         said = "has no run record" if rec is None else f"is {rec.status.value}"
@@ -393,6 +376,25 @@ def _lost_run_task(conn_id: str, prefix: str, run: str) -> RepairTask:
             f"{repair_command(prefix, run)}",
         )
     return task
+
+
+@contextlib.contextmanager
+def _decision_log_of(conn_id: str) -> Iterator[DecisionLog]:
+    """The connection's decision log for one form's step; its failures as the HTTP answers they are."""
+    from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, NotLostError
+
+    try:
+        decision_log = _hook(conn_id).decision_log()
+        try:
+            yield decision_log
+        finally:
+            decision_log.close()
+    except PageError as e:
+        raise HTTPException(e.code, str(e)) from None
+    except NotLostError as e:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(e)) from None
+    except Kafka2PCError as e:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(e)) from None
 
 
 def _q(key: str, value: str) -> str:
