@@ -402,7 +402,7 @@ class Kafka2PCExportOperator(BaseOperator):
     ) -> dict[str, Any] | None:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
         from airflow_provider_kafka2pc.spark.job import export_dataframe
-        from airflow_provider_kafka2pc.spark.source_listing import record_source_files
+        from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         prefix, run = session.prefix, session.run
@@ -481,9 +481,11 @@ class Kafka2PCExportOperator(BaseOperator):
             record_source_files(df, settings, session.clients.decision_log, prefix, run)
             session.clients.close()  # idle through the write job, as above
             seen["writing"] = True
+            dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
             result = export_dataframe(
-                df, settings, on_progress=progress, window=window, abort_opened=abort_now, formats=formats
-            )
+                df, settings, on_progress=progress, window=window, abort_opened=abort_now, formats=formats,
+                record_dealing=dealing,
+            )  # fmt: skip
             self._read = self._source_tables(spark)
         except BaseException:
             if offsets_writer is not None:

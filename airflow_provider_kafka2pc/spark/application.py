@@ -71,7 +71,7 @@ def export_from_application(
     does: the write job's failure, a window overrun, a refused topic or ACL, each after ending what
     it opened."""
     from airflow_provider_kafka2pc.spark.job import export_dataframe
-    from airflow_provider_kafka2pc.spark.source_listing import record_source_files
+    from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff, check_attempt
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -141,7 +141,8 @@ def export_from_application(
             # Only what this attempt opened: another attempt's may be the one being committed.
             return recover_until_clear(lambda: session.recover(owns=this_attempts.owns))[0]
 
-        result = export_dataframe(df, settings, window=window, abort_opened=abort_now)
+        dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
+        result = export_dataframe(df, settings, window=window, abort_opened=abort_now, record_dealing=dealing)
         now = session.clients.decision_log().read_for(prefix, run)
         if now.run_status(prefix, run) is not None or now.aborted_since(run, started.end_offset):
             # Decided while this attempt wrote (a second export), or aborted by the run's abort task

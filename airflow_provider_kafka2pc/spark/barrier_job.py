@@ -68,8 +68,10 @@ def barrier_slots(spark: Any) -> int:
     return min(slots, concurrent) if concurrent > 0 else slots
 
 
-def plan_barrier(df: Any, why_not_staged: str) -> BarrierPlan | str:
-    """The barrier plan for ``df``, or why it cannot serve (Spark Connect, dynamic allocation)."""
+def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] | None = None) -> BarrierPlan | str:
+    """The barrier plan for ``df``, or why it cannot serve (Spark Connect, dynamic allocation).
+    ``hash_rows`` adds the digest to the dealt frame: each slot's transaction records the digest of
+    the rows dealt to it, which a repair deals again over as many slots (``txn.protocol.source_files``)."""
     spark = df.sparkSession
     try:
         sc = spark.sparkContext
@@ -83,7 +85,8 @@ def plan_barrier(df: Any, why_not_staged: str) -> BarrierPlan | str:
         f"per task slot; each task stages its partition in an Arrow file on its host, all agree the run fits, "
         "then each writes the file it staged"
     )
-    return BarrierPlan(df.repartition(slots), None, 0.0, where, 0, slots=slots)
+    dealt = df.repartition(slots)
+    return BarrierPlan(hash_rows(dealt) if hash_rows is not None else dealt, None, 0.0, where, 0, slots=slots)
 
 
 @dataclass(frozen=True)

@@ -131,13 +131,13 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
         )
         where = f"{scan.how}, read by the write job"
         return Materialized(with_digest(df), sizes, time.monotonic() - started, where, scan.partitions)
-    # The barrier stage takes the frame without the digest: it deals the rows round-robin over the
-    # task slots the cluster has now, which a repair could not deal again.
+    # The barrier stage deals the frame without the digest round-robin over the task slots the
+    # cluster has now, then hashes each slot's rows: a repair deals them again over as many slots.
     plain, df = df, with_digest(df)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
     if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):
-        return _barrier_or_raise(plain, df, window, why_not or "store='barrier'")
+        return _barrier_or_raise(plain, df, window, why_not or "store='barrier'", hash_rows)
     if why_not is None:
         try:
             staged = stage(df)
@@ -152,7 +152,7 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
             if isinstance(staged, StagedFrame):
                 return staged
             if window.store == "auto" and staged.startswith(OTHER_HOSTS):
-                return _barrier_or_raise(plain, df, window, staged)
+                return _barrier_or_raise(plain, df, window, staged, hash_rows)
             why_not = staged
     if window.store == "arrow":
         raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'") from refused
@@ -160,14 +160,16 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
     return materialize(df, window)
 
 
-def _barrier_or_raise(plain: Any, df: Any, window: WindowSettings, why_not_staged: str) -> Any:
+def _barrier_or_raise(
+    plain: Any, df: Any, window: WindowSettings, why_not_staged: str, hash_rows: Callable[[Any], Any] | None
+) -> Any:
     """The barrier plan of ``plain`` (no digest) where staging cannot serve because the executors are
     elsewhere (DESIGN §13: never silently the slower checkpoint); else the checkpoint of ``df``, or for
     ``store='barrier'`` an error."""
     from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, plan_barrier
     from airflow_provider_kafka2pc.spark.window import materialize
 
-    plan = plan_barrier(plain, why_not_staged)
+    plan = plan_barrier(plain, why_not_staged, hash_rows)
     if isinstance(plan, BarrierPlan):
         log.info(
             "kafka2pc computes the frame in the write job's barrier stage, before any transaction opens, on %s",

@@ -52,6 +52,8 @@ def export_dataframe(
     abort_opened: Callable[[], bool] | None = None,
     formats: RecordFormats | None = None,
     only_slots: tuple[int, ...] | None = None,
+    dealt: int | None = None,
+    record_dealing: Callable[[int], None] | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
@@ -71,7 +73,11 @@ def export_dataframe(
 
     EXACTLY_ONCE records a digest of each transaction's keys and values (``spark/digest_column.py``),
     what a repair proves its re-computation with; ``only_slots`` (a repair) writes only those Spark
-    partitions of the frame."""
+    partitions of the frame. A frame the barrier stage deals round-robin over the task slots is
+    reported to ``record_dealing`` (the slots) before any transaction opens; a repair of such a run
+    gives ``dealt`` (those slots) and the frame is dealt over as many again, then written from that
+    shuffle, whose map stage computes it before any write task opens a transaction (a barrier stage
+    of its own would deal it over the slots the cluster has now)."""
     from airflow_provider_kafka2pc.spark.compute_first import prepare_window
     from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -99,12 +105,16 @@ def export_dataframe(
         # set no timeout: reading it needs the Cluster DescribeConfigs ACL (docs/acls.md).
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
+    if dealt is not None:
+        df, window = df.repartition(dealt), replace(window, materialize=False)
     if only_slots is not None:
         from airflow_provider_kafka2pc.spark.digest_column import only_partitions
 
         df = only_partitions(df, only_slots)
     writers = len(only_slots) if only_slots is not None else None
     stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
+    if record_dealing is not None and (slots := _dealt_over(stored)) is not None:
+        record_dealing(slots)
     if transactional and stored is None:  # materialize=False: hashed in the window
         from airflow_provider_kafka2pc.spark.digest_column import digest_of
 
@@ -144,6 +154,13 @@ def export_dataframe(
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
     return result
+
+
+def _dealt_over(stored: Any) -> int | None:
+    """The task slots a barrier plan deals the frame over; None for any other way."""
+    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan
+
+    return stored.slots if isinstance(stored, BarrierPlan) else None
 
 
 def _budget_terms(stored: Any, settings: ExportSettings, window: WindowSettings) -> BudgetTerms | None:

@@ -6,6 +6,9 @@ range), refused up front when it cannot be expected to give the same records
 (``spark/repeatable_source.py``), then written as any EXACTLY_ONCE export is (computed first, the
 budget and deadline watched, a digest per transaction), but only in the lost partitions and under
 the repair attempt's transactional ids. The repair compares the digests before anything is visible.
+
+A run whose frame the barrier stage dealt round-robin over N task slots (``plan.dealt``) is dealt
+again over N (``export_dataframe``'s ``dealt``).
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def repair_exporter(
         )
         result = export_dataframe(
             df, attempt, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,
-            only_slots=plan.slots,
+            only_slots=plan.slots, dealt=plan.dealt,
         )  # fmt: skip
         log.info(
             "kafka2pc repair of run %s: exported %d record(s) again in %d transaction(s) (Spark partitions %s)",

@@ -1,4 +1,4 @@
-"""Driver glue: record which files each Spark partition of a run reads, before its window opens.
+"""Driver glue: record what each Spark partition of a run reads, before its window opens.
 
 A repair whose re-computation differs names the changed, added or removed file, or a different
 packing of the same files (``txn/protocol/source_files.py``). That needs what the run read: the
@@ -6,6 +6,10 @@ export of a plain scan of columnar files (``spark/file_scan.py``) lists its plan
 driver (nothing is read from the files) and appends them to the decision topic's history
 partition before any transaction opens. Anything else records nothing, and a failure to record
 only costs the explanation: the export goes on.
+
+A frame the barrier stage deals round-robin over the task slots records the number of slots
+(``dealing_recorder``), which a repair needs to deal it again: a failure to record leaves the run
+unrepairable (its repair is refused by digest), so it is logged as a warning, and the export goes on.
 """
 
 from __future__ import annotations
@@ -52,4 +56,37 @@ def record_source_files(
         )
 
 
-__all__ = ["record_source_files"]
+def dealing_recorder(
+    settings: ExportSettings,
+    decision_log: Callable[[], DecisionLog],
+    prefix: str,
+    run: str,
+    idle: Callable[[], None] = lambda: None,
+) -> Callable[[int], None] | None:
+    """What ``export_dataframe`` reports a barrier's dealing to, when the export records a digest;
+    ``idle`` is called after recording (the caller's clients sit idle through the write job)."""
+    if settings.delivery_guarantee is not DeliveryGuarantee.EXACTLY_ONCE or not settings.repairable:
+        return None
+
+    def record(slots: int) -> None:
+        try:
+            recorded = decision_log().record_dealt(prefix, run, slots)
+        except Kafka2PCError as e:
+            recorded = False
+            log.warning("kafka2pc: the dealing of run %s is not recorded: %s", run, e)
+        finally:
+            idle()
+        if recorded:
+            log.info("kafka2pc: recorded that run %s deals its frame over %d task slot(s)", run, slots)
+        else:
+            log.warning(
+                "kafka2pc: run %s deals its frame over %d task slot(s) unrecorded (a decision topic of one "
+                "partition, or the error above): a repair of it will be refused",
+                run,
+                slots,
+            )
+
+    return record
+
+
+__all__ = ["dealing_recorder", "record_source_files"]

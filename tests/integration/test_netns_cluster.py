@@ -270,65 +270,134 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
     assert host_kafka.open_transactions(s.transactional_id_prefix) == []
 
 
-def test_a_parquet_run_that_lost_transactions_after_its_commit_is_repaired_on_the_cluster(
-    spark: Any, host_kafka: KafkaEnv, caplog: pytest.LogCaptureFixture, tmp_path: Path
-) -> None:
-    """A plain scan of Parquet files, exported by the cluster's executors, keeps its digest (hashed in
-    the write job: nothing is staged or dealt by a barrier). Its COMMIT ends 2 of 4 transactions and
-    the broker aborts the rest at their 30 s timeout: the run is LOST. The repair, on the same
-    cluster, exports the 2 lost Spark partitions again and commits them: every key once, nothing
-    open. (Issue 40 at local[2] is ``test_repair_spark.py``; this is its cluster half.)"""
-    import logging
+@pytest.fixture(scope="module")
+def lost_on_cluster(spark: Any, host_kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two runs exported by the cluster's executors, each LOST after its COMMIT ended half of its
+    transactions (the broker aborted the rest at their 30 s timeout, waited for once for both):
+    a plain scan of Parquet files, written as stored, and a computed frame, which the barrier
+    stage dealt round-robin over the 2 task slots (its dealing recorded as the operator does)."""
     import uuid
+    from types import SimpleNamespace
 
     from airflow_provider_kafka2pc.spark.job import export_dataframe
-    from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
     from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
-    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
     from airflow_provider_kafka2pc.txn.two_phase.coordinator import Decided, decide_commit
     from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-    from airflow_provider_kafka2pc.txn.two_phase.repair import repair_lost_run
     from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
     from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
     from tests.helpers.lost_runs import record_lost
 
-    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     files, records, timeout_ms, run = 4, 500, 30_000, "orders/manual__netns-repair"
     tag = uuid.uuid4().hex[:6]
-    prefix, topic, decisions = f"nrep{tag}", host_kafka.topic(4), f"decisions_nrep_{tag}"
-    source = tmp_path / "orders"  # one file system: every host reads the files the executors wrote
+    decisions = f"decisions_nrep_{tag}"
+    source = tmp_path_factory.mktemp("netns-repair") / "orders"  # one file system: every host reads it
     spark.range(files * records, numPartitions=files).selectExpr(
         f"concat('{tag}/', CAST(id AS STRING)) AS key", "CAST(id AS STRING) AS value"
     ).write.parquet(str(source))
     # One Spark partition per small file, in the run and in its repair alike.
     spark.conf.set("spark.sql.files.openCostInBytes", str(128 * 1024 * 1024))
-    settings = ExportSettings(prefix, host_kafka.config, topic=topic, transaction_timeout_ms=timeout_ms)
     window = WindowSettings(handover_ms=1_000)
-    result = export_dataframe(spark.read.parquet(str(source)), settings, window=window)
-    assert "barrier stage" not in caplog.text, caplog.text
-    cs = sorted(result.committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
-    assert len(cs) == files and all(c.digest and c.digest.startswith("xxh64t:") for c in cs), cs
+    runs = SimpleNamespace(
+        run=run, window=window, env=host_kafka, decisions=decisions, records=files * records,
+        parquet=lambda: spark.read.parquet(str(source)),
+        computed=lambda: spark.range(files * records, numPartitions=6).selectExpr(
+            f"concat('{tag}c/', CAST(id AS STRING)) AS key", "CAST(id * 3 AS STRING) AS value"
+        ),
+        keys={"parquet": tag.encode(), "computed": f"{tag}c/".encode()},
+        settings={
+            how: ExportSettings(f"nrep{tag}{how[0]}", host_kafka.config, topic=host_kafka.topic(4),
+                                transaction_timeout_ms=timeout_ms)
+            for how in ("parquet", "computed")
+        },
+        results={},
+    )  # fmt: skip
     log = DecisionLog(host_kafka.config, topic=decisions)
     try:
-        with WireClient(host_kafka.config) as wire:
-            assert isinstance(decide_commit(cs, wire, log, run, end_txn_timeout_s=2), Decided)
-            TransactionResolver(wire).resolve([ref_of(c) for c in cs[:2]], Intent.COMMIT)
-        record_lost(host_kafka.config, decisions, [prefix], run, timeout_ms)  # the broker aborted the other 2
-        # Half of the run is visible (before the aborts, the open two held back every read_committed reader).
-        assert host_kafka.count_committed(topic, tag.encode()) == (2 * records, 2 * records)
-        with WireClient(host_kafka.config) as wire:
-            again = repair_exporter(lambda plan: spark.read.parquet(str(source)), settings, window=window)
-            report = repair_lost_run(wire, log, prefix, run, again)
-        assert report.record.status is RunStatus.REPAIRED and report.repaired_now, report
-        assert report.record.repair is not None and report.record.repair.restored == 2 * records, report.record
+        for how, frame in (("parquet", runs.parquet), ("computed", runs.computed)):
+            s = runs.settings[how]
+
+            def dealt(slots: int, prefix: str = s.transactional_id_prefix) -> None:
+                assert log.record_dealt(prefix, run, slots)
+
+            runs.results[how] = export_dataframe(frame(), s, window=window, record_dealing=dealt)
+            cs = sorted(runs.results[how].committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
+            assert all(c.digest and c.digest.startswith("xxh64t:") for c in cs), cs
+            with WireClient(host_kafka.config) as wire:
+                assert isinstance(decide_commit(cs, wire, log, run, end_txn_timeout_s=2), Decided)
+                TransactionResolver(wire).resolve([ref_of(c) for c in cs[: len(cs) // 2]], Intent.COMMIT)
+        prefixes = [s.transactional_id_prefix for s in runs.settings.values()]
+        record_lost(host_kafka.config, decisions, prefixes, run, timeout_ms)  # the broker aborted the rest
+        yield runs
     finally:
         log.close()
         spark.conf.unset("spark.sql.files.openCostInBytes")
-    assert host_kafka.count_committed(topic, tag.encode()) == (files * records, files * records)
-    assert host_kafka.open_transactions(prefix) == []
+
+
+def _repair_on_cluster(runs: Any, how: str) -> Any:
+    from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+    from airflow_provider_kafka2pc.txn.two_phase.repair import repair_lost_run
+
+    s, frame = runs.settings[how], getattr(runs, how)
+    log = DecisionLog(runs.env.config, topic=runs.decisions)
+    try:
+        with WireClient(runs.env.config) as wire:
+            again = repair_exporter(lambda plan: frame(), s, window=runs.window)
+            return repair_lost_run(wire, log, s.transactional_id_prefix, runs.run, again)
+    finally:
+        log.close()
+
+
+def test_a_parquet_run_that_lost_transactions_after_its_commit_is_repaired_on_the_cluster(
+    lost_on_cluster: Any,
+) -> None:
+    """A plain scan of Parquet files keeps its digest (hashed in the write job: nothing is staged or
+    dealt). The repair, on the same cluster, exports the 2 lost Spark partitions again and commits
+    them: every key once, nothing open. (Issue 40 at local[2] is ``test_repair_spark.py``.)"""
+    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+
+    runs, env = lost_on_cluster, lost_on_cluster.env
+    prefix, topic, key = (
+        runs.settings["parquet"].transactional_id_prefix,
+        runs.settings["parquet"].topic,
+        runs.keys["parquet"],
+    )
+    assert len(runs.results["parquet"].committables) == 4  # one per file: written as stored, not dealt
+    assert env.count_committed(topic, key) == (runs.records // 2, runs.records // 2)
+    report = _repair_on_cluster(runs, "parquet")
+    assert report.record.status is RunStatus.REPAIRED and report.repaired_now, report
+    assert report.record.repair is not None and report.record.repair.restored == runs.records // 2, report.record
+    assert env.count_committed(topic, key) == (runs.records, runs.records)
+    assert env.open_transactions(prefix) == []
+
+
+def test_a_computed_run_dealt_by_the_barrier_stage_is_repaired_on_the_cluster(lost_on_cluster: Any) -> None:
+    """The barrier stage dealt the computed frame round-robin over the cluster's 2 task slots and
+    hashed each slot's rows; the run recorded the dealing. One slot's transaction was lost: the
+    repair deals the recomputed frame over 2 slots again, writes only the lost one, proves it the
+    same records by its digest and commits it: every key once, nothing open."""
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+
+    runs, env = lost_on_cluster, lost_on_cluster.env
+    s, key = runs.settings["computed"], runs.keys["computed"]
+    assert len(runs.results["computed"].committables) == len(WORKERS)  # one per task slot: dealt
+    log = DecisionLog(env.config, topic=runs.decisions)
+    try:
+        assert log.dealt_slots(s.transactional_id_prefix, runs.run) == len(WORKERS)
+    finally:
+        log.close()
+    visible = env.count_committed(s.topic, key)
+    assert visible[0] == visible[1] and 0 < visible[0] < runs.records, visible
+    report = _repair_on_cluster(runs, "computed")
+    assert report.record.status is RunStatus.REPAIRED and report.repaired_now, report
+    assert report.record.repair is not None and report.record.repair.restored == runs.records - visible[0]
+    assert env.count_committed(s.topic, key) == (runs.records, runs.records)
+    assert env.open_transactions(s.transactional_id_prefix) == []
 
 
 def _cut_during_commit(

@@ -8,7 +8,9 @@ from airflow_provider_kafka2pc.txn.protocol.records import Entry
 from airflow_provider_kafka2pc.txn.protocol.source_files import (
     MAX_SPLITS,
     FileSplit,
+    decode_dealt,
     decode_splits,
+    encode_dealt,
     encode_splits,
     explain_changes,
     parse_source_files_key,
@@ -79,3 +81,19 @@ def test_replay_passes_over_the_records_and_their_tombstones() -> None:
     key = source_files_key("orders", "etl/r1")
     state = replay([Entry(0, DAY_MS, key, encode_splits(RUN)), Entry(1, DAY_MS, key, None)])
     assert state.end_offset == 1 and state.runs == {} and state.handoffs == {}
+
+
+def test_a_dealt_frame_records_its_slots_under_the_same_key_and_the_shapes_never_mix() -> None:
+    dealt = encode_dealt(6)
+    assert decode_dealt(dealt) == 6 and decode_splits(dealt) is None
+    splits = encode_splits(RUN)
+    assert splits is not None and decode_dealt(splits) is None
+    for odd in (
+        b'{"v":1,"dealt":0}',
+        b'{"v":1,"dealt":true}',
+        b'{"v":1,"dealt":"6"}',
+        b'{"v":2,"dealt":6}',
+        b"[]",
+        b"{",
+    ):
+        assert decode_dealt(odd) is None, odd

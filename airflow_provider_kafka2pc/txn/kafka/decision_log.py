@@ -46,7 +46,14 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     run_key,
 )
 from airflow_provider_kafka2pc.txn.protocol.run_history import history_key, run_key_of
-from airflow_provider_kafka2pc.txn.protocol.source_files import Splits, decode_splits, encode_splits, source_files_key
+from airflow_provider_kafka2pc.txn.protocol.source_files import (
+    Splits,
+    decode_dealt,
+    decode_splits,
+    encode_dealt,
+    encode_splits,
+    source_files_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +375,24 @@ class DecisionLog(DecisionTopic):
         """Append the files each Spark partition of ``run`` read (``txn.protocol.source_files``) to
         the history partition; False, writing nothing, on a topic without one (0.1.0's) or for an
         export of more splits than a record holds."""
-        value = encode_splits(splits)
+        return self._record_source(prefix, run, encode_splits(splits))
+
+    def record_dealt(self, prefix: str, run: str, slots: int) -> bool:
+        """Append that ``run``'s frame was dealt round-robin over ``slots`` task slots (the barrier
+        stage), under the same key; False, writing nothing, on a topic without a history partition."""
+        return self._record_source(prefix, run, encode_dealt(slots))
+
+    def source_files(self, prefix: str, run: str) -> Splits | None:
+        """What ``record_source_files`` recorded for ``run``, or None."""
+        value = self._source_record(prefix, run)
+        return decode_splits(value) if value else None
+
+    def dealt_slots(self, prefix: str, run: str) -> int | None:
+        """What ``record_dealt`` recorded for ``run``, or None."""
+        value = self._source_record(prefix, run)
+        return decode_dealt(value) if value else None
+
+    def _record_source(self, prefix: str, run: str, value: bytes | None) -> bool:
         with self._budget():
             self.ensure_topic()
             if value is None or self._partitions < 2:
@@ -376,8 +400,7 @@ class DecisionLog(DecisionTopic):
         self.append([(source_files_key(prefix, run), value)])
         return True
 
-    def source_files(self, prefix: str, run: str) -> Splits | None:
-        """What ``record_source_files`` recorded for ``run``, or None."""
+    def _source_record(self, prefix: str, run: str) -> bytes | None:
         with self._budget():
             self.ensure_topic()
             if self._partitions < 2:
@@ -386,7 +409,7 @@ class DecisionLog(DecisionTopic):
         value = None
         for e in self.scan(None, HISTORY_PARTITION, frozenset({key})):
             value = e.value  # the latest of the key
-        return decode_splits(value) if value else None
+        return value
 
     def scan(
         self, until: int | None = None, partition: int = 0, keys: frozenset[bytes] | None = None

@@ -11,6 +11,13 @@ another attempt of the same run (the latest of the key) can only make an explana
 
 An export of more than ``MAX_SPLITS`` splits records none: the record would outgrow what the
 decision topic takes in one message, and the refusal then says only that the digests differ.
+
+A computed frame exported through the barrier stage (executors on other hosts than the driver) is
+dealt round-robin over the cluster's task slots, one transaction a slot; the same key records the
+number of slots instead (``{"dealt": N}``), before the window opens. Unlike the splits, a repair
+needs it: it deals the recomputed frame over the same N slots (Spark sorts each input partition
+before a round-robin repartition, so the same input deals the same rows to the same slots) and
+the digests prove it did. Both shapes never meet: a plain scan is written as stored, never dealt.
 """
 
 from __future__ import annotations
@@ -76,6 +83,21 @@ def decode_splits(value: bytes) -> dict[int, tuple[FileSplit, ...]] | None:
         return None
 
 
+def encode_dealt(slots: int) -> bytes:
+    """The record's value for a frame dealt round-robin over ``slots`` task slots."""
+    return json.dumps({"v": VERSION, "dealt": int(slots)}, separators=(",", ":")).encode()
+
+
+def decode_dealt(value: bytes) -> int | None:
+    """The slots a record's value says the frame was dealt over; None for splits or another shape."""
+    try:
+        body = json.loads(value)
+        dealt = body.get("dealt") if body.get("v") == VERSION else None
+    except (ValueError, AttributeError):
+        return None
+    return dealt if isinstance(dealt, int) and not isinstance(dealt, bool) and dealt > 0 else None
+
+
 def explain_changes(recorded: Splits | None, now: Splits | None, slots: Sequence[int]) -> list[str]:
     """What changed in the files the lost ``slots`` read, in sentences naming files; empty when
     nothing was recorded, the repair's frame is not a plain scan, or the files are the same."""
@@ -131,7 +153,9 @@ __all__ = [
     "MAX_SPLITS",
     "FileSplit",
     "Splits",
+    "decode_dealt",
     "decode_splits",
+    "encode_dealt",
     "encode_splits",
     "explain_changes",
     "parse_source_files_key",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.kafka.markers import Fate
@@ -137,6 +137,7 @@ def _repair_holding(
     if isinstance(plan, RunRecord):
         return _repaired_already(plan, _finished_here(decided, ended))
     _prove_lost(wire, plan, end_txn_timeout_s)
+    plan = replace(plan, dealt=decision_log.dealt_slots(prefix, run))
     log.info("repair of %s: exporting again", plan.describe())
     committables = list(export_again(plan))
     check_same(plan, committables, wire, decision_log, actor, files_now)

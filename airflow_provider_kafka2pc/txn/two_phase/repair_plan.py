@@ -29,6 +29,9 @@ class RepairPlan:
 
     record: RunRecord  # the run as its LOST (or ACKNOWLEDGED) record has it
     attempt_key: str
+    # The task slots the run dealt its frame over round-robin (the barrier stage), which the
+    # re-export deals over again; None for a frame written with its own partitioning.
+    dealt: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -95,8 +98,8 @@ def plan_repair(state: LogState, prefix: str, run: str, attempt_key: str) -> Rep
         raise RepairRefusedError(
             f"run {run} of exporter {prefix} cannot be repaired: its lost transaction(s) {', '.join(undigested)} "
             "carry no digest of their records (the export had repairable=False, or wrote a frame stored already, a "
-            "cache or a checkpoint, which a repair cannot read again, or dealt its rows over the task slots of a "
-            "barrier stage, which a repair cannot deal again, or ran a version before 0.2.0), so a "
+            "cache or a checkpoint, which a repair cannot read again, or ran a version before 0.2.0, whose barrier "
+            "stage dealt rows without one), so a "
             "re-computation cannot be proven identical. Nothing was written. Re-export the missing part in a run "
             f"of its own, or acknowledge the loss (`kafka2pc acknowledge --prefix {prefix} --run {run}`)"
         )
