@@ -2,7 +2,9 @@
 scheduler and dag-processor on host ``airflow``, the triggerer on ``trigger``, Celery workers on
 ``worker1`` (the prepare's queue) and ``worker2`` (the commit's), a broker on ``kafka1``; PostgreSQL
 and Redis on the bridge. The example DAG, unchanged, runs through the Celery executor with its
-prepare on one host and its commit on another; the e2e DAG's commit (held after its decision)
+prepare on one host and its commit on another; so does the spark-submit DAG, whose application's
+driver runs on ``worker1`` (spark-submit's, not the task's) and hands off through Kafka to the
+commit on ``worker2``; the e2e DAG's commit (held after its decision)
 survives its host dying there, and its host frozen there and coming back after the next run.
 Judged by a read_committed consumer and the transactions left open.
 """
@@ -45,6 +47,8 @@ E2E_PREFIX = "celery_e2e"
 PREFIX = "kafka2pc_example.orders"  # the example's transactional id prefix
 TOPIC = "kafka2pc_example_orders"
 HOSTS = ("airflow", "trigger", "worker1", "worker2", "worker3", "worker4", "kafka1")
+SUBMIT_DAG = "kafka2pc_spark_submit"  # dags/kafka2pc_spark_submit.py: its submit task on worker1
+SUBMIT_PREFIX = "kafka2pc_spark_submit.orders"
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +70,31 @@ def airflow(
     dags = tmp_path_factory.mktemp("celery-dags")
     (dags / "kafka2pc_example.py").symlink_to(REPO / "dags" / "kafka2pc_example.py")
     (dags / "e2e_kafka2pc.py").symlink_to(REPO / "tests" / "e2e" / "dags" / "e2e_kafka2pc.py")
+    (dags / "kafka2pc_spark_submit.py").symlink_to(REPO / "dags" / "kafka2pc_spark_submit.py")
     env = {
         "E2E_PREFIX": E2E_PREFIX,
         "E2E_TOPIC": host_kafka.topic(partitions=2),
         "E2E_DEFERRABLE": "1",
         **kafka2pc_connection(host_kafka),
         "KAFKA2PC_EXAMPLE_BOOTSTRAP": host_kafka.bootstrap,
+        # The spark-submit DAG: spark-submit (beside this Python) runs the application in local mode
+        # on the submit task's host; its records go to a topic of their own.
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "KAFKA2PC_SPARK_SUBMIT_APPLICATION": str(REPO / "dags" / "spark_apps" / "export_orders.py"),
+        "KAFKA2PC_SPARK_SUBMIT_TOPIC": host_kafka.topic(partitions=2),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
     home = tmp_path_factory.mktemp("celery-airflow") / "home"
-    af = CeleryAirflow(home, dags, network, WORKERS, ROUTES, env, dag_ids=[DAG_ID, E2E_DAG, SCHEDULED])
+    routes = {**ROUTES, "submit": "prepare_host"}
+    af = CeleryAirflow(home, dags, network, WORKERS, routes, env, dag_ids=[DAG_ID, E2E_DAG, SCHEDULED, SUBMIT_DAG])
     af.start()  # a cluster that cannot start errors every test of the module
     try:
         af.unpause(DAG_ID)
         af.unpause(E2E_DAG)
         af.unpause(SCHEDULED)
+        af.unpause(SUBMIT_DAG)
         yield af
     finally:
         af.stop()
@@ -109,6 +122,34 @@ def test_the_example_dag_prepares_on_one_host_and_commits_on_another_exactly_onc
     assert _hosts(airflow, run_id, "commit") == [("worker2", "success")]
     assert _visible(host_kafka, run_id) == (rows, rows)
     assert host_kafka.open_transactions(PREFIX) == []
+
+
+def test_a_submitted_application_hands_off_from_one_host_and_is_committed_on_another_exactly_once(
+    airflow: CeleryAirflow, host_kafka: KafkaEnv
+) -> None:
+    """The submit task runs on worker1 and its application's driver with it (spark-submit's own
+    process, local mode); the handoff goes through Kafka; the commit runs on worker2, which took no
+    part in the prepare. ``kafka2pc describe`` and the exporters page show the run committed."""
+    rows = 20_000
+    run_id = airflow.trigger(SUBMIT_DAG, {"rows": rows, "partitions": 4})
+    assert airflow.wait_run(SUBMIT_DAG, run_id, timeout=600) == "success", airflow.task_states(SUBMIT_DAG, run_id)
+    assert _hosts(airflow, run_id, "submit", SUBMIT_DAG) == [("worker1", "success")]
+    assert _hosts(airflow, run_id, "commit", SUBMIT_DAG) == [("worker2", "success")]
+    topic = airflow.env["KAFKA2PC_SPARK_SUBMIT_TOPIC"]
+    assert host_kafka.count_committed(topic, f"{run_id}-".encode()) == (rows, rows)
+    assert host_kafka.open_transactions(SUBMIT_PREFIX) == []
+    run = f"{SUBMIT_DAG}/{run_id}"
+    command = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "describe", "--prefix", SUBMIT_PREFIX,
+               "--bootstrap-servers", host_kafka.bootstrap, "--json"]  # fmt: skip
+    described = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert described.returncode == 0, described.stderr[-2000:]
+    runs = {r["run"]: r for r in json.loads(described.stdout)["runs"]}
+    assert runs[run]["status"] == "COMMITTED" and runs[run]["records"] == rows, runs.get(run)
+    page = airflow.request(
+        "GET", "/kafka2pc/api/exporters", params={"conn_id": "kafka2pc_default", "prefix": SUBMIT_PREFIX}
+    )
+    [exporter] = page.json()["exporters"]
+    assert [(r["state"], r["records"]) for r in exporter["runs"] if r["run"] == run] == [("COMMITTED", rows)], exporter
 
 
 class _KillAfterTheDecision(threading.Thread):
