@@ -14,6 +14,7 @@ application in ``KAFKA2PC_EXAMPLE_BOOTSTRAP``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from datetime import timedelta
@@ -54,7 +55,13 @@ with DAG(
         conn_id=os.environ.get("KAFKA2PC_SPARK_SUBMIT_CONN_ID", "spark_default"),
         name="kafka2pc-orders",
         application_args=APPLICATION_ARGS,
-        conf={"spark.ui.enabled": "false", "spark.speculation": "false"},
+        # Your cluster's settings on top, as JSON in KAFKA2PC_SPARK_SUBMIT_CONF (executor sizes, the
+        # Python of YARN's containers, spark.yarn.maxAppAttempts, ...).
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.speculation": "false",
+            **json.loads(os.environ.get("KAFKA2PC_SPARK_SUBMIT_CONF") or "{}"),
+        },
         # Kafka's address for the application; PYSPARK_PYTHON: the interpreter that has kafka2pc.
         env_vars={
             "KAFKA2PC_BOOTSTRAP_SERVERS": os.environ.get("KAFKA2PC_EXAMPLE_BOOTSTRAP", "127.0.0.1:9092"),
@@ -62,6 +69,9 @@ with DAG(
         },
         retries=1,
         retry_delay=timedelta(seconds=5),
+        # The submit operator's own options for your cluster, as JSON in KAFKA2PC_SPARK_SUBMIT_OPTIONS
+        # (YARN cluster mode: {"yarn_track_via_rm_api": true}, the connection naming the RM's webapp).
+        **json.loads(os.environ.get("KAFKA2PC_SPARK_SUBMIT_OPTIONS") or "{}"),
     )
     handoff = Kafka2PCHandoffSensor(task_id="handoff", transactional_id_prefix=PREFIX, poke_interval=2.0, timeout=1800)
     commit = Kafka2PCCommitOperator(task_id="commit", export_task_ids="handoff")

@@ -212,6 +212,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_window_broker.py",  # 221 s, 82 CPU-s
     "tests/e2e/test_window_dag.py",  # 134 s, 56 CPU-s
     "tests/e2e/test_spark_submit_dag.py",  # 150 s alone (2026-12-06): three DAG runs, five spark-submits
+    "tests/e2e/test_spark_submit_yarn.py",  # 203 s beside the soak (2026-12-06): a MiniYARNCluster, two apps
     "tests/integration/test_handoff_spark.py",  # 75 s alone (2026-12-06): five spark-submits
     "tests/integration/test_repair_spark.py",  # 152 s, 77 CPU-s
     "tests/integration/test_decisions_broker.py",  # 216 s, 136 CPU-s

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,23 +36,40 @@ DAG = "orders_submit"
 
 
 def spark_submit(
-    kafka: KafkaEnv, app: Path, run_id: str, args: list[str], log: Path, master: str = "local[2]"
+    kafka: KafkaEnv,
+    app: Path,
+    run_id: str,
+    args: list[str],
+    log: Path,
+    master: str = "local[2]",
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """``spark-submit`` of ``app`` for run ``run_id``, in its own process group (driver and workers)."""
-    env = {**os.environ, "KAFKA2PC_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable}
+    """``spark-submit`` of ``app`` for run ``run_id``, in its own process group (driver and workers);
+    ``options`` go before the application (a deploy mode, settings)."""
+    env = {**os.environ, "KAFKA2PC_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable, **(env or {})}
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
-            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.enabled=false", *options,
             str(app), "--dag-id", DAG, "--run-id", run_id, "--task-id", "submit", *args]  # fmt: skip
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO,
                             start_new_session=True)  # fmt: skip
 
 
 def submit_gated(
-    kafka: KafkaEnv, prefix: str, topic: str, run_id: str, gate: Path, log: Path, master: str = "local[2]"
+    kafka: KafkaEnv,
+    prefix: str,
+    topic: str,
+    run_id: str,
+    gate: Path,
+    log: Path,
+    master: str = "local[2]",
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """The test application (``tests/spark_apps/gated_export.py``): order 0 waits for ``gate`` mid-write."""
     args = ["--prefix", prefix, "--topic", topic, "--tag", "gated", "--gate", str(gate)]
-    return spark_submit(kafka, REPO / "tests" / "spark_apps" / "gated_export.py", run_id, args, log, master)
+    app = REPO / "tests" / "spark_apps" / "gated_export.py"
+    return spark_submit(kafka, app, run_id, args, log, master, options, env)
 
 
 def _three_open(kafka: KafkaEnv, prefix: str, proc: subprocess.Popen[str], log: Path) -> None:
