@@ -80,6 +80,7 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
         self.asset_alias = asset_alias
         self.commit_headroom_ms = commit_headroom_ms
         self._visible: tuple[str, tuple[str, ...]] | None = None  # (bootstrap, topics) once committed
+        self._repairs: list[dict[str, Any]] = []  # the repairs whose records this task made visible, for lineage
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_kafka2pc.txn.protocol.errors import MalformedCommittableError
@@ -253,7 +254,9 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage outputs: the topics this commit made visible (none unless it committed)."""
-        return topics_lineage(*self._visible) if self._visible is not None else topics_lineage("", ())
+        if self._visible is None:
+            return topics_lineage("", ())
+        return topics_lineage(*self._visible, repairs=self._repairs)
 
     def emit_asset_events(self, context: Context, committables: Sequence[Committable], bootstrap: str) -> None:
         """One event per topic the run made visible; Airflow records them when this task succeeds."""
@@ -278,6 +281,10 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
         assert r is not None
         repaired = {"decision": r.decision_id, "actor": r.actor, "restored": r.restored, "atomic": False}
         self._emit(context, bootstrap, records, transactions, {"repaired": repaired})
+        self._repairs.append(
+            {"prefix": rec.prefix, "run": rec.run, "decision": r.decision_id, "actor": r.actor,
+             "restoredRecords": r.restored, "restoredTransactions": len(rec.lost)}
+        )  # fmt: skip
         # Lineage names the topics the repair made visible, as for a commit.
         self._visible = (bootstrap, tuple(sorted({*(self._visible[1] if self._visible else ()), *records})))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,10 +34,17 @@ def source_table_names(table: str | None, sql: str | None) -> list[str]:
     return [t.qualified_name for t in meta.in_tables] if meta is not None else []
 
 
-def topics_lineage(bootstrap_servers: str, topics: Iterable[str], sources: Sequence[SourceTable] = ()) -> Any:
+def topics_lineage(
+    bootstrap_servers: str,
+    topics: Iterable[str],
+    sources: Sequence[SourceTable] = (),
+    repairs: Sequence[Mapping[str, Any]] = (),
+) -> Any:
     """An ``OperatorLineage`` with the topics as outputs and the source tables' stored data as
-    inputs (a symlink names the table), or None without the openlineage provider (its listener,
-    the only caller of ``get_openlineage_facets_on_complete``, is then absent too)."""
+    inputs (a symlink names the table), and, for a commit that made repaired runs visible, the
+    ``kafka2pc_repair`` run facet (``operators/lineage_facets.py``); or None without the openlineage
+    provider (its listener, the only caller of ``get_openlineage_facets_on_complete``, is then
+    absent too)."""
     try:
         from airflow.providers.common.compat.openlineage.facet import Dataset, Identifier, SymlinksDatasetFacet
         from airflow.providers.openlineage.extractors import OperatorLineage
@@ -51,4 +58,9 @@ def topics_lineage(bootstrap_servers: str, topics: Iterable[str], sources: Seque
             inputs.append(Dataset(*stored, facets={"symlinks": SymlinksDatasetFacet(identifiers=[table])}))
     namespace = kafka_namespace(bootstrap_servers)
     outputs = [Dataset(namespace=namespace, name=t) for t in sorted(set(topics))]
-    return OperatorLineage(inputs=inputs, outputs=outputs)
+    run_facets: dict[str, Any] = {}
+    if repairs:
+        from airflow_provider_kafka2pc.operators.lineage_facets import FACET_NAME, Kafka2PCRepairRunFacet
+
+        run_facets[FACET_NAME] = Kafka2PCRepairRunFacet(repairs=[dict(r) for r in repairs])
+    return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=run_facets)

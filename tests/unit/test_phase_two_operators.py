@@ -680,6 +680,17 @@ def test_the_commit_after_a_repair_emits_the_restored_topics_saying_so_and_only_
     repaired = {"decision": "d-9", "actor": "dag.prepare (try 2)", "restored": 20, "atomic": False}
     expected = [("kafka://b1:9092/events", {"run": run, "records": 20, "transactions": 2, "repaired": repaired})]
     assert emitted == (expected if now else [])
+    # Its OpenLineage run says the same: the kafka2pc_repair facet, beside the restored topics.
+    lineage = op.get_openlineage_facets_on_complete(None)
+    if not now:
+        assert lineage.outputs == [] and lineage.run_facets == {}
+        return
+    assert [o.name for o in lineage.outputs] == ["events"]
+    facet = lineage.run_facets["kafka2pc_repair"]
+    assert facet.atomic is False and facet.repairs == [
+        {"prefix": "orders", "run": run, "decision": "d-9", "actor": "dag.prepare (try 2)",
+         "restoredRecords": 20, "restoredTransactions": 2}
+    ]  # fmt: skip
 
 
 def test_commit_emits_nothing_unless_the_run_ended_committed(monkeypatch: pytest.MonkeyPatch) -> None:
