@@ -165,6 +165,9 @@ def mini_yarn(directory: Path, timeout_s: float = 240.0) -> Iterator[YarnCluster
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
+        # The NodeManager starts each container in a session of its own, beyond the cluster's group:
+        # an application a failed test left running is found by its directory, under the cluster's.
+        subprocess.run(["pkill", "-KILL", "-f", str(directory.resolve())], check=False)
 
 
 def application_masters(application_id: str) -> list[int]:
