@@ -16,8 +16,9 @@ from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import prepare_failure_line
 from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource, open_offsets_writer, take_snapshot
 from airflow_provider_kafka2pc.operators.links import Kafka2PCExportersLink
-from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, WRITE_RATE_KEY, ExportPayload
+from airflow_provider_kafka2pc.operators.payload import ExportPayload
 from airflow_provider_kafka2pc.operators.spark_session import spark_session
+from airflow_provider_kafka2pc.operators.write_rate import keep_shown_rate, window_with_shown_rate
 from airflow_provider_kafka2pc.txn.kafka.config import redact
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, MissingTopicError  # noqa: F401  (re-exported: its old home)
@@ -277,28 +278,6 @@ class Kafka2PCExportOperator(BaseOperator):
 
         return send_offsets(writer, read, abort_now)
 
-    def _window_with_shown_rate(self, context: Context, prefix: str) -> Any:
-        """The window settings with the write rate the exporter's last successful prepare showed (an
-        XCom of this task in an earlier run), which the budget uses when the user states none. A rate
-        another exporter showed (the task's prefix changed, or is templated per run) is not used: the
-        budget says its rate came from this exporter."""
-        from airflow_provider_kafka2pc.txn.protocol.window import WriteRate
-
-        try:
-            kept = context["ti"].xcom_pull(task_ids=self.task_id, key=WRITE_RATE_KEY, include_prior_dates=True)
-        except Exception as e:  # a courtesy: without it nothing is refused up front
-            self.log.info("kafka2pc: no earlier write rate readable (%s: %s)", type(e).__name__, e)
-            kept = None
-        if isinstance(kept, dict) and kept.get("exporter", prefix) != prefix:
-            self.log.info(
-                "kafka2pc: the last write rate of this task was shown by exporter %s, not %s: not used",
-                kept.get("exporter"),
-                prefix,
-            )
-            kept = None
-        shown = WriteRate.from_json(kept)
-        return dataclasses.replace(self.window, shown_rate=shown) if shown is not None else self.window
-
     def _formats(self) -> RecordFormats | None:
         """The key and value formats with the registry connection's settings (its secret stays in them)."""
         if self.schema_registry_conn_id is None or not (self.key_format or self.value_format):
@@ -322,13 +301,11 @@ class Kafka2PCExportOperator(BaseOperator):
     def _repair(
         self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """Repair the run (``txn/two_phase/repair.py``): Spark exports the lost partitions again, the
-        core compares and commits. Returns no XCom: the commit answers from the run's record."""
-        from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
-        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+        """Repair the run (``operators/export_repair.py``). Returns no XCom: the commit answers from
+        the run's record."""
+        from airflow_provider_kafka2pc.operators.export_repair import repair_in_task
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
-        actor = f"{self.dag_id}.{self.task_id} (try {getattr(context['ti'], 'try_number', '?')})"
         settings = ExportSettings(
             transactional_id_prefix=session.prefix,
             producer_config=hook.producer_config(self.producer_config),
@@ -337,36 +314,14 @@ class Kafka2PCExportOperator(BaseOperator):
             writer=self.writer,
         )
         formats = self._formats()
-        spark: Any = None
 
-        def frame(plan: Any) -> Any:
-            nonlocal spark
-            read = plan.record.source
-            if isinstance(self.source, KafkaSource) and read is None:
-                raise Kafka2PCError(
-                    f"run {session.run} of exporter {session.prefix} has no stored Kafka source range to read again"
-                )
+        def frame_of(read: SourceRange | None) -> tuple[Any, Any]:
             spark = self._spark_session("repair", read is not None, formats)
-            seen["writing"] = True
-            return self._dataframe(spark, context, settings.producer_config, read)
+            return spark, self._dataframe(spark, context, settings.producer_config, read)
 
-        def abort_now() -> bool:
-            seen["aborted"] = session.abort_repair_attempts(actor)
-            return bool(seen["aborted"])
-
-        self.log.warning("kafka2pc: run %s of %s is LOST: repairing it (repair_lost=True)", session.run, session.prefix)
-        seen["repairing"] = True
-        export_again = repair_exporter(frame, settings, self.window, formats, abort_now)
-        try:
-            report = session.repair(export_again, actor, export_again.files_now)
-        finally:
-            if spark is not None:
-                spark.stop()
-        self.log.info("kafka2pc: %s", report.note)
-        if report.record.status is not RunStatus.REPAIRED:  # decided, not all ended: not green yet
-            raise Kafka2PCError(report.note)
-        repaired = {"status": report.record.status.value, "prefix": session.prefix, "repaired_now": report.repaired_now}
-        context["ti"].xcom_push(key=SKIPPED_KEY, value=repaired)
+        actor = f"{self.dag_id}.{self.task_id} (try {getattr(context['ti'], 'try_number', '?')})"
+        kafka = isinstance(self.source, KafkaSource)
+        repair_in_task(session, settings, self.window, formats, frame_of, kafka, actor, context["ti"], self.log, seen)
         return None
 
     def execute(self, context: Context) -> dict[str, Any] | None:
@@ -475,7 +430,7 @@ class Kafka2PCExportOperator(BaseOperator):
             seen["aborted"] = self._abort_opened(session)
             return bool(seen["aborted"])
 
-        window = self._window_with_shown_rate(context, prefix)
+        window = window_with_shown_rate(self.window, context["ti"], self.task_id, prefix, self.log)
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
             record_source_files(df, settings, session.clients.decision_log, prefix, run)
@@ -497,9 +452,7 @@ class Kafka2PCExportOperator(BaseOperator):
             offsets = self._open_offsets(offsets_writer, read, abort_now)
             result = dataclasses.replace(result, committables=(offsets, *result.committables))
         self._stand_down_if_decided_meanwhile(session, context, result.committables)
-        if result.write_rate is not None:  # the next run's budget refuses by what this one showed
-            shown = dataclasses.replace(result.write_rate, source=f"shown by run {context['run_id']}")
-            context["ti"].xcom_push(key=WRITE_RATE_KEY, value={**shown.to_json(), "exporter": prefix})
+        keep_shown_rate(context["ti"], result.write_rate, context["run_id"], prefix)  # for the next run's budget
         summary = result.summary()
         self._written = (str(settings.producer_config.get("bootstrap.servers", "")), tuple(result.counts_by_topic))
         self.log.info(

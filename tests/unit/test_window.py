@@ -164,12 +164,13 @@ class _KeptRate:
 
 def test_the_export_budgets_with_a_rate_only_its_own_exporter_showed() -> None:
     from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
+    from airflow_provider_kafka2pc.operators.write_rate import window_with_shown_rate
 
     op = Kafka2PCExportOperator(task_id="prepare", transactional_id_prefix="orders", topic="t", table="db.orders")
     kept = {"records_per_s": 877.0, "bytes_per_s": 17761.0, "source": "shown by run r1"}
 
     def rate(value: object, prefix: str = "orders") -> object:
-        return op._window_with_shown_rate({"ti": _KeptRate(value)}, prefix).shown_rate  # type: ignore[arg-type]
+        return window_with_shown_rate(op.window, _KeptRate(value), op.task_id, prefix, op.log).shown_rate
 
     assert rate({**kept, "exporter": "orders"}) == WriteRate(877.0, 17761.0, "shown by run r1")
     assert rate({**kept, "exporter": "orders"}, prefix="orders_v2") is None  # another exporter's rate
