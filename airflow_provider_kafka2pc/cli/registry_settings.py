@@ -11,6 +11,7 @@ names, one KEY=VALUE a line), never on the command line, where any user of the h
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from typing import TYPE_CHECKING
 
 from airflow_provider_kafka2pc.cli.arguments import UsageError
@@ -22,10 +23,11 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
 
 BASIC_AUTH = "basic.auth.user.info"  # USER:PASSWORD
+BASIC_SOURCE = "basic.auth.credentials.source"  # confluent's files name it; only USER_INFO is meant here
 BEARER_TOKEN = "bearer.auth.token"
 CA_FILE = "ssl.ca.location"
 TIMEOUT = "timeout"  # seconds (confluent's client counts them so too)
-FILE_KEYS = (BASIC_AUTH, BEARER_TOKEN, CA_FILE, TIMEOUT)
+FILE_KEYS = (BASIC_AUTH, BASIC_SOURCE, BEARER_TOKEN, CA_FILE, TIMEOUT)
 
 
 def record_formats(
@@ -47,15 +49,25 @@ def registry_settings(args: argparse.Namespace) -> RegistrySettings:
     from airflow_provider_kafka2pc.registry.errors import RegistryConfigError
 
     if args.schema_registry_conn_id:
-        if args.schema_registry_url or args.schema_registry_config_file:
-            raise UsageError("give either --schema-registry-conn-id or --schema-registry-url, not both")
+        for option, given in (("--schema-registry-url", args.schema_registry_url),
+                              ("--schema-registry-config-file", args.schema_registry_config_file)):  # fmt: skip
+            if given:
+                raise UsageError(f"give either --schema-registry-conn-id or {option}, not both")
         return _from_connection(args.schema_registry_conn_id)
     if not args.schema_registry_url:
         raise UsageError(
             "--key-format and --value-format need the registry the export framed its records for: give "
             "--schema-registry-conn-id, or --schema-registry-url (credentials in --schema-registry-config-file)"
         )
+    parts = urllib.parse.urlsplit(args.schema_registry_url)
+    if parts.username or parts.password:  # never echoed: it holds a secret
+        raise UsageError(
+            "--schema-registry-url holds credentials, which any user of this host can read on a command line: "
+            f"give the URL without them and put them in --schema-registry-config-file ({BASIC_AUTH}=USER:PASSWORD)"
+        )
     found = _read_file(args.schema_registry_config_file) if args.schema_registry_config_file else {}
+    if found.get(BASIC_SOURCE, "USER_INFO") != "USER_INFO":
+        raise UsageError(f"--schema-registry-config-file: {BASIC_SOURCE} must be USER_INFO (the {BASIC_AUTH} line)")
     user, _, password = found.get(BASIC_AUTH, "").partition(":")
     try:
         timeout = float(found[TIMEOUT]) if TIMEOUT in found else None

@@ -110,7 +110,7 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
     prefixes the decision log knows (their claims). Read-only: a missing decision topic is not
     created."""
     from airflow_provider_kafka2pc.exceptions import Kafka2PCConfigError
-    from airflow_provider_kafka2pc.plugins.page_repair import repair_task
+    from airflow_provider_kafka2pc.plugins.page_repair import RepairTask, repair_task
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
     from airflow_provider_kafka2pc.txn.protocol import naming
@@ -150,10 +150,10 @@ def survey(conn_id: str, prefixes: Sequence[str]) -> dict[str, Any]:
                 behind = reports.source_report(config, state, prefix)["source_behind"]
                 mark_live(prefix, report["transactions"], state.queue(prefix), live, state.claims.get(prefix))
                 for loss in report["losses"]:
-                    task = repair_task(
-                        loss["run"], state.claims.get(prefix), (t["transactional_id"] for t in loss["lost"])
-                    )
-                    loss["repair_task"] = task.to_json() if task is not None else None
+                    rec = state.runs.get((prefix, loss["run"]))
+                    task = repair_task(rec, state.claims.get(prefix)) if rec is not None else None
+                    loss["repair_task"] = task.to_json() if isinstance(task, RepairTask) else None
+                    loss["not_repairable"] = task if isinstance(task, str) else None
                 exporters.append(
                     {
                         "prefix": prefix,
@@ -358,7 +358,6 @@ def _lost_run_task(conn_id: str, prefix: str, run: str) -> RepairTask:
     """The export task that repairs ``run``, read from the decision log: 409 unless the run is LOST
     and was an export task's."""
     from airflow_provider_kafka2pc.plugins.page_repair import repair_task
-    from airflow_provider_kafka2pc.txn.protocol.errors import repair_command
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 
     with _decision_log_of(conn_id) as decision_log:
@@ -367,14 +366,9 @@ def _lost_run_task(conn_id: str, prefix: str, run: str) -> RepairTask:
     if rec is None or rec.status is not RunStatus.LOST:
         said = "has no run record" if rec is None else f"is {rec.status.value}"
         raise HTTPException(status.HTTP_409_CONFLICT, f"not repaired: run {run} of exporter {prefix} {said}, not LOST")
-    task = repair_task(run, state.claims.get(prefix), (t.covered.transactional_id for t in rec.lost))
-    if task is None:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"not repaired: run {run} of exporter {prefix} was not exported by an export task of its DAG "
-            f"(exporter claimed by {state.claims.get(prefix) or 'nobody'}); repair it from a shell: "
-            f"{repair_command(prefix, run)}",
-        )
+    task = repair_task(rec, state.claims.get(prefix))
+    if isinstance(task, str):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"not repaired: run {run} of exporter {prefix} {task}")
     return task
 
 

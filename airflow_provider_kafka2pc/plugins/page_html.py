@@ -253,11 +253,11 @@ def _repair(conn_id: str, loss: Mapping[str, Any]) -> str:
     run, prefix, task = loss["run"], loss["prefix"], loss.get("repair_task")
     shell = f"From a shell: <code>{e(loss['repair'])}</code>. Acknowledge only if the source changed."
     if task is None:
-        return (
-            '<div class="muted"><b>Repair it</b> from a shell (the run was not exported by an export task of its '
-            f"DAG, so no clear repairs it): <code>{e(loss['repair'])}</code>. Acknowledge only if the source "
-            "changed.</div>"
+        why = (
+            loss.get("not_repairable")
+            or f"was not exported by an export task; repair it from a shell: {loss['repair']}"
         )
+        return f'<div class="muted"><b>No clear repairs this run</b>: it {e(why)}.</div>'
     what = (
         f"clears task <code>{e(task['task_id'])}</code> of DAG run <code>{e(task['run_id'])}</code> (and the tasks "
         "after it) in Airflow; that export task exports exactly the lost Spark partitions again, proves them the "

@@ -11,13 +11,14 @@ at the address it received it on, so no URL is configured.
 The task is known from the decision log: the run is named ``{dag_id}/{run_id}`` and the exporter's
 claim names its task ``{dag_id}.{task_id}``. A run exported by a Spark application (its ids carry
 a driver attempt's tag) is repaired with ``kafka2pc repair``: clearing the submit task would only
-submit it again.
+submit it again; a run whose lost transactions carry no digest cannot be repaired at all. The clear
+is refused while the task is queued or running (a repair already), and reported as refused when
+the run has no such task (the DAG changed since).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -26,8 +27,14 @@ from fastapi import HTTPException, Request, status
 
 from airflow_provider_kafka2pc.plugins.urls import URL_PREFIX
 from airflow_provider_kafka2pc.txn.protocol import naming
+from airflow_provider_kafka2pc.txn.protocol.errors import acknowledge_command, repair_command
+from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
 
 CLEAR_TIMEOUT_S = 30.0
+# A task instance in these states is being run, or about to be: a clear would kill or requeue it.
+BUSY_STATES = frozenset(
+    {"queued", "scheduled", "running", "up_for_retry", "up_for_reschedule", "restarting", "deferred"}
+)
 
 
 @dataclass(frozen=True)
@@ -41,20 +48,38 @@ class RepairTask:
     def to_json(self) -> dict[str, str]:
         return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id}
 
+    def describe(self) -> str:
+        return f"task {self.task_id} of DAG run {self.run_id} of DAG {self.dag_id}"
 
-def repair_task(run: str, owner: str | None, lost_ids: Iterable[str]) -> RepairTask | None:
-    """The export task of ``run`` by the exporter's claim (``owner``); None when the run was not an
-    export task's: another DAG's, or a Spark application's."""
-    dag_id, sep, run_id = run.partition("/")
-    if not (sep and dag_id and run_id and owner and owner.startswith(f"{dag_id}.")):
-        return None
-    if any((p := naming.parse_transactional_id(t)) is not None and p.attempt is not None for t in lost_ids):
-        return None
-    return RepairTask(dag_id, run_id, owner[len(dag_id) + 1 :])
+
+def repair_task(rec: RunRecord, owner: str | None) -> RepairTask | str:
+    """The export task whose clear repairs the LOST run ``rec`` by the exporter's claim (``owner``),
+    or why no clear does (a sentence that follows "run R of exporter P")."""
+    if any(t.covered.digest is None for t in rec.lost):
+        return (
+            "lost transactions that carry no digest of their records (the export had repairable=False, wrote a "
+            "frame stored already, or ran a version before 0.2.0): no repair can prove a re-export the same. "
+            f"Re-export the missing part in a run of its own and acknowledge the loss: "
+            f"{acknowledge_command(rec.prefix, rec.run)}"
+        )
+    dag_id, sep, run_id = rec.run.partition("/")
+    ids = (t.covered.transactional_id for t in rec.lost)
+    if any((p := naming.parse_transactional_id(t)) is not None and p.attempt is not None for t in ids):
+        why = (
+            "was exported by a Spark application (its ids carry a driver attempt's tag), whose submit task a "
+            "clear would only run again"
+        )
+    elif not (sep and dag_id and run_id and owner and owner.startswith(f"{dag_id}.")):
+        why = f"was not exported by an export task of its DAG (the exporter is claimed by {owner or 'nobody'})"
+    else:
+        return RepairTask(dag_id, run_id, owner[len(dag_id) + 1 :])
+    return f"{why}; repair it from a shell: {repair_command(rec.prefix, rec.run)}"
 
 
 def clear_export_task(request: Request, task: RepairTask) -> list[str]:
-    """Clear ``task`` and its downstream tasks in its run as the request's user; the ids cleared."""
+    """Clear ``task`` and its downstream tasks in its run as the request's user; the ids cleared.
+    Refused (409) while the task is queued or running, a repair most likely (a second click), and
+    when the run has no such task (the DAG changed since): nothing is cleared then."""
     import httpx
 
     body = {
@@ -65,27 +90,42 @@ def clear_export_task(request: Request, task: RepairTask) -> list[str]:
         "only_failed": False,
         "reset_dag_runs": True,
     }
-    path = f"/api/v2/dags/{quote(task.dag_id, safe='')}/clearTaskInstances"
+    dag, run, what = quote(task.dag_id, safe=""), quote(task.run_id, safe=""), task.describe()
     try:
         # verify=False: the request goes to this very server's socket by its address, which no
         # certificate names; the credentials are the ones the browser just sent it.
         with httpx.Client(base_url=_own_api_root(request), timeout=CLEAR_TIMEOUT_S, verify=False) as client:
-            answer = client.post(path, json=body, headers=_credentials(request))
+            headers = _credentials(request)
+            now = client.get(f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{quote(task.task_id)}", headers=headers)
+            _check(now, f"Airflow cannot show {what}")
+            state = now.json().get("state")
+            if state in BUSY_STATES:
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    f"not repaired: {what} is {state} (a repair started already?): wait for it",
+                )
+            answer = client.post(f"/api/v2/dags/{dag}/clearTaskInstances", json=body, headers=headers)
     except httpx.HTTPError as e:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"Airflow's API did not answer the clear: {e}") from None
+    _check(answer, f"Airflow refused to clear {what}")
+    cleared = sorted({str(ti["task_id"]) for ti in answer.json().get("task_instances", [])})
+    if task.task_id not in cleared:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"not repaired: Airflow cleared no {what} (cleared: {cleared})")
+    return cleared
+
+
+def _check(answer: Any, doing: str) -> None:
     if answer.status_code != status.HTTP_200_OK:
         code = answer.status_code if answer.status_code in (401, 403, 404, 409) else status.HTTP_502_BAD_GATEWAY
-        raise HTTPException(
-            code,
-            f"Airflow refused to clear task {task.task_id} of DAG run {task.run_id} of DAG {task.dag_id}: "
-            f"{_detail(answer)}",
-        )
-    return sorted({str(ti["task_id"]) for ti in answer.json().get("task_instances", [])})
+        raise HTTPException(code, f"{doing}: {_detail(answer)}")
 
 
 def _own_api_root(request: Request) -> str:
     """This server, at the address and scheme it received the request on, below its root path."""
-    host, port = request.scope["server"]
+    server = request.scope.get("server")
+    if not server:  # a unix socket: no address to call back
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, "the API server listens on no address the page can call")
+    host, port = server
     if ":" in host and _is_ip(host):
         host = f"[{host}]"
     root = str(request.scope.get("root_path", ""))

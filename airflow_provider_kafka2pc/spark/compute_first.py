@@ -41,7 +41,7 @@ def prepare_window(
     assert settings.transaction_timeout_ms is not None
     stored, estimate, unknown = None, None, NOT_MATERIALIZED
     if window.materialize:
-        stored = compute_first(df, window, digest_of(settings))
+        stored = compute_first(df, window, digest_of(settings), may_deal=writers is None)
         if stored.sizes is not None:
             busy = [s for s in stored.sizes if s.records > 0]
             log.info(
@@ -89,13 +89,17 @@ def prepare_window(
     return stored, budget
 
 
-def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], Any] | None = None) -> Any:
+def compute_first(
+    df: Any, window: WindowSettings, hash_rows: Callable[[Any], Any] | None = None, may_deal: bool = True
+) -> Any:
     """The source computed before any transaction opens: nothing to do for a frame stored already or
     a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
     pass), else stored with a checkpoint; the task log says which, and why. Every way records the
     digest ``hash_rows`` adds (``spark/digest_column.py``) unless it is None or the frame is stored
     already (a repair cannot read it again): a column computed with the rest, or for a plain scan a hash per
-    row in the write job."""
+    row in the write job. ``may_deal`` False (a repair, which writes the run's own partitions) never
+    deals the frame again in a barrier stage: where the executors are on other hosts it is stored
+    with a checkpoint instead."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
 
     def with_digest(frame: Any) -> Any:
@@ -137,7 +141,7 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
     if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):
-        return _barrier_or_raise(plain, df, window, why_not or "store='barrier'", hash_rows)
+        return _barrier_or_raise(plain, df, window, why_not or "store='barrier'", hash_rows, may_deal)
     if why_not is None:
         try:
             staged = stage(df)
@@ -152,7 +156,7 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
             if isinstance(staged, StagedFrame):
                 return staged
             if window.store == "auto" and staged.startswith(OTHER_HOSTS):
-                return _barrier_or_raise(plain, df, window, staged, hash_rows)
+                return _barrier_or_raise(plain, df, window, staged, hash_rows, may_deal)
             why_not = staged
     if window.store == "arrow":
         raise Kafka2PCError(f"store='arrow' cannot be used: {why_not}; use store='auto' or 'checkpoint'") from refused
@@ -161,7 +165,12 @@ def compute_first(df: Any, window: WindowSettings, hash_rows: Callable[[Any], An
 
 
 def _barrier_or_raise(
-    plain: Any, df: Any, window: WindowSettings, why_not_staged: str, hash_rows: Callable[[Any], Any] | None
+    plain: Any,
+    df: Any,
+    window: WindowSettings,
+    why_not_staged: str,
+    hash_rows: Callable[[Any], Any] | None,
+    may_deal: bool,
 ) -> Any:
     """The barrier plan of ``plain`` (no digest) where staging cannot serve because the executors are
     elsewhere (DESIGN §13: never silently the slower checkpoint); else the checkpoint of ``df``, or for
@@ -169,6 +178,12 @@ def _barrier_or_raise(
     from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, plan_barrier
     from airflow_provider_kafka2pc.spark.window import materialize
 
+    if not may_deal:
+        log.info(
+            "kafka2pc stores the repair's partitions with a checkpoint (%s): a barrier would deal them anew",
+            why_not_staged,
+        )
+        return materialize(df, window)
     plan = plan_barrier(plain, why_not_staged, hash_rows)
     if isinstance(plan, BarrierPlan):
         log.info(

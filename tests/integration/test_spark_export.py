@@ -453,6 +453,30 @@ def test_a_run_the_tasks_find_too_big_for_the_budget_opens_nothing(spark: Any, k
     }  # never initialised
 
 
+def test_a_repair_never_deals_its_partitions_again_in_a_barrier_stage(
+    spark: Any, kafka: KafkaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A repair writes the run's own Spark partitions (``only_slots``): where the export would take
+    the barrier stage (forced here, as executors on other hosts force it), the repair stores them with
+    a checkpoint instead, so partition 2's records stay in slot 2 and no other slot opens."""
+    import logging
+
+    from airflow_provider_kafka2pc.txn.protocol.outcome import Intent
+    from airflow_provider_kafka2pc.txn.two_phase.resolver import TransactionResolver
+    from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+    topic = kafka.topic(2)
+    df = spark.range(800, numPartitions=4).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+    s = _settings(kafka, topic)
+    result = export_dataframe(df, s, window=WindowSettings(store="barrier"), only_slots=(2,))
+    assert "stores the repair's partitions with a checkpoint" in caplog.text, caplog.text
+    assert [(c.transactional_id, c.records) for c in result.committables] == [(s.transactional_id(2), 200)]
+    assert result.committables[0].digest is not None
+    TransactionResolver(kafka.wire).resolve([ref_of(c) for c in result.committables], Intent.ABORT)
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
 def test_a_failed_barrier_task_fails_the_job_at_once_and_what_it_opened_is_aborted(spark: Any, kafka: KafkaEnv) -> None:
     """Spark does not run a failed barrier result stage again ("Could not recover from a failed
     barrier ResultStage"): the job fails at the first failed task, with its error, and what the

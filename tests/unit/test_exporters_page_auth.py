@@ -111,6 +111,7 @@ class DecisionLog:
         def lost(tid: str) -> tuple[LostTxn, ...]:
             return (LostTxn(Covered(tid, 7, 0, 10, ("events-1",), 1_000, "xxh64t:10:00"), "timeout"),)
 
+        undigested = (LostTxn(Covered("orders-1", 7, 0, 10, ("events-1",), 1_000, None), "timeout"),)
         runs = {
             ("orders", "dag/run_1"): RunRecord(
                 "orders", "dag/run_1", RunStatus.LOST, 2, 20, 5, "d-1", lost("orders-1")
@@ -118,6 +119,10 @@ class DecisionLog:
             ("orders", "dag/run_2"): RunRecord("orders", "dag/run_2", RunStatus.COMMITTED, 2, 20, 5, "d-2"),
             ("orders", "dag/run_3"): RunRecord(
                 "orders", "dag/run_3", RunStatus.LOST, 2, 20, 5, "d-3", lost(f"orders-run_3-{TAG}-1")
+            ),
+            ("orders", "dag/run_4"): RunRecord("orders", "dag/run_4", RunStatus.LOST, 2, 20, 5, "d-4", undigested),
+            ("orders", "other/run_5"): RunRecord(
+                "orders", "other/run_5", RunStatus.LOST, 2, 20, 5, "d-5", lost("orders-1")
             ),
         }
         return LogState(runs=runs, claims={"orders": "dag.prepare"})
@@ -252,8 +257,15 @@ def test_a_user_who_may_clear_repairs_by_clearing_the_export_task_with_the_run_r
     [
         ("dag/run_2", "run dag/run_2 of exporter orders is COMMITTED, not LOST"),
         ("dag/run_9", "run dag/run_9 of exporter orders has no run record, not LOST"),
-        ("dag/run_3", "was not exported by an export task of its DAG (exporter claimed by dag.prepare); repair it "
-                      "from a shell: kafka2pc repair --prefix orders --run dag/run_3"),
+        ("dag/run_3", "was exported by a Spark application (its ids carry a driver attempt's tag), whose submit "
+                      "task a clear would only run again; repair it from a shell: kafka2pc repair --prefix orders "
+                      "--run dag/run_3"),
+        ("other/run_5", "was not exported by an export task of its DAG (the exporter is claimed by dag.prepare); "
+                        "repair it from a shell: kafka2pc repair --prefix orders --run other/run_5"),
+        ("dag/run_4", "lost transactions that carry no digest of their records (the export had repairable=False, "
+                      "wrote a frame stored already, or ran a version before 0.2.0): no repair can prove a re-export "
+                      "the same. Re-export the missing part in a run of its own and acknowledge the loss: "
+                      "kafka2pc acknowledge --prefix orders --run dag/run_4"),
     ],
 )  # fmt: skip
 def test_a_run_an_export_task_cannot_repair_is_refused_by_name(exporters_page: Page, run: str, said: str) -> None:

@@ -55,8 +55,8 @@ def test_a_lost_run_says_how_to_repair_it_and_a_repaired_run_says_who_repaired_w
     x: dict[str, Any] = {"prefix": "orders", "transactions": [], "losses": [loss], "runs": runs}
     topic = {"decision_topic": "kafka2pc_decisions", "decision_topic_exists": True, "known_prefixes": {}}
     html = render_page("kafka2pc_default", ["orders"], {"exporters": [x], **topic}, True)
-    assert "<b>Repair it</b> from a shell (the run was not exported by an export task of its DAG" in html
-    assert "<code>kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME</code>" in html
+    assert "<b>No clear repairs this run</b>: it was not exported by an export task; repair it from a shell: " in html
+    assert "from a shell: kafka2pc repair --prefix orders --run dag/r1 --source MODULE:NAME." in html
     assert "Acknowledge loss</button>" in html
     assert "repaired by orders_dag.prepare (try 2) at 1970-01-01T00:00:09Z: 10 lost records exported again" in html
 

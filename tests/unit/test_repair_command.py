@@ -62,7 +62,10 @@ def test_the_registry_comes_from_a_url_and_a_file_of_confluent_s_names(tmp_path:
     from tests.helpers.repair_sources import AVRO_VALUE
 
     secret = "p@ss:word=x"
-    (tmp_path / "r.properties").write_text(f"# the exporter's\nbasic.auth.user.info=exporter:{secret}\ntimeout=4\n")
+    (tmp_path / "r.properties").write_text(
+        "# the exporter's\nbasic.auth.credentials.source=USER_INFO\n"
+        f"basic.auth.user.info=exporter:{secret}\ntimeout=4\n"
+    )
     args = _formats_args("--schema-registry-url", "https://sr:8081", "--schema-registry-config-file",
                          str(tmp_path / "r.properties"))  # fmt: skip
     formats = record_formats(args, None, AVRO_VALUE)
@@ -84,8 +87,18 @@ def test_the_registry_comes_from_a_url_and_a_file_of_confluent_s_names(tmp_path:
     [
         ((), None, "need the registry the export framed its records for: give --schema-registry-conn-id"),
         (("--schema-registry-url", "sr:8081"), None, "is not an http(s) URL"),
-        (("--schema-registry-url", "http://u:pw@sr"), None, "holds credentials"),
-        (("--schema-registry-url", "http://sr", "--schema-registry-conn-id", "c"), None, "not both"),
+        (("--schema-registry-url", "http://u:hunter2@sr"), None, "holds credentials, which any user of this host"),
+        (
+            ("--schema-registry-url", "http://sr", "--schema-registry-conn-id", "c"),
+            None,
+            "give either --schema-registry-conn-id or --schema-registry-url, not both",
+        ),
+        (
+            ("--schema-registry-conn-id", "c"),
+            "timeout=3\n",
+            "give either --schema-registry-conn-id or --schema-registry-config-file, not both",
+        ),
+        (("--schema-registry-url", "http://sr"), "basic.auth.credentials.source=URL\n", "must be USER_INFO"),
         (("--schema-registry-url", "http://sr"), "hunter2\n", "r.properties:1: expected KEY=VALUE with KEY one of"),
         (("--schema-registry-url", "http://sr"), "password=hunter2\n", "expected KEY=VALUE with KEY one of"),
         (("--schema-registry-url", "http://sr"), "timeout=soon\n", "timeout must be seconds"),

@@ -17,7 +17,9 @@ dealt round-robin over the cluster's task slots, one transaction a slot; the sam
 number of slots instead (``{"dealt": N}``), before the window opens. Unlike the splits, a repair
 needs it: it deals the recomputed frame over the same N slots (Spark sorts each input partition
 before a round-robin repartition, so the same input deals the same rows to the same slots) and
-the digests prove it did. Both shapes never meet: a plain scan is written as stored, never dealt.
+the digests prove it did (with Spark's default ``spark.sql.execution.sortBeforeRepartition``).
+A plain scan is written as stored and records splits; only ``store='barrier'`` deals one, and its
+dealing then replaces the splits (a refusal names no file).
 """
 
 from __future__ import annotations
