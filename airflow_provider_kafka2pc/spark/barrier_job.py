@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.spark.window import Materialized, task_slots
+from airflow_provider_kafka2pc.spark.window import Materialized, partition_count, task_slots
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WindowBudget, WriteRate
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
@@ -51,6 +51,7 @@ class BarrierPlan(Materialized):
     """The source, to be computed by the write job's own tasks: nothing is stored before it runs."""
 
     slots: int = 0
+    inputs: int | None = None  # the frame's own Spark partitions before the deal
 
 
 def barrier_slots(spark: Any) -> int:
@@ -86,7 +87,8 @@ def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] |
         "then each writes the file it staged"
     )
     dealt = df.repartition(slots)
-    return BarrierPlan(hash_rows(dealt) if hash_rows is not None else dealt, None, 0.0, where, 0, slots=slots)
+    stored = hash_rows(dealt) if hash_rows is not None else dealt
+    return BarrierPlan(stored, None, 0.0, where, 0, slots=slots, inputs=partition_count(df))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def prepare_window(
             "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
         )
     if stored is None:
+        from airflow_provider_kafka2pc.spark.window import partition_count
+
         transactions = partition_count(df)
     elif stored.sizes is None:
         transactions = stored.partitions
@@ -214,11 +216,4 @@ def _is_barrier(stored: Any) -> bool:
     return isinstance(stored, BarrierPlan)
 
 
-def partition_count(df: Any) -> int:
-    try:
-        return int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect has no RDDs; the headroom then counts one EndTxn wave
-        return 1
-
-
-__all__ = ["compute_first", "partition_count", "prepare_window"]
+__all__ = ["compute_first", "prepare_window"]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.barrier_job import BudgetTerms
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,8 @@ def export_dataframe(
     abort_opened: Callable[[], bool] | None = None,
     formats: RecordFormats | None = None,
     only_slots: tuple[int, ...] | None = None,
-    dealt: int | None = None,
-    record_dealing: Callable[[int], None] | None = None,
+    dealt: Dealing | None = None,
+    record_dealing: Callable[[Dealing], None] | None = None,
 ) -> ExportResult:
     """Run the prepare job; returns committables (EXACTLY_ONCE) and the summary.
 
@@ -74,8 +75,8 @@ def export_dataframe(
     EXACTLY_ONCE records a digest of each transaction's keys and values (``spark/digest_column.py``),
     what a repair proves its re-computation with; ``only_slots`` (a repair) writes only those Spark
     partitions of the frame. A frame the barrier stage deals round-robin over the task slots is
-    reported to ``record_dealing`` (the slots) before any transaction opens; a repair of such a run
-    gives ``dealt`` (those slots) and the frame is dealt over as many again, then written from that
+    reported to ``record_dealing`` before any transaction opens; a repair of such a run gives that
+    ``dealt`` and the frame is dealt over as many slots again, then written from that
     shuffle, whose map stage computes it before any write task opens a transaction (a barrier stage
     of its own would deal it over the slots the cluster has now)."""
     from airflow_provider_kafka2pc.spark.compute_first import prepare_window
@@ -106,15 +107,15 @@ def export_dataframe(
         timeout_ms = int(configured) if configured else broker_max_transaction_timeout_ms(settings.producer_config)
         settings = replace(settings, transaction_timeout_ms=timeout_ms)
     if dealt is not None:
-        df, window = df.repartition(dealt), replace(window, materialize=False)
+        df, window = df.repartition(dealt.slots), replace(window, materialize=False)
     if only_slots is not None:
         from airflow_provider_kafka2pc.spark.digest_column import only_partitions
 
         df = only_partitions(df, only_slots)
     writers = len(only_slots) if only_slots is not None else None
     stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
-    if record_dealing is not None and (slots := _dealt_over(stored)) is not None:
-        record_dealing(slots)
+    if record_dealing is not None and (dealing := _dealing_of(stored)) is not None:
+        record_dealing(dealing)
     if transactional and stored is None:  # materialize=False: hashed in the window
         from airflow_provider_kafka2pc.spark.digest_column import digest_of
 
@@ -156,11 +157,12 @@ def export_dataframe(
     return result
 
 
-def _dealt_over(stored: Any) -> int | None:
-    """The task slots a barrier plan deals the frame over; None for any other way."""
+def _dealing_of(stored: Any) -> Dealing | None:
+    """How a barrier plan deals the frame; None for any other way."""
     from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
-    return stored.slots if isinstance(stored, BarrierPlan) else None
+    return Dealing(stored.slots, stored.inputs) if isinstance(stored, BarrierPlan) else None
 
 
 def _budget_terms(stored: Any, settings: ExportSettings, window: WindowSettings) -> BudgetTerms | None:

@@ -78,6 +78,8 @@ def repair_exporter(
                 f"loss (`kafka2pc acknowledge --prefix {plan.prefix} --run {plan.run}`), or make the source "
                 "repeatable and repair again"
             )
+        if plan.dealt is not None and plan.dealt.inputs is not None:
+            _same_inputs(plan, df)
         attempt = dataclasses.replace(
             settings,
             naming_strategy=naming.NamingStrategy.INCREMENTING,
@@ -100,6 +102,23 @@ def repair_exporter(
         return result.committables
 
     return ReExport(export_again, lambda: file_splits(frames[0]) if frames else None)
+
+
+def _same_inputs(plan: RepairPlan, df: Any) -> None:
+    """A dealt run's frame must come in as many Spark partitions as the run's did, or the deal puts
+    other rows in each slot: refused before anything is written."""
+    from airflow_provider_kafka2pc.spark.window import partition_count
+
+    assert plan.dealt is not None
+    now = partition_count(df)
+    if now != plan.dealt.inputs:
+        raise RepairRefusedError(
+            f"run {plan.run} of exporter {plan.prefix} cannot be repaired from this frame: the barrier stage dealt "
+            f"the run's {plan.dealt.inputs} Spark partition(s) over {plan.dealt.slots} task slot(s), and this frame "
+            f"has {now} (another parallelism, cluster size or spark.sql.files.* setting), so the same rows would "
+            "not land in the same slots. Nothing was written, and the run stays LOST. Repair with the run's Spark "
+            "settings"
+        )
 
 
 def _recorded_scheme(plan: RepairPlan) -> str:

@@ -24,6 +24,7 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuar
 
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,16 @@ def dealing_recorder(
     prefix: str,
     run: str,
     idle: Callable[[], None] = lambda: None,
-) -> Callable[[int], None] | None:
+) -> Callable[[Dealing], None] | None:
     """What ``export_dataframe`` reports a barrier's dealing to, when the export records a digest;
     ``idle`` is called after recording (the caller's clients sit idle through the write job)."""
     if settings.delivery_guarantee is not DeliveryGuarantee.EXACTLY_ONCE or not settings.repairable:
         return None
 
-    def record(slots: int) -> None:
+    def record(dealing: Dealing) -> None:
+        slots = dealing.slots
         try:
-            recorded = decision_log().record_dealt(prefix, run, slots)
+            recorded = decision_log().record_dealt(prefix, run, dealing)
         except Kafka2PCError as e:
             recorded = False
             log.warning("kafka2pc: the dealing of run %s is not recorded: %s", run, e)

@@ -303,6 +303,13 @@ def is_executor_lost(error: BaseException) -> bool:
     return "Checkpoint block" in text and "not found" in text
 
 
+def partition_count(df: Any) -> int:
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect has no RDDs; the headroom then counts one EndTxn wave
+        return 1
+
+
 __all__ = [
     "ExecutorLostError",
     "Materialized",
@@ -310,6 +317,7 @@ __all__ = [
     "WriteWatch",
     "is_executor_lost",
     "materialize",
+    "partition_count",
     "partition_sizes",
     "task_slots",
 ]

@@ -34,11 +34,20 @@ from tests.helpers.phase_two import write_slot
 
 
 def record_lost(config: dict[str, Any], decisions: str, prefixes: Iterable[str], run: str, cap_ms: int) -> None:
-    """After the broker's cap has passed (plus its abort check), each prefix's next recovery fails on
+    """Once the broker has aborted what each prefix left open at its cap (waited for: listed no
+    more, however long its abort check takes on a slow day), each prefix's next recovery fails on
     the loss and records ``run`` LOST (asserted)."""
-    time.sleep(cap_ms / 1000 + 4)
+    from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+
+    prefixes = list(prefixes)
     log = DecisionLog(config, topic=decisions)
     with WireClient(config) as wire:
+        inspector = TransactionInspector(wire)
+        time.sleep(cap_ms / 1000)  # nothing is aborted before the cap: no need to ask sooner
+        deadline = time.monotonic() + 300
+        while open_ := [t.transactional_id for p in prefixes for t in inspector.list_prefix(p)]:
+            assert time.monotonic() < deadline, f"the broker did not abort {open_} at its cap"
+            time.sleep(0.5)
         for prefix in prefixes:
             with pytest.raises(TransactionLostError):
                 recover(wire, prefix, log, run="next")

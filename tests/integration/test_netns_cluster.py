@@ -319,8 +319,8 @@ def lost_on_cluster(spark: Any, host_kafka: KafkaEnv, tmp_path_factory: pytest.T
         for how, frame in (("parquet", runs.parquet), ("computed", runs.computed)):
             s = runs.settings[how]
 
-            def dealt(slots: int, prefix: str = s.transactional_id_prefix) -> None:
-                assert log.record_dealt(prefix, run, slots)
+            def dealt(dealing: Any, prefix: str = s.transactional_id_prefix) -> None:
+                assert log.record_dealt(prefix, run, dealing)
 
             runs.results[how] = export_dataframe(frame(), s, window=window, record_dealing=dealt)
             cs = sorted(runs.results[how].committables, key=lambda c: int(c.transactional_id.rsplit("-", 1)[1]))
@@ -336,13 +336,13 @@ def lost_on_cluster(spark: Any, host_kafka: KafkaEnv, tmp_path_factory: pytest.T
         spark.conf.unset("spark.sql.files.openCostInBytes")
 
 
-def _repair_on_cluster(runs: Any, how: str) -> Any:
+def _repair_on_cluster(runs: Any, how: str, frame: Any = None) -> Any:
     from airflow_provider_kafka2pc.spark.repair_export import repair_exporter
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
     from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
     from airflow_provider_kafka2pc.txn.two_phase.repair import repair_lost_run
 
-    s, frame = runs.settings[how], getattr(runs, how)
+    s, frame = runs.settings[how], frame or getattr(runs, how)
     log = DecisionLog(runs.env.config, topic=runs.decisions)
     try:
         with WireClient(runs.env.config) as wire:
@@ -381,18 +381,25 @@ def test_a_computed_run_dealt_by_the_barrier_stage_is_repaired_on_the_cluster(lo
     repair deals the recomputed frame over 2 slots again, writes only the lost one, proves it the
     same records by its digest and commits it: every key once, nothing open."""
     from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.protocol.errors import RepairRefusedError
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
     runs, env = lost_on_cluster, lost_on_cluster.env
     s, key = runs.settings["computed"], runs.keys["computed"]
     assert len(runs.results["computed"].committables) == len(WORKERS)  # one per task slot: dealt
     log = DecisionLog(env.config, topic=runs.decisions)
     try:
-        assert log.dealt_slots(s.transactional_id_prefix, runs.run) == len(WORKERS)
+        assert log.dealing(s.transactional_id_prefix, runs.run) == Dealing(len(WORKERS), 6)  # from 6 partitions
     finally:
         log.close()
     visible = env.count_committed(s.topic, key)
     assert visible[0] == visible[1] and 0 < visible[0] < runs.records, visible
+    # The same rows in 5 partitions would be dealt otherwise: refused before anything is written.
+    refused = r"dealt the run's 6 Spark partition\(s\) over 2 task slot\(s\), and this frame has 5"
+    with pytest.raises(RepairRefusedError, match=refused):
+        _repair_on_cluster(runs, "computed", lambda: runs.computed().repartition(5))
+    assert env.count_committed(s.topic, key) == visible and env.open_transactions(s.transactional_id_prefix) == []
     report = _repair_on_cluster(runs, "computed")
     assert report.record.status is RunStatus.REPAIRED and report.repaired_now, report
     assert report.record.repair is not None and report.record.repair.restored == runs.records - visible[0]

@@ -7,6 +7,7 @@ from airflow_provider_kafka2pc.txn.protocol.decisions import replay
 from airflow_provider_kafka2pc.txn.protocol.records import Entry
 from airflow_provider_kafka2pc.txn.protocol.source_files import (
     MAX_SPLITS,
+    Dealing,
     FileSplit,
     decode_dealt,
     decode_splits,
@@ -84,8 +85,9 @@ def test_replay_passes_over_the_records_and_their_tombstones() -> None:
 
 
 def test_a_dealt_frame_records_its_slots_under_the_same_key_and_the_shapes_never_mix() -> None:
-    dealt = encode_dealt(6)
-    assert decode_dealt(dealt) == 6 and decode_splits(dealt) is None
+    dealt = encode_dealt(Dealing(6, 4))
+    assert decode_dealt(dealt) == Dealing(6, 4) and decode_splits(dealt) is None
+    assert decode_dealt(encode_dealt(Dealing(2))) == Dealing(2, None)
     splits = encode_splits(RUN)
     assert splits is not None and decode_dealt(splits) is None
     for odd in (
@@ -93,6 +95,8 @@ def test_a_dealt_frame_records_its_slots_under_the_same_key_and_the_shapes_never
         b'{"v":1,"dealt":true}',
         b'{"v":1,"dealt":"6"}',
         b'{"v":2,"dealt":6}',
+        b'{"v":1,"dealt":6,"inputs":0}',
+        b'{"v":1,"dealt":6,"inputs":"4"}',
         b"[]",
         b"{",
     ):

@@ -45,6 +45,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
 )
 from airflow_provider_kafka2pc.txn.protocol.run_history import history_key
 from airflow_provider_kafka2pc.txn.protocol.source_files import (
+    Dealing,
     Splits,
     decode_dealt,
     decode_splits,
@@ -375,17 +376,17 @@ class DecisionLog(DecisionTopicReader):
         export of more splits than a record holds."""
         return self._record_source(prefix, run, encode_splits(splits))
 
-    def record_dealt(self, prefix: str, run: str, slots: int) -> bool:
-        """Append that ``run``'s frame was dealt round-robin over ``slots`` task slots (the barrier
-        stage), under the same key; False, writing nothing, on a topic without a history partition."""
-        return self._record_source(prefix, run, encode_dealt(slots))
+    def record_dealt(self, prefix: str, run: str, dealing: Dealing) -> bool:
+        """Append how the barrier stage dealt ``run``'s frame, under the same key; False, writing
+        nothing, on a topic without a history partition."""
+        return self._record_source(prefix, run, encode_dealt(dealing))
 
     def source_files(self, prefix: str, run: str) -> Splits | None:
         """What ``record_source_files`` recorded for ``run``, or None."""
         value = self._source_record(prefix, run)
         return decode_splits(value) if value else None
 
-    def dealt_slots(self, prefix: str, run: str) -> int | None:
+    def dealing(self, prefix: str, run: str) -> Dealing | None:
         """What ``record_dealt`` recorded for ``run``, or None."""
         value = self._source_record(prefix, run)
         return decode_dealt(value) if value else None

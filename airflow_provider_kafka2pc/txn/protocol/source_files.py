@@ -14,7 +14,8 @@ decision topic takes in one message, and the refusal then says only that the dig
 
 A computed frame exported through the barrier stage (executors on other hosts than the driver) is
 dealt round-robin over the cluster's task slots, one transaction a slot; the same key records the
-number of slots instead (``{"dealt": N}``), before the window opens. Unlike the splits, a repair
+number of slots and the frame's own partitions before the deal instead (``{"dealt": N, "inputs": P}``),
+before the window opens. Unlike the splits, a repair
 needs it: it deals the recomputed frame over the same N slots (Spark sorts each input partition
 before a round-robin repartition, so the same input deals the same rows to the same slots) and
 the digests prove it did (with Spark's default ``spark.sql.execution.sortBeforeRepartition``).
@@ -85,19 +86,35 @@ def decode_splits(value: bytes) -> dict[int, tuple[FileSplit, ...]] | None:
         return None
 
 
-def encode_dealt(slots: int) -> bytes:
-    """The record's value for a frame dealt round-robin over ``slots`` task slots."""
-    return json.dumps({"v": VERSION, "dealt": int(slots)}, separators=(",", ":")).encode()
+@dataclass(frozen=True)
+class Dealing:
+    """How the barrier stage dealt a frame: round-robin over ``slots`` task slots, from ``inputs``
+    Spark partitions of the frame (None: not known), each sorted first by Spark."""
+
+    slots: int
+    inputs: int | None = None
 
 
-def decode_dealt(value: bytes) -> int | None:
-    """The slots a record's value says the frame was dealt over; None for splits or another shape."""
+def encode_dealt(dealing: Dealing) -> bytes:
+    """The record's value for a frame the barrier stage dealt."""
+    body = {"v": VERSION, "dealt": int(dealing.slots), "inputs": dealing.inputs}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_dealt(value: bytes) -> Dealing | None:
+    """The dealing a record's value says; None for splits or another shape."""
     try:
         body = json.loads(value)
-        dealt = body.get("dealt") if body.get("v") == VERSION else None
+        dealt, inputs = (body.get("dealt"), body.get("inputs")) if body.get("v") == VERSION else (None, None)
     except (ValueError, AttributeError):
         return None
-    return dealt if isinstance(dealt, int) and not isinstance(dealt, bool) and dealt > 0 else None
+    if not isinstance(dealt, int) or not _count(dealt) or not (inputs is None or _count(inputs)):
+        return None
+    return Dealing(dealt, inputs)
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def explain_changes(recorded: Splits | None, now: Splits | None, slots: Sequence[int]) -> list[str]:
@@ -153,6 +170,7 @@ def _when(ms: int) -> str:
 
 __all__ = [
     "MAX_SPLITS",
+    "Dealing",
     "FileSplit",
     "Splits",
     "decode_dealt",

@@ -137,7 +137,7 @@ def _repair_holding(
     if isinstance(plan, RunRecord):
         return _repaired_already(plan, _finished_here(decided, ended))
     _prove_lost(wire, plan, end_txn_timeout_s)
-    plan = replace(plan, dealt=decision_log.dealt_slots(prefix, run))
+    plan = replace(plan, dealt=decision_log.dealing(prefix, run))
     log.info("repair of %s: exporting again", plan.describe())
     committables = list(export_again(plan))
     check_same(plan, committables, wire, decision_log, actor, files_now)

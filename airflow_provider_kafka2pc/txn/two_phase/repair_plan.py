@@ -15,6 +15,7 @@ from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.decisions import LogState, slot_of
 from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError, RepairRefusedError
 from airflow_provider_kafka2pc.txn.protocol.records import LostTxn, RunRecord, RunStatus
+from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
 
 def attempts_of(run: str) -> str:
@@ -31,7 +32,7 @@ class RepairPlan:
     attempt_key: str
     # The task slots the run dealt its frame over round-robin (the barrier stage), which the
     # re-export deals over again; None for a frame written with its own partitioning.
-    dealt: int | None = None
+    dealt: Dealing | None = None
 
     @property
     def prefix(self) -> str:
