@@ -91,12 +91,13 @@ def clear_export_task(request: Request, task: RepairTask) -> list[str]:
         "reset_dag_runs": True,
     }
     dag, run, what = quote(task.dag_id, safe=""), quote(task.run_id, safe=""), task.describe()
+    instance = f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{quote(task.task_id, safe='')}"
     try:
         # verify=False: the request goes to this very server's socket by its address, which no
         # certificate names; the credentials are the ones the browser just sent it.
         with httpx.Client(base_url=_own_api_root(request), timeout=CLEAR_TIMEOUT_S, verify=False) as client:
             headers = _credentials(request)
-            now = client.get(f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{quote(task.task_id)}", headers=headers)
+            now = client.get(instance, headers=headers)
             _check(now, f"Airflow cannot show {what}")
             state = now.json().get("state")
             if state in BUSY_STATES:
