@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -111,7 +112,8 @@ def _classpath() -> str:
     import pyspark
 
     version = hadoop_version()
-    libs = kafka_local().cache_dir() / f"yarn-minicluster-{version}"
+    made_of = hashlib.sha256("\n".join([_LAUNCHER, *_EXTRA]).encode()).hexdigest()[:8]  # a new launcher: a new dir
+    libs = kafka_local().cache_dir() / f"yarn-minicluster-{version}-{made_of}"
     libs.mkdir(parents=True, exist_ok=True)
     spark_jars = Path(pyspark.__file__).parent / "jars"
     classpath = f"{libs}:{libs}/*:{spark_jars}/*"
