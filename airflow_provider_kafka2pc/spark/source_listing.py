@@ -7,9 +7,10 @@ driver (nothing is read from the files) and appends them to the decision topic's
 partition before any transaction opens. Anything else records nothing, and a failure to record
 only costs the explanation: the export goes on.
 
-A frame the barrier stage deals round-robin over the task slots records the number of slots
-(``dealing_recorder``), which a repair needs to deal it again: a failure to record leaves the run
-unrepairable (its repair is refused by digest), so it is logged as a warning, and the export goes on.
+A frame the barrier stage deals round-robin over the task slots records how (its slots and its own
+partitions before the deal; ``dealing_recorder``), which a repair needs to deal it again: a failure
+to record leaves the run unrepairable (its repair is refused), so it is logged as a warning, and
+the export goes on.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def record_source_files(
     """List the splits each Spark partition of ``df`` reads and record them for ``run``, when the
     export records a digest (a repair can follow) and ``df`` is a plain scan of files; the decision
     log (``decision_log()``, the caller's to close) is used only then."""
-    if settings.delivery_guarantee is not DeliveryGuarantee.EXACTLY_ONCE or not settings.repairable:
+    if not _repairable(settings):
         return
     splits = file_splits(df)
     if splits is None:
@@ -57,6 +58,11 @@ def record_source_files(
         )
 
 
+def _repairable(settings: ExportSettings) -> bool:
+    """Whether the export records digests, so that a repair can follow: only then is its input recorded."""
+    return settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE and settings.repairable
+
+
 def dealing_recorder(
     settings: ExportSettings,
     decision_log: Callable[[], DecisionLog],
@@ -66,7 +72,7 @@ def dealing_recorder(
 ) -> Callable[[Dealing], None] | None:
     """What ``export_dataframe`` reports a barrier's dealing to, when the export records a digest;
     ``idle`` is called after recording (the caller's clients sit idle through the write job)."""
-    if settings.delivery_guarantee is not DeliveryGuarantee.EXACTLY_ONCE or not settings.repairable:
+    if not _repairable(settings):
         return None
 
     def record(dealing: Dealing) -> None:
