@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and resolve the Kafka transactions of a kafka2pc exporter.",
         epilog=(
             "Exit status: 0 nothing open and nothing lost (repair: REPAIRED), 1 transactions open, 2 bad usage "
-            "(or acknowledge or repair of a run that is not LOST), 3 Kafka failing, 4 a loss (a LOST run, lost "
+            "(or acknowledge or repair of a run that is not LOST), 3 Kafka failing (or a repair's "
+            "announcement), 4 a loss (a LOST run, lost "
             "transactions under a COMMIT, a repair refused)."
         ),
     )
@@ -205,6 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the URL's credentials, one KEY=VALUE a line: basic.auth.user.info=USER:PASSWORD or "
         "bearer.auth.token=TOKEN; ssl.ca.location=PATH, timeout=SECONDS",
+    )
+    p.add_argument(
+        "--airflow-api-url",
+        default=None,
+        metavar="URL",
+        help="announce the repair to this Airflow: an asset event per restored topic, as a commit emits",
+    )
+    p.add_argument(
+        "--airflow-api-token-file", default=None, metavar="PATH", help="a file holding the API's JWT (never argv)"
+    )
+    p.add_argument(
+        "--openlineage",
+        action="store_true",
+        help="announce the repair in an OpenLineage event (the client as OPENLINEAGE_URL or openlineage.yml set it)",
     )
     return parser
 

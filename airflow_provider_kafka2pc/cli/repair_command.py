@@ -18,8 +18,9 @@ import importlib
 from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_provider_kafka2pc.cli import render
-from airflow_provider_kafka2pc.cli.arguments import ACTOR, EXIT_LOST, EXIT_OK, UsageError
+from airflow_provider_kafka2pc.cli.arguments import ACTOR, EXIT_FAILED, EXIT_LOST, EXIT_OK, UsageError
 from airflow_provider_kafka2pc.cli.registry_settings import record_formats
+from airflow_provider_kafka2pc.cli.repair_announcement import AnnouncementError, announce, check_announcement_args
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -74,6 +75,7 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
 
     if not conn.decision_topic_exists():
         raise UsageError(f"decision topic {args.decision_topic!r} does not exist: run {args.run!r} has no record")
+    airflow_api = check_announcement_args(args)
     source = load_source(args.source)
     formats = record_formats(
         args, load_format(args.key_format, "--key-format"), load_format(args.value_format, "--value-format")
@@ -114,11 +116,19 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
     finally:
         for spark in sessions:
             spark.stop()
+    bootstrap = str(conn.config["bootstrap.servers"])
+    try:
+        announced, failed = announce(report.record, bootstrap, airflow_api, args.openlineage), None
+    except AnnouncementError as e:
+        announced, failed = [], f"the run is REPAIRED, but its announcement failed: {e}"
     if args.json:
         body = {"prefix": args.prefix} | survey.run_json(report.record)
-        render.print_json(out, body | {"repaired_now": report.repaired_now, "outcome": report.note})
+        extra = {"announced": announced} | ({"announcement_failed": failed} if failed else {})
+        render.print_json(out, body | {"repaired_now": report.repaired_now, "outcome": report.note} | extra)
     else:
-        out.write(report.note + "\n")
+        out.write("".join(f"{line}\n" for line in (report.note, *announced, *filter(None, [failed]))))
+    if failed:
+        return EXIT_FAILED
     return EXIT_OK if report.record.status is RunStatus.REPAIRED else EXIT_LOST
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, TriggerRule
@@ -12,11 +12,12 @@ from airflow_provider_kafka2pc.dag_run import decision_run
 from airflow_provider_kafka2pc.exceptions import ConnectionMismatchError
 from airflow_provider_kafka2pc.hooks.kafka2pc import Kafka2PCHook
 from airflow_provider_kafka2pc.operators.failure_lines import commit_failure_line
-from airflow_provider_kafka2pc.operators.lineage import kafka_namespace, topics_lineage
+from airflow_provider_kafka2pc.operators.lineage import topics_lineage
 from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY, ExportPayload
 from airflow_provider_kafka2pc.operators.phase_two import PhaseTwoOperator, members_of
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
+from airflow_provider_kafka2pc.txn.protocol.repair_announcement import topic_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,7 +36,7 @@ KAFKA2PC_ASSET_ALIAS = "kafka2pc"
 
 def topic_asset(bootstrap_servers: str, topic: str) -> Asset:
     """A topic as an asset: ``kafka://{first bootstrap server}/{topic}``."""
-    return Asset(f"{kafka_namespace(bootstrap_servers)}/{topic}")
+    return Asset(topic_uri(bootstrap_servers, topic))
 
 
 class Kafka2PCCommitOperator(PhaseTwoOperator):
@@ -269,24 +270,45 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
         self._emit(context, bootstrap, records, transactions, {})
 
     def _emit_repaired(self, context: Context, rec: RunRecord, bootstrap: str) -> None:
-        """The events of a run repaired in this clear: per topic the records its repair restored (a
-        transaction's count goes to each topic it wrote; one topic each in the usual frame), and the repair."""
-        records: dict[str, int] = {}
-        transactions: dict[str, int] = {}
-        for t in rec.lost:
-            for topic in sorted(t.covered.topics):
-                records[topic] = records.get(topic, 0) + t.covered.records
-                transactions[topic] = transactions.get(topic, 0) + 1
-        r = rec.repair
-        assert r is not None
-        repaired = {"decision": r.decision_id, "actor": r.actor, "restored": r.restored, "atomic": False}
-        self._emit(context, bootstrap, records, transactions, {"repaired": repaired})
-        self._repairs.append(
-            {"prefix": rec.prefix, "run": rec.run, "decision": r.decision_id, "actor": r.actor,
-             "restoredRecords": r.restored, "restoredTransactions": len(rec.lost)}
-        )  # fmt: skip
+        """The events of a run repaired in this clear (``txn/protocol/repair_announcement.py``): per
+        topic the records its repair restored, and the repair; once, whatever clears follow."""
+        from airflow_provider_kafka2pc.txn.protocol.repair_announcement import (
+            lineage_repair,
+            repaired_extra,
+            restored_by_topic,
+        )
+
+        shares = restored_by_topic(rec)
+        extra = repaired_extra(rec)
+        if self._announced(bootstrap, shares, extra["decision"]):
+            self.log.info(
+                "run %s of exporter %s: its repair (decision %s) was announced by an earlier try: no asset "
+                "event and no lineage facet again",
+                rec.run,
+                rec.prefix,
+                extra["decision"],
+            )
+            return
+        records = {topic: share.records for topic, share in shares.items()}
+        transactions = {topic: share.transactions for topic, share in shares.items()}
+        self._emit(context, bootstrap, records, transactions, {"repaired": extra})
+        self._repairs.append(lineage_repair(rec))
         # Lineage names the topics the repair made visible, as for a commit.
         self._visible = (bootstrap, tuple(sorted({*(self._visible[1] if self._visible else ()), *records})))
+
+    def _announced(self, bootstrap: str, topics: Iterable[str], decision_id: str) -> bool:
+        """Whether an asset event of one of ``topics`` says repair ``decision_id`` already: a clear
+        of this task alone finds the export's XCom of its repair again."""
+        from airflow_provider_kafka2pc.operators.asset_history import announced_repairs
+
+        for topic in topics:
+            try:
+                if decision_id in announced_repairs(topic_asset(bootstrap, topic)):
+                    return True
+            except Exception as e:  # cannot ask: an event twice is better than none
+                self.log.warning("cannot read the asset events of topic %s (%s): announcing the repair", topic, e)
+                return False
+        return False
 
     def _emit(
         self,

@@ -6,14 +6,10 @@ import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_kafka2pc.txn.protocol.repair_announcement import kafka_namespace
+
 if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.sources import SourceTable
-
-
-def kafka_namespace(bootstrap_servers: str) -> str:
-    """``kafka://host:port`` of the first bootstrap server: OpenLineage's Kafka namespace and the
-    apache-kafka provider's asset scheme (one broker address names the cluster)."""
-    return f"kafka://{bootstrap_servers.split(',')[0].strip()}"
 
 
 def lineage_enabled() -> bool:

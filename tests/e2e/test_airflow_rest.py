@@ -8,7 +8,9 @@ itself: a read_committed consumer and the open transactions of the exporter's pr
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -25,7 +27,7 @@ from tests.e2e.test_dag_runs import exactly_once, visible_keys
 from tests.e2e.test_kafka_source_dag import Source, group_offsets, kafka_source_jars, once
 from tests.helpers.airflow_dagtest import kafka2pc_connection
 from tests.helpers.airflow_standalone import StandaloneAirflow
-from tests.helpers.kafka import KafkaEnv
+from tests.helpers.kafka import REPO, KafkaEnv
 
 pytestmark = [pytest.mark.airflow_standalone, pytest.mark.kafka]
 
@@ -211,7 +213,7 @@ def test_clear_after_commit_died_halfway_then_clear_the_finished_run(airflow: In
 
 
 def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of_the_run(
-    airflow: Instance, kafka: KafkaEnv
+    airflow: Instance, kafka: KafkaEnv, tmp_path: Path
 ) -> None:
     """The UI's way (DESIGN §6): the commit decides, commits 2 of 4 transactions and dies; the broker
     aborts the other 2 at their 30 s timeout; a clear of the commit finds them lost (the run is LOST,
@@ -262,6 +264,34 @@ def test_a_run_that_lost_transactions_after_its_commit_is_repaired_by_a_clear_of
     [extra] = events
     assert extra["transactions"] == 2 and extra["records"] == extra["repaired"]["restored"] > 0, extra
     assert extra["repaired"]["atomic"] is False and extra["repaired"]["actor"].startswith(REPAIR_DAG_ID), extra
+
+    # A clear of the commit alone answers again from the run's record and announces the repair no
+    # second time: the export's XCom still says it repaired, Airflow's events say it was announced.
+    def repair_events() -> list[dict[str, Any]]:
+        return [e for e in af.asset_events(REPAIR_DAG_ID, run_id) if "repaired" in (e["extra"] or {})]
+
+    announced = repair_events()
+    assert [e["extra"]["repaired"] for e in announced] == [extra["repaired"]], announced
+    assert af.clear_tasks(REPAIR_DAG_ID, run_id, ["commit"]) == ["commit"]
+    assert airflow.wait(run_id, dag_id=REPAIR_DAG_ID) == "success"
+    again = airflow.log(run_id, "commit", 4, REPAIR_DAG_ID)
+    assert f"repaired: all {ROWS} records" in again and "was announced by an earlier try" in again, again[-3000:]
+    assert repair_events() == announced
+    # kafka2pc repair asked to announce the same repair to this Airflow finds its event and posts none.
+    token = tmp_path / "airflow.jwt"
+    token.write_text(af.token)
+    argv = [sys.executable, "-m", "airflow_provider_kafka2pc.cli", "repair", "--prefix", prefix, "--run",
+            f"{REPAIR_DAG_ID}/{run_id}", "--bootstrap-servers", kafka.bootstrap, "--json",
+            "--source", "tests.helpers.repair_sources:parquet_frame", "--airflow-api-url", af.base_url,
+            "--airflow-api-token-file", str(token)]  # fmt: skip
+    cli = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    said = json.loads(cli.stdout)
+    decision = extra["repaired"]["decision"]
+    assert said["repaired_now"] is False, said
+    assert said["announced"] == [f"announced before: the asset event of {e['uri']} for repair {decision}"
+                                 for e in announced], said  # fmt: skip
+    assert repair_events() == announced
 
 
 def _events_of(af: StandaloneAirflow, producer: str) -> list[Any]:

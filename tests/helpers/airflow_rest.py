@@ -274,6 +274,11 @@ class AirflowRestApi:
         )
         return r.json()["value"]
 
+    def asset_events(self, source_dag_id: str, source_run_id: str) -> list[dict[str, Any]]:
+        """The asset events a DAG run's tasks emitted (``GET /api/v2/assets/events``), oldest first."""
+        params = {"source_dag_id": source_dag_id, "source_run_id": source_run_id, "order_by": "timestamp"}
+        return list(self.request("GET", "/api/v2/assets/events", params=params).json()["asset_events"])
+
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
         """A task try's log as plain text (one line per structured log event)."""
         r = self.request(

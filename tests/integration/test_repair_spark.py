@@ -245,14 +245,31 @@ def lost(
     yield runs
 
 
-def test_kafka2pc_repair_exports_the_lost_spark_partitions_again_exactly_once(lost: LostRuns) -> None:
+def test_kafka2pc_repair_exports_the_lost_spark_partitions_again_exactly_once(
+    lost: LostRuns, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repaired once; ``--openlineage`` announces it through OpenLineage's own client (its file
+    transport, configured as a user configures it: the environment) with the kafka2pc_repair facet."""
     assert sum(lost.keys("main").values()) == (FILES - LOST) * RECORDS
     assert lost.kafka2pc("list", "main").returncode == 4
-    done = lost.kafka2pc("repair", "main")
+    events = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(events))
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
+    done = lost.kafka2pc("repair", "main", more=("--openlineage",))
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
     assert report["status"] == "REPAIRED" and report["repair"]["restored"] == LOST * RECORDS, report
     assert report["repaired_now"] is True and report["atomic"] is False, report
+    [event] = [json.loads(line) for line in events.read_text().splitlines()]
+    assert event["eventType"] == "COMPLETE" and event["job"]["name"] == f"kafka2pc.repair.{lost.prefixes['main']}"
+    assert [o["name"] for o in event["outputs"]] == [lost.topics["main"]], event["outputs"]
+    assert event["outputs"][0]["namespace"] == f"kafka://{lost.env.bootstrap.split(',')[0]}", event["outputs"]
+    [repair] = event["run"]["facets"]["kafka2pc_repair"]["repairs"]
+    assert repair["restoredRecords"] == LOST * RECORDS and repair["restoredTransactions"] == LOST, repair
+    assert event["run"]["facets"]["kafka2pc_repair"]["atomic"] is False
+    assert report["announced"] == [f"announced to OpenLineage: run {event['run']['runId']} of job default/"
+                                   f"kafka2pc.repair.{lost.prefixes['main']}"], report  # fmt: skip
     seen = lost.keys("main")
     expected = {f"{lost.prefixes['main']}/{f}/{i}".encode() for f in range(FILES) for i in range(RECORDS)}
     assert set(seen) == expected and set(seen.values()) == {1}, (len(seen), seen.most_common(1))

@@ -648,15 +648,18 @@ def test_commit_emits_one_asset_event_per_visible_topic_through_its_alias(monkey
     ]
 
 
-@pytest.mark.parametrize("now", [True, False])
+@pytest.mark.parametrize(("now", "announced"), [(True, set()), (False, set()), (True, {"d-9"}), (True, None)])
 def test_the_commit_after_a_repair_emits_the_restored_topics_saying_so_and_only_then(
-    monkeypatch: pytest.MonkeyPatch, now: bool
+    monkeypatch: pytest.MonkeyPatch, now: bool, announced: set[str] | None
 ) -> None:
     """The export repaired the run in this clear (repaired_now): the commit answers from the run's
-    REPAIRED record and emits the restored records' events with the repair; a later clear emits none."""
+    REPAIRED record and emits the restored records' events with the repair; a later clear of the run
+    emits none, and neither does a clear of the commit alone once Airflow holds an event of that
+    repair (``announced``; None: Airflow cannot be asked, and the commit announces)."""
     from airflow.sdk import AssetAlias
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
+    from airflow_provider_kafka2pc.operators import asset_history
     from airflow_provider_kafka2pc.operators.payload import SKIPPED_KEY
     from airflow_provider_kafka2pc.txn.protocol.records import Covered, LostTxn, Repair, RunRecord, RunStatus
 
@@ -673,16 +676,27 @@ def test_the_commit_after_a_repair_emits_the_restored_topics_saying_so_and_only_
     with make_dag() as dag:
         op = Kafka2PCCommitOperator(task_id="commit", export_task_ids="prepare")
     ti = FakeTI({("prepare", SKIPPED_KEY): {"status": "REPAIRED", "prefix": "orders", "repaired_now": now}})
+    asked: list[str] = []
+
+    def history(asset: Any) -> set[str]:
+        asked.append(asset.uri)
+        if announced is None:
+            raise RuntimeError("no supervisor")
+        return announced
+
+    monkeypatch.setattr(asset_history, "announced_repairs", history)
     events = OutletEventAccessors()
     answer = op.execute({**context(dag, ti), "outlet_events": events})
     assert answer["already"].startswith("repaired: all 40 records in 4 transactions of exporter orders")
     emitted = [(e.dest_asset_key.uri, e.extra) for e in events[AssetAlias("kafka2pc")].asset_alias_events]
     repaired = {"decision": "d-9", "actor": "dag.prepare (try 2)", "restored": 20, "atomic": False}
     expected = [("kafka://b1:9092/events", {"run": run, "records": 20, "transactions": 2, "repaired": repaired})]
-    assert emitted == (expected if now else [])
+    assert asked == (["kafka://b1:9092/events"] if now else [])
+    announces = now and announced != {"d-9"}
+    assert emitted == (expected if announces else [])
     # Its OpenLineage run says the same: the kafka2pc_repair facet, beside the restored topics.
     lineage = op.get_openlineage_facets_on_complete(None)
-    if not now:
+    if not announces:
         assert lineage.outputs == [] and lineage.run_facets == {}
         return
     assert [o.name for o in lineage.outputs] == ["events"]
