@@ -7,6 +7,9 @@
 (n)  the same on the native writer (Arrow batches into rd_kafka_produce_batch, txn/kafka/native.py)
 (n+) (n) with the user guide's setting for small records: Spark's per-row byte check of the Arrow
      batches off (spark.sql.execution.arrow.maxBytesPerBatch = Int.MaxValue) for that job only
+(h)  (n) as a Spark application exports (spark.application.export_from_application: its own Kafka
+     steps, the handoff through the decision topic), accepted as the Airflow side's sensor does
+     (txn.two_phase.handoff.accept), then committed: the handoff path's cost beside (n)
 (d)  kafka2pc AT_LEAST_ONCE: export_dataframe (the writer the job chooses: native where it can)
 (s)  Spark → Arrow → Python workers and back, no Kafka: the floor of any mapInArrow writer (extra)
 
@@ -35,10 +38,11 @@ LABELS: dict[str, str] = {
     "n0": "(n0) (n), not materialized first",
     "nc": "(nc) (n), store=checkpoint (a cluster before)",
     "nb": "(nb) (n), store=barrier (a cluster now)",
+    "h": "(h)  (n) through an application's handoff",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "nc", "nb", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "nc", "nb", "h", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class Runner:
             "n0": lambda t: self._exactly_once(t, "native", materialize=False),
             "nc": lambda t: self._exactly_once(t, "native", store="checkpoint"),
             "nb": lambda t: self._exactly_once(t, "native", store="barrier"),
+            "h": self._handed_off,
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
@@ -229,6 +234,50 @@ class Runner:
             "commit:log_read": phases.seconds["decision log read"],
             "commit:log_write": phases.seconds["decision log append"],
             "commit:end_txn": phases.seconds["EndTxn (resolve)"],
+        }
+
+    # (h) ---------------------------------------------------------------------------------
+    def _handed_off(self, topic: str) -> dict[str, float]:
+        from airflow_provider_kafka2pc.spark.application import export_from_application
+        from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+        from airflow_provider_kafka2pc.txn.kafka.transactions import TransactionInspector
+        from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+        from airflow_provider_kafka2pc.txn.protocol import naming
+        from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
+        from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+        from airflow_provider_kafka2pc.txn.two_phase.handoff import accept
+
+        prefix, run_id = _prefix(), f"bench_{uuid.uuid4().hex[:8]}"
+        decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
+        decision_log.ensure_topic()
+        with WireClient(self.kafka.config) as wire:
+            started = time.perf_counter()
+            handoff = export_from_application(
+                self.df, topic=topic, transactional_id_prefix=prefix, dag_id="bench", run_id=run_id,
+                task_id="submit", kafka_config=self.kafka.config, decision_topic=self.decision_topic,
+                writer="native",
+            )  # fmt: skip
+            handed = time.perf_counter()
+            if handoff is None:
+                raise RuntimeError("(h): the application handed nothing off")
+            strategy, run_key = naming.NamingStrategy.INCREMENTING, naming.sanitize_run_key(run_id)
+            accepted = accept(decision_log, TransactionInspector(wire), prefix, handoff.run, strategy, run_key)
+            taken = time.perf_counter()
+            if accepted.handoff is None:
+                raise RuntimeError(f"(h): not accepted: {accepted.waiting}")
+            committables = accepted.handoff.committables
+            report = commit_prepared(committables, wire, decision_log, run=handoff.run)
+            done = time.perf_counter()
+        decision_log.close()
+        if report.count(Verdict.COMMITTED) != len(committables) or handoff.records != self.rows:
+            committed = report.count(Verdict.COMMITTED)
+            raise RuntimeError(f"(h): {handoff.records} records handed off, {committed} committed")
+        return {
+            "total": done - started,
+            "prepare": handed - started,
+            "handoff:accept": taken - handed,
+            "commit": done - taken,
+            "transactions": len(committables),
         }
 
     # (d) ---------------------------------------------------------------------------------

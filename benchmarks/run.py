@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,n,n+,n0,nc,nb,d,s,commit,recovery,log,window (default: all)",
+        help="comma-separated subset of: a,b,b',c,n,n+,n0,nc,nb,h,d,s,commit,recovery,log,window (default: all)",
     )
     p.add_argument(
         "--source",
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     samples: list[Sample] = []
     txn: dict[str, dict[str, Any]] = {}
-    spark_modes = {"b", "b'", "c", "n", "n+", "n0", "nc", "nb", "d", "s"} & set(modes) or {"window"} & set(selected)
+    spark_modes = set(ORDER) - {"a"} & set(modes) or {"window"} & set(selected)
     jars = bench_spark.sink_jars() if spark_modes else []
     with broker(args.bootstrap) as bootstrap:
         env["bootstrap"] = bootstrap
@@ -324,6 +324,14 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
                 f"for {int(p['transactions'])} transactions (decision log read {p['commit:log_read']:.3f} s, "
                 f"appends {p['commit:log_write']:.3f} s, EndTxn {p['commit:end_txn']:.3f} s)"
             )
+    by_mode = {r["mode"]: r for r in table}
+    if "h" in by_mode:
+        p, n = by_mode["h"]["phases"], by_mode.get("n")
+        over = f", {by_mode['h']['seconds'] - n['seconds']:+.3f} s per run beside (n)" if n else ""
+        lines.append(
+            f"h split: the application's export and handoff {p['prepare']:.3f} s, the Airflow side's acceptance "
+            f"{p['handoff:accept']:.3f} s, commit_prepared {p['commit']:.3f} s{over}"
+        )
     lines.append("MB = 10^6 bytes of key + value; rows/s and MB/s are end to end for the timed part.")
     lines.append(
         "CPU ns/rec: the whole process tree (this process, Spark's JVM, its Python workers, the broker if started "

@@ -40,6 +40,10 @@ SOURCE_DAG_ID = "e2e_kafka_source"  # Kafka in, Spark, Kafka out; prefix {prefix
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
 RUN_TIMEOUT = 300.0  # generous: the shared machine may be loaded, Spark alone takes 10-20 s to start
+# A poll is two reads (the run, its task instances): about 25 ms of the api-server's and
+# PostgreSQL's CPU (measured on an idle instance, 200 reads). At 0.5 s that was 6 CPU-s a minute of
+# waiting, as much again as the idle instance itself; the waits are minutes, a poll's delay seconds.
+POLL_S = 1.0
 
 
 @dataclass
@@ -82,7 +86,7 @@ class Instance:
             if on_poll is not None:
                 on_poll(states)
 
-        return self.af.wait_run(dag_id, run_id, timeout=RUN_TIMEOUT, on_poll=record, poll=0.5)
+        return self.af.wait_run(dag_id, run_id, timeout=RUN_TIMEOUT, on_poll=record, poll=POLL_S)
 
     def times(self, dag_id: str, run_id: str, task_id: str) -> tuple[datetime, datetime]:
         """A task instance's start and end, as the API reports them."""
