@@ -187,7 +187,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "teardown":
         cpu_accounting.end(item, report)
     if report.failed:
-        for name in ("kafka", "kafka_short_timeout", "kafka_cluster", "kafka_secure"):
+        for name in ("kafka", "kafka_short_timeout", "kafka_cap30", "kafka_cluster", "kafka_secure"):
             env = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(env, KafkaEnv):
                 report.sections.append(("kafka logs", f"broker logs kept in {env.directory}"))
