@@ -14,7 +14,9 @@ the same (``txn/protocol/repair_announcement.py`` builds both):
   says (``OPENLINEAGE_URL``, ``openlineage.yml``, ``OPENLINEAGE__TRANSPORT__*``). Its run id is
   the repair's decision, so a repeat is the same run to a lineage backend.
 
-Both are checked before the repair starts: a repair that could not be announced is not begun.
+Both are checked before the repair starts (the client's transport; Airflow reached with the token).
+What fails after the repair is said, with exit 3, and the same command again announces what is
+missing (an OpenLineage event again as the same run).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,32 +47,59 @@ from airflow_provider_kafka2pc.txn.protocol.repair_announcement import (
 
 PRODUCER = "https://example.invalid/airflow-provider-kafka2pc"  # OpenLineage's producer: who wrote the event
 _TIMEOUT_S = 30
+_PAGE = 100
+_MAX_PAGES = 50  # 5,000 newest events of a topic, or assets whose URI holds the topic's
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error here: urllib would send a POST on as a GET, and the token with it."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 @dataclass(frozen=True)
 class AirflowApi:
-    """Airflow's REST API as the command reaches it: its base URL and a JWT."""
+    """Airflow's REST API as the command reaches it: its base URL and a JWT (never in a repr)."""
 
     url: str
-    token: str
+    token: str = field(repr=False)
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
         target = f"{self.url}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(target, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+            with _OPENER.open(request, timeout=_TIMEOUT_S) as answer:
                 return json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace")
+            if 300 <= e.code < 400:
+                raise AnnouncementError(
+                    f"Airflow answered {method} {path} with a redirect (HTTP {e.code}) to {e.headers.get('Location')}: "
+                    "give that address as --airflow-api-url"
+                ) from None
             hint = " (the token in --airflow-api-token-file is refused: get a new one)" if e.code in (401, 403) else ""
-            raise AnnouncementError(f"Airflow answered {method} {path} with HTTP {e.code}{hint}: {detail}") from None
+            raise AnnouncementError(f"Airflow answered {method} {path} with HTTP {e.code}{hint}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise AnnouncementError(f"Airflow's API at {self.url} cannot be reached: {e}") from None
+        except ValueError:
+            raise AnnouncementError(f"Airflow's API at {self.url} answered {method} {path} with no JSON") from None
+
+    def pages(self, path: str, key: str, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every item of a paged listing, page by page (at most ``_MAX_PAGES``)."""
+        for page in range(_MAX_PAGES):
+            got = self.call("GET", path, query=query | {"limit": _PAGE, "offset": page * _PAGE})
+            items = got.get(key, []) if isinstance(got, dict) else []
+            yield from items
+            if len(items) < _PAGE:
+                return
 
 
 class AnnouncementError(Exception):
@@ -77,14 +107,10 @@ class AnnouncementError(Exception):
 
 
 def check_announcement_args(args: argparse.Namespace) -> AirflowApi | None:
-    """Before the repair: the Airflow API's settings, and that OpenLineage's client is there."""
+    """Before the repair: OpenLineage's client and its transport, Airflow's API reached with the
+    token (one read), so that a repair is not begun for an announcement that cannot be made."""
     if args.openlineage:
-        try:
-            import openlineage.client  # noqa: F401
-        except ImportError:
-            raise UsageError(
-                "--openlineage needs the OpenLineage client: pip install 'airflow-provider-kafka2pc[openlineage]'"
-            ) from None
+        _check_openlineage()
     if not args.airflow_api_url:
         if args.airflow_api_token_file:
             raise UsageError("--airflow-api-token-file was given without --airflow-api-url")
@@ -96,8 +122,9 @@ def check_announcement_args(args: argparse.Namespace) -> AirflowApi | None:
         raise UsageError("--airflow-api-url must not hold credentials: put the token in --airflow-api-token-file")
     if not args.airflow_api_token_file:
         raise UsageError(
-            "--airflow-api-url needs --airflow-api-token-file: a file holding a JWT of a user who may create "
-            "asset events (Airflow's POST /auth/token, or your auth manager's way of issuing one)"
+            "--airflow-api-url needs --airflow-api-token-file: a file holding a JWT of a user who may read the "
+            "exporting DAG's asset events and create asset events (Airflow's POST /auth/token, or your auth "
+            "manager's way of issuing one)"
         )
     try:
         token = Path(args.airflow_api_token_file).read_text().strip()
@@ -105,48 +132,75 @@ def check_announcement_args(args: argparse.Namespace) -> AirflowApi | None:
         raise UsageError(f"--airflow-api-token-file cannot be read: {e.strerror}") from None
     if not token:
         raise UsageError(f"--airflow-api-token-file {args.airflow_api_token_file} is empty")
-    return AirflowApi(args.airflow_api_url.rstrip("/"), token)
+    api = AirflowApi(args.airflow_api_url.rstrip("/"), token)
+    try:
+        api.call("GET", "/api/v2/assets", query={"limit": 1})
+    except AnnouncementError as e:
+        raise UsageError(f"--airflow-api-url: {e}; nothing was repaired") from None
+    return api
 
 
-def announce(rec: RunRecord, bootstrap: str, api: AirflowApi | None, openlineage: bool) -> list[str]:
-    """Announce REPAIRED run ``rec`` where asked; the lines say what was announced. Raises
-    AnnouncementError after announcing what it could."""
-    if rec.status is not RunStatus.REPAIRED or (api is None and not openlineage):
-        return []
+def _check_openlineage() -> None:
+    try:
+        from openlineage.client import OpenLineageClient
+    except ImportError:
+        raise UsageError("--openlineage needs the OpenLineage client: pip install openlineage-python") from None
+    kind = OpenLineageClient().transport.kind
+    if kind in ("console", "noop"):
+        raise UsageError(
+            f"--openlineage: the OpenLineage client has no transport to send to (it would use {kind!r}): set "
+            "OPENLINEAGE_URL, or OPENLINEAGE_CONFIG / openlineage.yml, as OpenLineage's documentation says"
+        )
+
+
+def announce(rec: RunRecord, bootstrap: str, api: AirflowApi | None, openlineage: bool) -> tuple[list[str], list[str]]:
+    """Announce REPAIRED run ``rec`` where asked: what was announced, and what failed (each failure
+    says what is missing; the same command again announces it)."""
+    if rec.status is not RunStatus.REPAIRED:
+        return [], []
     lines: list[str] = []
-    if openlineage:
-        lines.append(_to_openlineage(rec, bootstrap))
+    failed: list[str] = []
     if api is not None:
-        lines.extend(_to_airflow(rec, bootstrap, api))
-    return lines
+        try:
+            _to_airflow(rec, bootstrap, api, lines)
+        except AnnouncementError as e:
+            failed.append(str(e))
+    if openlineage:
+        try:
+            lines.append(_to_openlineage(rec, bootstrap))
+        except Exception as e:  # the client's transport raises its own errors
+            failed.append(f"OpenLineage did not take the event ({type(e).__name__}: {e})")
+    return lines, failed
 
 
-def _to_airflow(rec: RunRecord, bootstrap: str, api: AirflowApi) -> list[str]:
+def _to_airflow(rec: RunRecord, bootstrap: str, api: AirflowApi, lines: list[str]) -> None:
     assert rec.repair is not None
     decision = rec.repair.decision_id
-    # Its events can only follow the repair; an hour allows for the clocks of this host and Airflow's.
-    since = datetime.datetime.fromtimestamp(rec.repair.at_ms / 1000 - 3600, datetime.UTC).isoformat()
-    lines, missing = [], []
+    missing = []
     for topic, share in restored_by_topic(rec).items():
         uri = topic_uri(bootstrap, topic)
-        assets = api.call("GET", "/api/v2/assets", query={"uri_pattern": uri, "limit": 100})
-        ids = [a["id"] for a in assets.get("assets", []) if a.get("uri") == uri]
-        if not ids:
+        found = (a for a in api.pages("/api/v2/assets", "assets", {"uri_pattern": uri, "only_active": "false"})
+                 if a.get("uri") == uri)  # fmt: skip
+        asset = next(found, None)
+        if asset is None:
             missing.append(uri)
             continue
-        query = {"asset_id": ids[0], "limit": 100, "timestamp_gte": since}
-        events = api.call("GET", "/api/v2/assets/events", query=query).get("asset_events", [])
-        if decision in announced_decisions(e.get("extra") for e in events):
+        # Newest first: the repair's event, if any, is among the latest of the topic.
+        events = api.pages("/api/v2/assets/events", "asset_events", {"asset_id": asset["id"], "order_by": "-timestamp"})
+        if any(decision in announced_decisions([e.get("extra")]) for e in events):  # stops paging once found
             lines.append(f"announced before: the asset event of {uri} for repair {decision}")
             continue
-        made = api.call("POST", "/api/v2/assets/events", {"asset_id": ids[0], "extra": topic_event_extra(rec, share)})
-        lines.append(f"announced to Airflow: asset event {made.get('id')} of {uri}, {share.records} records restored")
+        made = api.call(
+            "POST", "/api/v2/assets/events", {"asset_id": asset["id"], "extra": topic_event_extra(rec, share)}
+        )
+        if not isinstance(made, dict) or not isinstance(made.get("id"), int):
+            raise AnnouncementError(f"Airflow did not answer the asset event of {uri} with an event id")
+        lines.append(f"announced to Airflow: asset event {made['id']} of {uri}, {share.records} records restored")
     if missing:
         raise AnnouncementError(
             f"Airflow has no asset {', '.join(missing)} (no DAG names it and no run emitted it): nothing was "
             "announced for it. Schedule a DAG on it, then run the same command again: it announces what is missing"
         )
-    return lines
 
 
 def _to_openlineage(rec: RunRecord, bootstrap: str) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from airflow_provider_kafka2pc.cli import render
 from airflow_provider_kafka2pc.cli.arguments import ACTOR, EXIT_FAILED, EXIT_LOST, EXIT_OK, UsageError
 from airflow_provider_kafka2pc.cli.registry_settings import record_formats
-from airflow_provider_kafka2pc.cli.repair_announcement import AnnouncementError, announce, check_announcement_args
+from airflow_provider_kafka2pc.cli.repair_announcement import announce, check_announcement_args
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.protocol.errors import NotLostError
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -117,16 +117,14 @@ def cmd_repair(conn: KafkaClients, args: argparse.Namespace, out: TextIO) -> int
         for spark in sessions:
             spark.stop()
     bootstrap = str(conn.config["bootstrap.servers"])
-    try:
-        announced, failed = announce(report.record, bootstrap, airflow_api, args.openlineage), None
-    except AnnouncementError as e:
-        announced, failed = [], f"the run is REPAIRED, but its announcement failed: {e}"
+    announced, failures = announce(report.record, bootstrap, airflow_api, args.openlineage)
+    failed = [f"the run is REPAIRED, but its announcement failed: {f}" for f in failures]
     if args.json:
         body = {"prefix": args.prefix} | survey.run_json(report.record)
         extra = {"announced": announced} | ({"announcement_failed": failed} if failed else {})
         render.print_json(out, body | {"repaired_now": report.repaired_now, "outcome": report.note} | extra)
     else:
-        out.write("".join(f"{line}\n" for line in (report.note, *announced, *filter(None, [failed]))))
+        out.write("".join(f"{line}\n" for line in (report.note, *announced, *failed)))
     if failed:
         return EXIT_FAILED
     return EXIT_OK if report.record.status is RunStatus.REPAIRED else EXIT_LOST

@@ -20,14 +20,17 @@ if TYPE_CHECKING:
     from airflow.sdk import Asset
 
 
-def announced_repairs(asset: Asset) -> set[str]:
-    """The repair decisions among the events Airflow holds for ``asset`` (none when it has no event
-    yet). By name and URI both: by URI alone, Airflow finds only assets a parsed DAG names, and a
-    topic reached through the alias may be named by none. Raises what the Task SDK raises when it
-    cannot ask."""
+def announced_repairs(asset: Asset, repaired_at_ms: int) -> set[str]:
+    """The repair decisions among the events Airflow holds for ``asset`` since the repair (an hour
+    before it, for the clocks of the repairing host and Airflow's). By name and URI both: by URI
+    alone, Airflow finds only assets a parsed DAG names, and a topic reached through the alias may
+    be named by none. Raises what the Task SDK raises when it cannot ask."""
+    import datetime
+
     from airflow.sdk.execution_time.context import InletEventsAccessor
 
-    events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri)
+    since = datetime.datetime.fromtimestamp(repaired_at_ms / 1000 - 3600, datetime.UTC)
+    events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri).after(since.isoformat())
     return announced_decisions(getattr(e, "extra", None) for e in events)
 
 

@@ -271,23 +271,28 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
 
     def _emit_repaired(self, context: Context, rec: RunRecord, bootstrap: str) -> None:
         """The events of a run repaired in this clear (``txn/protocol/repair_announcement.py``): per
-        topic the records its repair restored, and the repair; once, whatever clears follow."""
+        topic the records its repair restored, and the repair; once per topic, whatever clears
+        follow (``kafka2pc repair`` may have announced some topics already)."""
         from airflow_provider_kafka2pc.txn.protocol.repair_announcement import (
             lineage_repair,
             repaired_extra,
             restored_by_topic,
         )
 
-        shares = restored_by_topic(rec)
         extra = repaired_extra(rec)
-        if self._announced(bootstrap, shares, extra["decision"]):
+        before = self._announced(bootstrap, restored_by_topic(rec), rec)
+        shares = {t: share for t, share in restored_by_topic(rec).items() if t not in before}
+        if before:
             self.log.info(
-                "run %s of exporter %s: its repair (decision %s) was announced by an earlier try: no asset "
-                "event and no lineage facet again",
+                "run %s of exporter %s: its repair (decision %s) was announced before for topic(s) %s: no asset "
+                "event for them again%s",
                 rec.run,
                 rec.prefix,
                 extra["decision"],
+                ", ".join(sorted(before)),
+                "" if shares else ", and no lineage facet",
             )
+        if not shares:
             return
         records = {topic: share.records for topic, share in shares.items()}
         transactions = {topic: share.transactions for topic, share in shares.items()}
@@ -296,19 +301,20 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
         # Lineage names the topics the repair made visible, as for a commit.
         self._visible = (bootstrap, tuple(sorted({*(self._visible[1] if self._visible else ()), *records})))
 
-    def _announced(self, bootstrap: str, topics: Iterable[str], decision_id: str) -> bool:
-        """Whether an asset event of one of ``topics`` says repair ``decision_id`` already: a clear
-        of this task alone finds the export's XCom of its repair again."""
+    def _announced(self, bootstrap: str, topics: Iterable[str], rec: RunRecord) -> set[str]:
+        """The topics whose asset events carry ``rec``'s repair already: a clear of this task alone
+        finds the export's XCom of its repair again."""
         from airflow_provider_kafka2pc.operators.asset_history import announced_repairs
 
+        assert rec.repair is not None
+        found: set[str] = set()
         for topic in topics:
             try:
-                if decision_id in announced_repairs(topic_asset(bootstrap, topic)):
-                    return True
+                if rec.repair.decision_id in announced_repairs(topic_asset(bootstrap, topic), rec.repair.at_ms):
+                    found.add(topic)
             except Exception as e:  # cannot ask: an event twice is better than none
                 self.log.warning("cannot read the asset events of topic %s (%s): announcing the repair", topic, e)
-                return False
-        return False
+        return found
 
     def _emit(
         self,

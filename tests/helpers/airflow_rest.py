@@ -274,9 +274,11 @@ class AirflowRestApi:
         )
         return r.json()["value"]
 
-    def asset_events(self, source_dag_id: str, source_run_id: str) -> list[dict[str, Any]]:
-        """The asset events a DAG run's tasks emitted (``GET /api/v2/assets/events``), oldest first."""
-        params = {"source_dag_id": source_dag_id, "source_run_id": source_run_id, "order_by": "timestamp"}
+    def asset_events(self, **where: Any) -> list[dict[str, Any]]:
+        """Asset events (``GET /api/v2/assets/events``), oldest first: those a DAG run's tasks emitted
+        (``source_dag_id``, ``source_run_id``), or every one of an asset (``asset_id``; events made
+        through the API have no source run)."""
+        params = {**where, "order_by": "timestamp", "limit": 1000}
         return list(self.request("GET", "/api/v2/assets/events", params=params).json()["asset_events"])
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:

@@ -6,7 +6,7 @@ The real Airflow's answer, a clear of the commit alone announcing a repair no se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -53,7 +53,9 @@ def test_the_accessor_asks_the_supervisor_by_name_and_uri_and_yields_the_extras(
             return AssetEventsResult(asset_events=list(found))
 
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", Comms(), raising=False)
-    assert announced_repairs(asset) == {"d-9"}
+    repaired_at = datetime(2026, 12, 6, 12, tzinfo=UTC)
+    assert announced_repairs(asset, int(repaired_at.timestamp() * 1000)) == {"d-9"}
     [msg] = sent
     assert isinstance(msg, GetAssetEventByAsset)
     assert (msg.name, msg.uri) == (asset.name, asset.uri)
+    assert msg.after == repaired_at - timedelta(hours=1)  # only what can follow the repair

@@ -678,7 +678,8 @@ def test_the_commit_after_a_repair_emits_the_restored_topics_saying_so_and_only_
     ti = FakeTI({("prepare", SKIPPED_KEY): {"status": "REPAIRED", "prefix": "orders", "repaired_now": now}})
     asked: list[str] = []
 
-    def history(asset: Any) -> set[str]:
+    def history(asset: Any, repaired_at_ms: int) -> set[str]:
+        assert repaired_at_ms == 9_000  # the repair's time: events before it cannot be its own
         asked.append(asset.uri)
         if announced is None:
             raise RuntimeError("no supervisor")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import threading
 import urllib.parse
@@ -19,12 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_kafka2pc.cli.arguments import UsageError
-from airflow_provider_kafka2pc.cli.repair_announcement import (
-    AirflowApi,
-    AnnouncementError,
-    announce,
-    check_announcement_args,
-)
+from airflow_provider_kafka2pc.cli.repair_announcement import AirflowApi, announce, check_announcement_args
 from airflow_provider_kafka2pc.txn.protocol.records import Covered, LostTxn, Repair, RunRecord, RunStatus
 from airflow_provider_kafka2pc.txn.protocol.repair_announcement import (
     TopicShare,
@@ -60,13 +56,14 @@ def test_each_topic_gets_what_the_repair_restored_there() -> None:
 
 
 class FakeAirflow(ThreadingHTTPServer):
-    """The three endpoints the command calls, as Airflow 3's REST API v2 answers them."""
+    """The endpoints the command calls, paged as Airflow 3's REST API v2 pages them."""
 
     def __init__(self, assets: dict[str, int]) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.assets = assets  # uri -> asset id
         self.events: list[dict[str, Any]] = []
         self.auth: set[str] = set()
+        self.redirect_posts = False
 
     @property
     def url(self) -> str:
@@ -79,30 +76,38 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
-    def _answer(self, code: int, body: Any) -> None:
+    def _answer(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _page(self, key: str, items: list[Any], query: dict[str, str]) -> None:
+        offset, limit = int(query.get("offset", 0)), int(query.get("limit", 50))
+        self._answer(200, {key: items[offset : offset + limit], "total_entries": len(items)})
 
     def do_GET(self) -> None:
         self.server.auth.add(self.headers["Authorization"])
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
-        if url.path == "/api/v2/assets":
-            found = [{"id": i, "uri": u} for u, i in self.server.assets.items() if query["uri_pattern"] in u]
-            return self._answer(200, {"assets": found, "total_entries": len(found)})
+        if url.path == "/api/v2/assets":  # uri_pattern: a substring (Airflow's ILIKE '%...%')
+            found = [{"id": i, "uri": u} for u, i in sorted(self.server.assets.items(), key=lambda kv: kv[1])
+                     if query.get("uri_pattern", "") in u]  # fmt: skip
+            return self._page("assets", found, query)
         if url.path == "/api/v2/assets/events":
             mine = [e for e in self.server.events if e["asset_id"] == int(query["asset_id"])]
-            return self._answer(200, {"asset_events": mine, "total_entries": len(mine)})
+            return self._page("asset_events", mine[::-1] if query.get("order_by") == "-timestamp" else mine, query)
         self._answer(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
         from airflow.api_fastapi.core_api.datamodels.assets import CreateAssetEventsBody
 
         self.server.auth.add(self.headers["Authorization"])
+        if self.server.redirect_posts:
+            return self._answer(302, {}, {"Location": "https://elsewhere.invalid/api/v2/assets/events"})
         if self.headers["Authorization"] != f"Bearer {TOKEN}":
             return self._answer(401, {"detail": "Invalid JWT token"})
         raw = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -114,7 +119,9 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_airflow() -> Iterator[FakeAirflow]:
-    server = FakeAirflow({"kafka://b1:9092/events": 11, "kafka://b1:9092/audit": 12, "kafka://b1:9092/e": 13})
+    # Assets whose URI holds the topic's come first (as the pattern finds them), more than a page.
+    decoys = {f"kafka://b1:9092/events_{i}": i for i in range(1, 151)}
+    server = FakeAirflow(decoys | {"kafka://b1:9092/events": 211, "kafka://b1:9092/audit": 212})
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -126,37 +133,48 @@ def fake_airflow() -> Iterator[FakeAirflow]:
 
 def test_airflow_gets_one_event_per_restored_topic_once(fake_airflow: FakeAirflow) -> None:
     api, rec = AirflowApi(fake_airflow.url, TOKEN), repaired()
-    lines = announce(rec, BOOTSTRAP, api, openlineage=False)
-    assert lines == [
+    lines, failed = announce(rec, BOOTSTRAP, api, openlineage=False)
+    assert failed == [] and lines == [
         "announced to Airflow: asset event 1 of kafka://b1:9092/audit, 12 records restored",
         "announced to Airflow: asset event 2 of kafka://b1:9092/events, 22 records restored",
     ]
-    assert [(e["asset_id"], e["extra"]["records"]) for e in fake_airflow.events] == [(12, 12), (11, 22)]
+    assert [(e["asset_id"], e["extra"]["records"]) for e in fake_airflow.events] == [(212, 12), (211, 22)]
     assert fake_airflow.events[1]["extra"]["repaired"]["decision"] == "0f" * 16
-    assert fake_airflow.events[1]["extra"]["from_rest_api"] is True  # Airflow marks what its API made
     assert fake_airflow.auth == {f"Bearer {TOKEN}"}
-    # Run again (a failed announcement is retried so): nothing is posted twice.
-    again = announce(rec, BOOTSTRAP, api, openlineage=False)
-    assert again == [f"announced before: the asset event of kafka://b1:9092/{t} for repair {'0f' * 16}"
-                     for t in ("audit", "events")]  # fmt: skip
-    assert len(fake_airflow.events) == 2
+    # Run again (a failed announcement is retried so), with more than a page of newer events on the
+    # topic: nothing is posted twice.
+    fake_airflow.events += [{"id": 100 + i, "asset_id": 211, "extra": {"run": f"r{i}"}} for i in range(120)]
+    again, failed = announce(rec, BOOTSTRAP, api, openlineage=False)
+    assert failed == [] and again == [
+        f"announced before: the asset event of kafka://b1:9092/{t} for repair {'0f' * 16}" for t in ("audit", "events")
+    ]
+    assert len(fake_airflow.events) == 2 + 120
 
 
-def test_a_topic_without_an_asset_and_a_refused_token_are_said(fake_airflow: FakeAirflow) -> None:
+def test_what_failed_is_said_beside_what_was_announced(fake_airflow: FakeAirflow) -> None:
     del fake_airflow.assets["kafka://b1:9092/audit"]
-    with pytest.raises(AnnouncementError, match=r"Airflow has no asset kafka://b1:9092/audit \(no DAG names it"):
-        announce(repaired(), BOOTSTRAP, AirflowApi(fake_airflow.url, TOKEN), openlineage=False)
-    assert [e["asset_id"] for e in fake_airflow.events] == [11]  # the other topic was announced
-    fake_airflow.assets["kafka://b1:9092/audit"] = 12
-    with pytest.raises(AnnouncementError, match=r"HTTP 401 \(the token in --airflow-api-token-file is refused"):
-        announce(repaired(), BOOTSTRAP, AirflowApi(fake_airflow.url, "stale"), openlineage=False)
-    assert [e["asset_id"] for e in fake_airflow.events] == [11]
+    lines, failed = announce(repaired(), BOOTSTRAP, AirflowApi(fake_airflow.url, TOKEN), openlineage=False)
+    assert lines == ["announced to Airflow: asset event 1 of kafka://b1:9092/events, 22 records restored"]
+    [why] = failed
+    assert why.startswith("Airflow has no asset kafka://b1:9092/audit (no DAG names it"), why
+    fake_airflow.assets["kafka://b1:9092/audit"] = 212
+    _, [refused] = announce(repaired(), BOOTSTRAP, AirflowApi(fake_airflow.url, "stale"), openlineage=False)
+    assert "HTTP 401 (the token in --airflow-api-token-file is refused" in refused, refused
+    assert "stale" not in refused
+    fake_airflow.redirect_posts = True
+    _, [moved] = announce(repaired(), BOOTSTRAP, AirflowApi(fake_airflow.url, TOKEN), openlineage=False)
+    assert "with a redirect (HTTP 302) to https://elsewhere.invalid/" in moved, moved
+    assert [e["asset_id"] for e in fake_airflow.events] == [211]  # nothing more was posted
 
 
 def test_only_a_repaired_run_is_announced(fake_airflow: FakeAirflow) -> None:
     for status in (RunStatus.LOST, RunStatus.COMMITTED):
-        assert announce(repaired(status), BOOTSTRAP, AirflowApi(fake_airflow.url, TOKEN), openlineage=True) == []
+        assert announce(repaired(status), BOOTSTRAP, AirflowApi(fake_airflow.url, TOKEN), openlineage=True) == ([], [])
     assert fake_airflow.events == []
+
+
+def test_the_token_never_shows_in_a_repr() -> None:
+    assert TOKEN not in repr(AirflowApi("https://af:8080", TOKEN))
 
 
 def args(**given: Any) -> argparse.Namespace:
@@ -172,9 +190,15 @@ def args(**given: Any) -> argparse.Namespace:
         ({"airflow_api_token_file": "t"}, "without --airflow-api-url"),
         ({"airflow_api_url": "http://airflow:8080", "airflow_api_token_file": "missing"}, "cannot be read"),
         ({"airflow_api_url": "http://airflow:8080", "airflow_api_token_file": "empty"}, "is empty"),
+        ({"openlineage": True}, "has no transport to send to (it would use 'console')"),
     ],
 )
-def test_announcement_settings_are_refused_before_any_repair(tmp_path: Path, given: dict[str, Any], says: str) -> None:
+def test_announcement_settings_are_refused_before_any_repair(
+    tmp_path: Path, given: dict[str, Any], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no openlineage.yml found here
     (tmp_path / "empty").write_text("\n")
     if given.get("airflow_api_token_file") in ("missing", "empty"):
         given = given | {"airflow_api_token_file": str(tmp_path / given["airflow_api_token_file"])}
@@ -182,10 +206,12 @@ def test_announcement_settings_are_refused_before_any_repair(tmp_path: Path, giv
         check_announcement_args(args(**given))
 
 
-def test_the_token_comes_from_its_file_and_the_url_loses_its_slash(tmp_path: Path) -> None:
+def test_the_token_is_tried_before_the_repair(tmp_path: Path, fake_airflow: FakeAirflow) -> None:
     (tmp_path / "token").write_text(f"{TOKEN}\n")
-    api = check_announcement_args(
-        args(airflow_api_url="https://af:8080/", airflow_api_token_file=str(tmp_path / "token"))
-    )
-    assert api == AirflowApi("https://af:8080", TOKEN)
+    token = str(tmp_path / "token")
+    api = check_announcement_args(args(airflow_api_url=f"{fake_airflow.url}/", airflow_api_token_file=token))
+    assert api == AirflowApi(fake_airflow.url, TOKEN) and fake_airflow.auth == {f"Bearer {TOKEN}"}
     assert check_announcement_args(args()) is None
+    unreachable = args(airflow_api_url="http://127.0.0.1:9", airflow_api_token_file=token)
+    with pytest.raises(UsageError, match=r"cannot be reached.*nothing was repaired"):
+        check_announcement_args(unreachable)
