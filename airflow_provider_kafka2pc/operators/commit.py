@@ -279,9 +279,9 @@ class Kafka2PCCommitOperator(PhaseTwoOperator):
             restored_by_topic,
         )
 
-        extra = repaired_extra(rec)
-        before = self._announced(bootstrap, restored_by_topic(rec), rec)
-        shares = {t: share for t, share in restored_by_topic(rec).items() if t not in before}
+        extra, restored = repaired_extra(rec), restored_by_topic(rec)
+        before = self._announced(bootstrap, restored, rec)
+        shares = {t: share for t, share in restored.items() if t not in before}
         if before:
             self.log.info(
                 "run %s of exporter %s: its repair (decision %s) was announced before for topic(s) %s: no asset "
