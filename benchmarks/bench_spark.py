@@ -98,6 +98,32 @@ def session(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def connect_session(master: str, conf: Mapping[str, str], driver_memory: str) -> Iterator[Any]:
+    """A Spark Connect server on ``master`` with ``conf`` (a child of this process, so that its CPU is
+    counted where its executors are local; ``tests/helpers/spark_cluster.py`` starts it) and a
+    client session of it: row (k), the export as a Connect client runs it."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from tests.helpers.spark_cluster import connect_server
+
+    directory = Path(tempfile.mkdtemp(prefix="kafka2pc-bench-connect-"))
+    settings = {"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": "4", **conf}
+    host = settings.get("spark.driver.host")  # the emulated cluster's: the daemon binds there too
+    try:
+        with connect_server(directory, master, settings, {"SPARK_LOCAL_IP": host} if host else None) as server:
+            was_set = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+            session = ConnectSession.builder.remote(server.url).getOrCreate()
+            try:
+                yield session
+            finally:
+                session.stop()
+                if not was_set:  # a classic session started later in this process would refuse to start
+                    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def worker_package(spark: Any) -> str:
     """Where Spark's Python workers import ``airflow_provider_kafka2pc`` from (a scratch copy?)."""
 

@@ -39,10 +39,11 @@ LABELS: dict[str, str] = {
     "nc": "(nc) (n), store=checkpoint (a cluster before)",
     "nb": "(nb) (n), store=barrier (a cluster now)",
     "h": "(h)  (n) through an application's handoff",
+    "k": "(k)  (n) through Spark Connect",
     "d": "(d)  kafka2pc AT_LEAST_ONCE",
     "s": "(s)  Spark mapInArrow only, no Kafka",
 }
-ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "nc", "nb", "h", "d", "s")
+ORDER = ("a", "b", "b'", "c", "n", "n+", "n0", "nc", "nb", "h", "k", "d", "s")
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,10 @@ class Runner:
         values: list[bytes],
         payload_bytes: int,
         decisions: str,
+        connect_df: Any = None,
     ) -> None:
-        """``df`` for the Spark modes, ``keys`` and ``values`` (``rows`` of each) for (a)."""
+        """``df`` for the Spark modes, ``keys`` and ``values`` (``rows`` of each) for (a),
+        ``connect_df`` (the same rows on a Spark Connect session) for (k)."""
         self.kafka = kafka
         self.rows = rows
         self.df = df
@@ -116,6 +119,7 @@ class Runner:
         self.values = values
         self.payload_bytes = payload_bytes
         self.decision_topic = decisions
+        self.connect_df = connect_df
 
     def run(self, mode: str) -> Sample:
         runs: dict[str, Callable[[str], dict[str, float]]] = {
@@ -129,6 +133,7 @@ class Runner:
             "nc": lambda t: self._exactly_once(t, "native", store="checkpoint"),
             "nb": lambda t: self._exactly_once(t, "native", store="barrier"),
             "h": self._handed_off,
+            "k": lambda t: self._exactly_once(t, "native", df=self.connect_df),
             "d": self._at_least_once,
             "s": self._spark_floor,
         }
@@ -187,6 +192,7 @@ class Runner:
         arrow_bytes_unchecked: bool = False,
         materialize: bool = True,
         store: str = "auto",
+        df: Any = None,
     ) -> dict[str, float]:
         from airflow_provider_kafka2pc.spark.job import export_dataframe
         from airflow_provider_kafka2pc.spark.window import WindowSettings
@@ -202,15 +208,14 @@ class Runner:
         decision_log.ensure_topic()
         phases = Phases()
         with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
-            conf = self.df.sparkSession.conf
+            df = self.df if df is None else df
+            conf = df.sparkSession.conf
             before = conf.get(ARROW_MAX_BYTES_PER_BATCH, None)  # a --spark-conf value stays the session's
             if arrow_bytes_unchecked:
                 conf.set(ARROW_MAX_BYTES_PER_BATCH, str(ARROW_BYTES_UNCHECKED))
             try:
                 started = time.perf_counter()
-                result = export_dataframe(
-                    self.df, settings, window=WindowSettings(materialize=materialize, store=store)
-                )
+                result = export_dataframe(df, settings, window=WindowSettings(materialize=materialize, store=store))
                 prepared = time.perf_counter()
             finally:
                 if arrow_bytes_unchecked and before is None:

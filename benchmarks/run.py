@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=",".join((*ORDER, *TXN_BENCHES)),
-        help="comma-separated subset of: a,b,b',c,n,n+,n0,nc,nb,h,d,s,commit,recovery,log,window (default: all)",
+        help="comma-separated subset of: a,b,b',c,n,n+,n0,nc,nb,h,k,d,s,commit,recovery,log,window (default: all)",
     )
     p.add_argument(
         "--source",
@@ -109,13 +109,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if jars
                 else None
             )
+            connect = (
+                stack.enter_context(
+                    bench_spark.connect_session(
+                        args.master,
+                        {**env["spark_conf"], "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"]},
+                        args.driver_memory,
+                    )
+                )
+                if "k" in modes
+                else None
+            )
             stack.callback(kafka.close)
             env["package"] = package_dir()
             if spark is not None:
                 env["package_in_spark_workers"] = bench_spark.worker_package(spark)
             print(f"package: {env['package']} (Spark workers: {env.get('package_in_spark_workers', '-')})")
             if modes:
-                samples = _throughput(kafka, spark, modes, rows, args.payload, args.repeat, decisions, args.source)
+                samples = _throughput(
+                    kafka, spark, modes, rows, args.payload, args.repeat, decisions, args.source, connect
+                )
             if "commit" in selected:
                 print("commit_prepared of 200 prepared transactions …", flush=True)
                 txn["commit_200"] = commit_many(kafka, decisions)
@@ -161,19 +174,22 @@ def _throughput(
     repeat: int,
     decisions: str,
     source: str = "cached",
+    connect: Any = None,
 ) -> list[Sample]:
     scratch = Path(tempfile.mkdtemp(prefix="kafka2pc-bench-parquet-"))
 
+    def frame(session: Any, n: int, name: str) -> Any:
+        if source == "parquet":
+            return bench_data.parquet_frame(session, n, payload, str(scratch / f"{name}-{n}"))
+        if source == "computed":
+            return bench_data.computed_frame(session, n, payload)
+        return bench_data.spark_frame(session, n, payload)
+
     def runner(n: int) -> Runner:
         keys, values = bench_data.python_records(n, payload) if "a" in modes else ([], [])
-        df = None
-        if spark is not None and source == "parquet":
-            df = bench_data.parquet_frame(spark, n, payload, str(scratch / f"rows-{n}"))
-        elif spark is not None and source == "computed":
-            df = bench_data.computed_frame(spark, n, payload)
-        elif spark is not None:
-            df = bench_data.spark_frame(spark, n, payload)
-        return Runner(kafka, n, df, keys, values, bench_data.payload_bytes(n), decisions)
+        df = frame(spark, n, "rows") if spark is not None else None
+        connect_df = frame(connect, n, "connect-rows") if connect is not None else None
+        return Runner(kafka, n, df, keys, values, bench_data.payload_bytes(n), decisions, connect_df)
 
     try:
         return _timed_runs(runner, modes, rows, repeat)

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_kafka2pc.spark.window import Materialized, partition_count, task_slots
+from airflow_provider_kafka2pc.spark.column_functions import functions_for
+from airflow_provider_kafka2pc.spark.window import Materialized, classic_context, partition_count, task_slots
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WindowBudget, WriteRate
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
@@ -58,7 +59,9 @@ def barrier_slots(spark: Any) -> int:
     """The tasks a barrier stage can run at once: what Spark's own slot check counts (its executors'
     cores over the default profile's task cpus; private to Spark, read through the JVM), never more
     than the default parallelism; the default parallelism alone where that cannot be read (no
-    executor registered yet)."""
+    executor registered yet); over Spark Connect, ``connect_slots``."""
+    if classic_context(spark) is None:
+        return connect_slots(spark)
     slots = task_slots(spark)
     try:
         jsc = spark.sparkContext._jsc.sc()
@@ -69,16 +72,38 @@ def barrier_slots(spark: Any) -> int:
     return min(slots, concurrent) if concurrent > 0 else slots
 
 
-def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] | None = None) -> BarrierPlan | str:
-    """The barrier plan for ``df``, or why it cannot serve (Spark Connect, dynamic allocation).
-    ``hash_rows`` adds the digest to the dealt frame: each slot's transaction records the digest of
-    the rows dealt to it, which a repair deals again over as many slots (``txn.protocol.source_files``)."""
-    spark = df.sparkSession
+# Rows of the probe job below: more than any cluster's default parallelism, so that every split holds
+# a row, and few enough to cost nothing.
+_PROBE_ROWS = 1 << 20
+
+
+def connect_slots(spark: Any) -> int:
+    """The task slots of a Spark Connect server, whose scheduler the client cannot reach: the splits
+    ``spark.range`` takes when not told (the server's default parallelism, which is its executors'
+    cores unless the server sets ``spark.default.parallelism``), over ``spark.task.cpus``. One small
+    job (a max over a range), run before anything is computed or opened."""
+    F = functions_for(spark)
+    # The partition id is projected first: Spark refuses a nondeterministic argument to an aggregate.
+    ids = spark.range(0, _PROBE_ROWS).select(F.spark_partition_id().alias("split"))
+    row = ids.agg(F.max("split").alias("last")).first()
+    splits = int(row["last"]) + 1 if row is not None and row["last"] is not None else 1
     try:
-        sc = spark.sparkContext
-    except Exception:
-        return f"{why_not_staged}, and Spark Connect cannot run a barrier stage for it"
-    if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        cpus = max(int(spark.conf.get("spark.task.cpus", "1") or 1), 1)
+    except (TypeError, ValueError):
+        cpus = 1
+    return max(splits // cpus, 1)
+
+
+def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] | None = None) -> BarrierPlan | str:
+    """The barrier plan for ``df``, or why it cannot serve (dynamic allocation). ``hash_rows`` adds
+    the digest to the dealt frame: each slot's transaction records the digest of the rows dealt to
+    it, which a repair deals again over as many slots (``txn.protocol.source_files``). Over Spark
+    Connect the frame's own partition count is unknown without computing it, so the dealing records
+    none (a repair then checks the rows' digests only)."""
+    spark = df.sparkSession
+    sc = classic_context(spark)
+    setting = sc.getConf().get if sc is not None else spark.conf.get
+    if str(setting("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         return f"{why_not_staged}, and with dynamic allocation a barrier stage may wait for executors"
     slots = barrier_slots(spark)
     where = (
@@ -88,7 +113,8 @@ def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] |
     )
     dealt = df.repartition(slots)
     stored = hash_rows(dealt) if hash_rows is not None else dealt
-    return BarrierPlan(stored, None, 0.0, where, 0, slots=slots, inputs=partition_count(df))
+    inputs = partition_count(df) if sc is not None else None
+    return BarrierPlan(stored, None, 0.0, where, 0, slots=slots, inputs=inputs)
 
 
 @dataclass(frozen=True)
@@ -240,6 +266,7 @@ __all__ = [
     "barrier_function",
     "barrier_schema",
     "barrier_task",
+    "connect_slots",
     "plan_barrier",
     "split_rows",
     "task_directory",

@@ -1,7 +1,7 @@
 """Computing the source before any transaction opens, and the budget checked then (DESIGN §3b.1-2).
 
 ``prepare_window`` takes the cheapest way the session allows (a frame stored already, staged Arrow
-files, a checkpoint; ``compute_first``), says which and why in the task log, and refuses up front
+files, a barrier stage, a checkpoint; ``compute_first``), says which and why in the task log, and refuses up front
 what cannot fit at a rate this cluster is known to reach.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.digest_column import digest_of
-from airflow_provider_kafka2pc.spark.staging import OTHER_HOSTS, STAGING_UNUSABLE
+from airflow_provider_kafka2pc.spark.staging import ON_CONNECT, OTHER_HOSTS, STAGING_UNUSABLE
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
@@ -96,12 +96,14 @@ def compute_first(
 ) -> Any:
     """The source computed before any transaction opens: nothing to do for a frame stored already or
     a plain scan of columnar files, else staged in Arrow files where the cluster allows it (one
-    pass), else stored with a checkpoint; the task log says which, and why. Every way records the
+    pass), else computed by a barrier stage where the executors are out of the driver's sight (other
+    hosts, Spark Connect; one pass and a shuffle), else stored with a checkpoint; the task log says
+    which, and why. Every way records the
     digest ``hash_rows`` adds (``spark/digest_column.py``) unless it is None or the frame is stored
     already (a repair cannot read it again): a column computed with the rest, or for a plain scan a hash per
     row in the write job. ``may_deal`` False (a repair, which writes the run's own partitions) never
-    deals the frame again in a barrier stage: where the executors are on other hosts it is stored
-    with a checkpoint instead."""
+    deals the frame again in a barrier stage: where the executors are on other hosts or behind Spark
+    Connect it is stored with a checkpoint instead."""
     from airflow_provider_kafka2pc.spark.cache_manager import stored_already
 
     def with_digest(frame: Any) -> Any:
@@ -139,10 +141,12 @@ def compute_first(
         return Materialized(with_digest(df), sizes, time.monotonic() - started, where, scan.partitions)
     # The barrier stage deals the frame without the digest round-robin over the task slots the
     # cluster has now, then hashes each slot's rows: a repair deals them again over as many slots.
+    # It is the one pass where the executors are out of the driver's sight: on other hosts, or behind
+    # a Spark Connect server (whose client is not the driver at all).
     plain, df = df, with_digest(df)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
-    if window.store == "barrier" or (why_not is not None and why_not.startswith(OTHER_HOSTS)):
+    if window.store == "barrier" or (why_not is not None and why_not.startswith((OTHER_HOSTS, ON_CONNECT))):
         return _barrier_or_raise(plain, df, window, why_not or "store='barrier'", hash_rows, may_deal)
     if why_not is None:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 # Not a column of the contract (``spark/contract.py``): added after the frame is checked, removed by
 # the partition writer (``txn/two_phase/partition_writer.py``), never produced to Kafka.
+from airflow_provider_kafka2pc.spark.column_functions import functions_for
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError
 from airflow_provider_kafka2pc.txn.protocol.record_digest import SPARK_SCHEME, SPARK_SCHEMES
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -28,7 +29,7 @@ def with_digest(df: Any, scheme: str, default_topic: str | None) -> Any:
     when the frame has one. The key's nullness is hashed because xxhash64 skips null inputs: (null, v)
     and (v, null) stay apart; for the same reason a null partition (the producer's choice) hashes as
     no partition column."""
-    from pyspark.sql import functions as F
+    F = functions_for(df)
 
     if scheme not in SPARK_SCHEMES:
         raise Kafka2PCError(f"digest scheme {scheme!r}: Spark computes only {', '.join(SPARK_SCHEMES)}")
@@ -56,7 +57,7 @@ def only_partitions(df: Any, slots: tuple[int, ...]) -> Any:
     """``df`` with rows only in the Spark partitions ``slots`` (a repair's lost ones): the other
     partitions come out empty, so their writers open no transaction. The filter is narrow, so every
     partition keeps its number, which the transactional ids are named after."""
-    from pyspark.sql import functions as F
+    F = functions_for(df)
 
     return df.where(F.spark_partition_id().isin(list(slots)))
 

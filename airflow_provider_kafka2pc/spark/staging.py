@@ -71,7 +71,7 @@ def staging_unavailable(spark: Any, store: str, checkpoint_dir: str | None) -> s
     try:
         sc = spark.sparkContext
     except Exception:
-        return "Spark Connect: the client cannot see where the executors run"
+        return ON_CONNECT
     if str(sc.master).startswith("local"):
         return None
     conf = sc.getConf()
@@ -89,6 +89,7 @@ def staging_unavailable(spark: Any, store: str, checkpoint_dir: str | None) -> s
 
 # Why staging cannot serve a cluster, where a barrier stage can (``spark/barrier_job.py``).
 OTHER_HOSTS = "executors run on other hosts than the driver"
+ON_CONNECT = "Spark Connect: the client cannot see where the executors run"
 # Written in front of an executor's own file error, so that the driver tells a staging directory the
 # executors cannot use (it falls back to a checkpoint) from any failure of the source itself.
 STAGING_UNUSABLE = "kafka2pc staging directory unusable"

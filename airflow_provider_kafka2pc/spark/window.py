@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_kafka2pc.spark.column_functions import functions_for
 from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
 from airflow_provider_kafka2pc.txn.protocol.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
 
@@ -106,7 +107,7 @@ class Materialized:
 
 def _persistent_rdds(spark: Any) -> set[int]:
     """The ids of the session's persisted RDDs (classic only: through the JVM, PySpark has no call)."""
-    sc = _classic_context(spark)
+    sc = classic_context(spark)
     if sc is None:
         return set()
     try:
@@ -121,7 +122,7 @@ def _release(spark: Any, stored: tuple[int, ...], cleanup_dir: str | None) -> No
     no cached query): drop that RDD's blocks by id, through SparkContext.unpersistRDD (RDD.unpersist
     would log a WARNING that a locally checkpointed RDD cannot be recomputed: known, and no longer
     needed here). A Connect server frees them when the frame is gone."""
-    sc = _classic_context(spark)
+    sc = classic_context(spark)
     for rdd_id in stored if sc is not None else ():
         try:
             sc._jsc.sc().unpersistRDD(rdd_id, False)
@@ -155,7 +156,7 @@ def materialize(df: Any, settings: WindowSettings) -> Materialized:
     spark = df.sparkSession
     before = _persistent_rdds(spark)
     cleanup: str | None = None
-    sc = _classic_context(spark)
+    sc = classic_context(spark)
     if settings.checkpoint_dir and sc is not None:
         # A directory of the export's own (setCheckpointDir adds one more below it): deleted after.
         cleanup = settings.checkpoint_dir.rstrip("/") + f"/kafka2pc-{uuid.uuid4().hex[:12]}"
@@ -186,8 +187,7 @@ def _store_and_measure(df: Any, settings: WindowSettings, here: bool) -> tuple[A
 
 def partition_sizes(stored: Any) -> list[PartitionSize]:
     """Records and key + value bytes of each non-empty partition of a stored frame (one small job)."""
-    from pyspark.sql import functions as F
-
+    F = functions_for(stored)
     size = F.octet_length(F.col("value"))
     if "key" in stored.columns:
         size = size + F.coalesce(F.octet_length(F.col("key")), F.lit(0))
@@ -199,7 +199,8 @@ def partition_sizes(stored: Any) -> list[PartitionSize]:
     return sorted((PartitionSize(int(r["p"]), int(r["n"]), int(r["b"] or 0)) for r in rows), key=lambda s: s.partition)
 
 
-def _classic_context(spark: Any) -> Any:
+def classic_context(spark: Any) -> Any:
+    """The session's SparkContext, or None over Spark Connect (the client has none)."""
     try:
         return spark.sparkContext
     except Exception:  # Spark Connect: the server's spark.checkpoint.dir applies
@@ -209,7 +210,7 @@ def _classic_context(spark: Any) -> Any:
 def task_slots(spark: Any) -> int:
     """How many tasks the session runs at once: the default parallelism (classic), else
     spark.default.parallelism if the session says, else 1 (a budget that errs on the safe side)."""
-    sc = _classic_context(spark)
+    sc = classic_context(spark)
     if sc is not None:
         return max(int(sc.defaultParallelism), 1)
     try:
@@ -228,7 +229,7 @@ class WriteWatch:
 
     def __init__(self, spark: Any, budget_ms: int) -> None:
         self.spark = spark
-        self.sc = _classic_context(spark)
+        self.sc = classic_context(spark)
         self.budget_ms = budget_ms
         self.tag = f"kafka2pc-write-{uuid.uuid4().hex[:12]}"
         self.started_ms = 0
@@ -277,7 +278,7 @@ class WriteWatch:
         then the Python workers' kill time. A cancelled stage leaves the active stages at once,
         while its killed tasks (and their writers) may still run: the executors' running tasks
         are what counts (read through the JVM's status tracker: PySpark does not expose it)."""
-        sc = _classic_context(self.spark)
+        sc = classic_context(self.spark)
         if sc is None:  # Spark Connect: the server kills the tasks; give them the kill timeout
             time.sleep(min(5.0, timeout_s))
             return True
@@ -315,6 +316,7 @@ __all__ = [
     "Materialized",
     "WindowSettings",
     "WriteWatch",
+    "classic_context",
     "is_executor_lost",
     "materialize",
     "partition_count",

@@ -317,29 +317,37 @@ class ConnectServer:
 
 
 @contextmanager
-def connect_server(directory: Path, master: str = "local[2, 4]") -> Iterator[ConnectServer]:
+def connect_server(
+    directory: Path, master: str = "local[2, 4]", conf: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> Iterator[ConnectServer]:
     """A Spark Connect server (the class shipped in pyspark's spark-connect jar) on 127.0.0.1.
 
-    ``local[2, 4]``: two cores and up to four attempts per task, as on a cluster.
+    ``local[2, 4]``: two cores and up to four attempts per task, as on a cluster. ``master`` may be a
+    standalone master (the emulated cluster's), with ``conf`` naming the driver's address there and
+    the executors' resources, and ``env`` the daemon's environment (``SPARK_LOCAL_IP``).
     """
     home = spark_home()
     group = _Group(directory)
     port = free_port()
     cmd = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
     cmd += ["--name", "kafka2pc-connect-tests", "--master", master]
-    for key, value in {
+    settings = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "4",
-    }.items():
+        # Read by spark-submit only: the executors' Python workers run this interpreter.
+        "spark.pyspark.python": sys.executable,
+        "spark.executorEnv.PYTHONPATH": str(REPO),
+    }
+    for key, value in {**settings, **(conf or {})}.items():
         cmd += ["--conf", f"{key}={value}"]
     cmd.append("spark-internal")  # spark-submit's name for "the main class is on Spark's own classpath"
     try:
         # Runs the driver and the executor of local mode: Spark refuses a heap under ~450 MB.
-        p = group.spawn("connect-server", cmd, daemon_memory="1g")
+        p = group.spawn("connect-server", cmd, daemon_memory="1g", env=env)
 
         def listening() -> bool:
             with socket.create_connection(("127.0.0.1", port), timeout=1):

@@ -38,7 +38,13 @@ def netns_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ne
     """The master URL (``.master_url``), the hosts (``.network.hosts``) and kill_host, cut_link,
     restore_link. A prefix of its own: another run's network on this machine is not ours to touch."""
     with spark_cluster.netns_spark_cluster(
-        tmp_path_factory.mktemp("netns"), f"k2t{secrets.token_hex(2)}", WORKERS, others=BROKERS
+        # Two cores a worker: this module's classic session and its Spark Connect server hold one
+        # executor (one core, 512 MB) on every worker each.
+        tmp_path_factory.mktemp("netns"),
+        f"k2t{secrets.token_hex(2)}",
+        WORKERS,
+        cores=2,
+        others=BROKERS,
     ) as c:
         yield c
 
@@ -267,6 +273,67 @@ def test_an_export_whose_executors_are_on_other_hosts_takes_the_barrier_and_comm
     said = netns_spark_cluster.network.run(netns_spark_cluster.master, command, timeout=120)
     assert json.loads(said.splitlines()[-1])["resolutions"] == len(WORKERS), said
     assert host_kafka.count_committed(topic, b"h-") == (60_000, 60_000)
+    assert host_kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_an_export_through_a_spark_connect_server_on_the_cluster_takes_the_barrier_and_commits_exactly_once(
+    netns_spark_cluster: NetnsSparkCluster,
+    host_kafka: KafkaEnv,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """A Spark Connect server whose executors run on the two worker hosts: the client (this process)
+    is not the driver and sees no executor, and still no checkpoint is taken. One barrier stage over
+    the server's task slots computes, agrees and writes; nothing is visible until the commit."""
+    import logging
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_kafka2pc.spark.job import export_dataframe
+    from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+    from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
+
+    gateway = netns_spark_cluster.driver_host
+    conf = {
+        "spark.driver.host": gateway,
+        "spark.driver.bindAddress": gateway,
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "512m",
+        "spark.cores.max": str(len(WORKERS)),
+    }
+    was_set = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    with spark_cluster.connect_server(
+        tmp_path, netns_spark_cluster.master_url, conf, env={"SPARK_LOCAL_IP": gateway}
+    ) as server:
+        session = ConnectSession.builder.remote(server.url).getOrCreate()
+        try:
+            caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
+            topic = host_kafka.topic(4)
+            df = session.range(40_000, numPartitions=5).selectExpr(
+                "concat('sc-', CAST(id AS STRING)) AS key", "CAST(id * 7 AS STRING) AS value"
+            )
+            s = _export_settings(host_kafka, topic)
+            result = export_dataframe(df, s)  # the defaults: store="auto", no checkpoint_dir
+            apps = [a for a in netns_spark_cluster.spark.state()["activeapps"] if a["name"] == "kafka2pc-connect-tests"]
+        finally:
+            session.stop()
+            if not was_set:
+                os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    assert "Spark Connect: the client cannot see where the executors run" in caplog.text, caplog.text
+    assert f"shuffled into {len(WORKERS)} partition(s), one per task slot" in caplog.text
+    assert "checkpoint" not in caplog.text
+    # The server's executors ran on both worker hosts (each worker keeps a directory per application).
+    assert len(apps) == 1, apps
+    assert all((worker / apps[0]["id"]).is_dir() for worker in netns_spark_cluster.spark.worker_dirs)
+    assert result.records == 40_000 and len(result.committables) == len(WORKERS)
+    assert host_kafka.read_committed(topic, timeout_s=5) == []
+    assert len(host_kafka.open_transactions(s.transactional_id_prefix)) == len(WORKERS)
+    log = DecisionLog(host_kafka.config, topic=f"decisions_sc_{s.transactional_id_prefix}")
+    try:
+        commit_prepared(result.committables, host_kafka.wire, log, run="netns-connect")
+    finally:
+        log.close()
+    assert host_kafka.count_committed(topic, b"sc-") == (40_000, 40_000)
     assert host_kafka.open_transactions(s.transactional_id_prefix) == []
 
 

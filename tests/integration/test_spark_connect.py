@@ -75,19 +75,22 @@ def test_export_through_spark_connect_is_exactly_once(
     s = _settings(kafka, topic)
     caplog.set_level(logging.INFO, logger="airflow_provider_kafka2pc")
     result = export_dataframe(df, s)
-    # Staging needs to see the executors' hosts: the client cannot, so it falls back, and says why.
+    # The client is not the driver: staging cannot serve, and no checkpoint is taken either. One barrier
+    # stage computes the frame, dealt over the server's two task slots, before any transaction opens.
     assert (
-        "kafka2pc stores the frame with a checkpoint instead of staging Arrow files: Spark Connect: the client "
-        "cannot see where the executors run" in caplog.text
+        "kafka2pc computes the frame in the write job's barrier stage, before any transaction opens, on each "
+        "task's own executor (Spark Connect: the client cannot see where the executors run): the source is "
+        "shuffled into 2 partition(s), one per task slot" in caplog.text
     )
-    assert result.materialize_s > 0 and result.staged_bytes == 0
+    assert "checkpoint" not in caplog.text
+    assert result.staged_bytes == 0
     # No Spark context in this process: the tasks ran in the server.
     assert SparkContext._active_spark_context is None
 
-    assert result.records == rows and len(result.committables) == 4 and result.retried == ()
-    assert [c.transactional_id for c in result.committables] == [s.transactional_id(i) for i in range(4)]
+    assert result.records == rows and len(result.committables) == 2 and result.retried == ()
+    assert [c.transactional_id for c in result.committables] == [s.transactional_id(i) for i in range(2)]
     assert kafka.read_committed(topic) == []  # prepared, not visible
-    assert len(kafka.open_transactions(s.transactional_id_prefix)) == 4
+    assert len(kafka.open_transactions(s.transactional_id_prefix)) == 2
 
     commit_prepared(result.committables, kafka.wire, _log(kafka), run="connect1")
     records = kafka.read_committed(topic)
@@ -96,11 +99,15 @@ def test_export_through_spark_connect_is_exactly_once(
 
 
 def test_a_failed_task_is_fenced_by_its_retry_through_spark_connect(spark: Any, kafka: KafkaEnv) -> None:
+    """A checkpoint (asked for) is written by plain tasks, which Spark retries one by one; a barrier
+    stage's failed task fails its job instead (``test_spark_export.py``)."""
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
+
     rows = 10_000
     topic = kafka.topic(2)
     df = spark.range(rows, numPartitions=2).selectExpr("cast(id as string) as key", "cast(id as string) as value")
     s = _settings(kafka, topic, fail_first_attempt=(1, 2_000))
-    result = export_dataframe(df, s)
+    result = export_dataframe(df, s, window=WindowSettings(store="checkpoint"))
     assert result.records == rows and len(result.committables) == 2
     assert result.retried == (1,)  # the server retried partition 1 with the same transactional id
     assert kafka.read_committed(topic) == []
