@@ -113,7 +113,13 @@ def _stop_services(services: dict[str, object]) -> None:
 
 
 def start(
-    prefix: str, directory: Path, workers: int, kafka: bool, kafka_hosts: bool = False, airflow: bool = False
+    prefix: str,
+    directory: Path,
+    workers: int,
+    kafka: bool,
+    kafka_hosts: bool = False,
+    airflow: bool = False,
+    cores: int = 1,
 ) -> dict[str, object]:
     from tests.helpers.spark_cluster import start_on_hosts
 
@@ -124,7 +130,7 @@ def start(
     directory.mkdir(parents=True, exist_ok=True)
     network = netns.create(prefix, ("sparkm", *hosts, *others), directory / "hosts")
     try:
-        cluster, _ = start_on_hosts(directory, network, "sparkm", hosts)  # they run on after we exit
+        cluster, _ = start_on_hosts(directory, network, "sparkm", hosts, cores)  # they run on after we exit
         summary: dict[str, object] = {
             "prefix": prefix,
             "directory": str(directory),
@@ -178,6 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("start", help="hosts, a Spark master and workers (and a broker with --kafka)")
     s.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="logs and hosts' dirs (default: build/cluster-local)")
     s.add_argument("--workers", type=int, default=2, choices=(1, 2, 3))
+    s.add_argument(
+        "--cores",
+        type=int,
+        default=1,
+        choices=(1, 2, 4),
+        help="cores a worker offers (2: a session and a Spark Connect server each hold one on every worker)",
+    )
     s.add_argument("--kafka", action="store_true", help="a broker on the bridge's address")
     s.add_argument("--kafka-hosts", action="store_true", help="three brokers, each on a host of its own")
     s.add_argument("--airflow", action="store_true", help="Airflow with Celery workers on hosts of their own")
@@ -203,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "start":
-            summary = start(args.prefix, args.dir.resolve(), args.workers, args.kafka, args.kafka_hosts, args.airflow)
+            summary = start(
+                args.prefix, args.dir.resolve(), args.workers, args.kafka, args.kafka_hosts, args.airflow, args.cores
+            )
             print(json.dumps(summary, indent=2))
         elif args.command == "stop":
             left = stop(args.prefix, _directory(args.prefix, args.dir))

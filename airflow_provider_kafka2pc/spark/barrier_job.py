@@ -33,12 +33,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.column_functions import functions_for
+from airflow_provider_kafka2pc.spark.export_way import WindowTerms, WriteTask, write_rows
 from airflow_provider_kafka2pc.spark.window import Materialized, classic_context, partition_count, task_slots
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WindowBudget, WriteRate
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,62 @@ class BarrierPlan(Materialized):
 
     slots: int = 0
     inputs: int | None = None  # the frame's own Spark partitions before the deal
+
+    def write_task(self, settings: ExportSettings, window: WindowTerms, written: Any) -> WriteTask:
+        """Each task stages, agrees the budget with the others, then writes (``barrier_task``)."""
+        assert settings.transaction_timeout_ms is not None
+        rate = window.rate()
+        terms = BudgetTerms(
+            settings.transaction_timeout_ms,
+            window.commit_headroom_ms,
+            window.handover_ms,
+            self.slots,
+            rate.to_json() if rate is not None else None,
+        )
+        return WriteTask(barrier_function(settings.to_json(), terms, written), barrier_schema(), barrier=True)
+
+    def answered(
+        self,
+        rows: list[Any],
+        budget: WindowBudget | None,
+        abort_opened: Callable[[], bool] | None,
+        started_ms: int,
+        seconds: float,
+    ) -> tuple[list[Any], float, int]:
+        """The write rows, or the refusal or overrun the tasks reported (what they opened aborted).
+        The write's start is when the first transaction opened, on the driver's clock."""
+        from airflow_provider_kafka2pc.spark.write_job import abort_now, iso, overrun_fix
+        from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
+
+        collected_ms = int(time.time() * 1000)
+        written, opened_ms, said = split_rows(rows, collected_ms)
+        refused = [s for s in said if s.startswith(REFUSED)]
+        if refused:
+            abort_now(abort_opened, True)  # nothing was opened; the failure line then says so too
+            raise WindowRefusedError(refused[0][len(REFUSED) + 2 :])
+        if any(s.startswith(OVERRAN) for s in said):
+            assert budget is not None
+            aborted = abort_now(abort_opened, True)
+            raise WindowExceededError(
+                f"the write phase ran past its budget: a task was {said[0][len(OVERRAN) + 2 :]} "
+                f"(transaction.timeout.ms={budget.timeout_ms}). The tasks stopped writing and {aborted}: nothing of "
+                "the run is visible. " + overrun_fix(budget)
+            )
+        first = opened_ms if opened_ms is not None else started_ms
+        if opened_ms is not None:
+            log.info("kafka2pc write phase: transactions open from %s (the barrier passed)", iso(opened_ms))
+        # The stage's time before its first transaction opened computed and staged the source: the
+        # export reports it as this way's time before the window, beside the write's.
+        self.seconds = max(first - started_ms, 0) / 1000
+        return written, max(collected_ms - first, 0) / 1000, first
+
+    def dealing(self) -> Dealing | None:
+        from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
+
+        return Dealing(self.slots, self.inputs)
+
+    def unsized(self) -> str:
+        return "sized by the write job's own tasks: they check this budget with the sizes before any opens"
 
 
 def barrier_slots(spark: Any) -> int:
@@ -168,7 +228,6 @@ def barrier_task(
     import shutil
 
     from airflow_provider_kafka2pc.spark.staging import stage_partition, staged_batches
-    from airflow_provider_kafka2pc.txn.two_phase.partition_writer import write_partition
 
     partition, attempt = ctx.partitionId(), ctx.attemptNumber()
     directory = task_directory()
@@ -185,9 +244,7 @@ def barrier_task(
         staged = staged_batches(directory, partition, summary["file"], summary["records"], summary["machine"])
         deadline = time.monotonic() + budget.write_ms / 1000
         try:
-            for out in write_partition(ExportSettings.from_json(payload), partition, attempt, _until(deadline, staged)):
-                if written is not None:
-                    written.add(sum(out.column("records").to_pylist()))
+            for out in write_rows(payload, ctx, _until(deadline, staged), written):
                 yield _with(out, _since(opened))
         except _Overran:
             # Left open: the driver aborts what the run opened once every task has answered.

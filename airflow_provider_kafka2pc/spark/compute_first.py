@@ -58,10 +58,8 @@ def prepare_window(
             estimate = WriteEstimate.of(stored.sizes, task_slots(df.sparkSession), rate)
         elif rate is None:
             unknown = NO_RATE
-        elif _is_barrier(stored):
-            unknown = "sized by the write job's own tasks: they check this budget with the sizes before any opens"
         else:
-            unknown = f"{stored.where}, not sized before writing: only a rate you state pays a pass over the files"
+            unknown = stored.unsized()
     else:
         log.warning(
             "kafka2pc materialize=False: the source is computed inside the transaction window, by the write job"
@@ -212,12 +210,6 @@ def _staging_directory_refused(error: BaseException) -> str | None:
         return None
     said = text[at:].splitlines()[0]
     return f"the staging tasks could not write it: {said}"
-
-
-def _is_barrier(stored: Any) -> bool:
-    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan
-
-    return isinstance(stored, BarrierPlan)
 
 
 __all__ = ["compute_first", "prepare_window"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_kafka2pc.spark.contract import validate_schema
 from airflow_provider_kafka2pc.spark.errors import CollectError, SpeculationError
 from airflow_provider_kafka2pc.spark.export_result import ExportResult
+from airflow_provider_kafka2pc.spark.export_way import ExportWay, InWindow
 from airflow_provider_kafka2pc.spark.progress import Progress
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
@@ -25,7 +26,6 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuar
 from airflow_provider_kafka2pc.txn.two_phase.partition_writer import choose_writer
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.spark.barrier_job import BudgetTerms
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
@@ -80,7 +80,6 @@ def export_dataframe(
     shuffle, whose map stage computes it before any write task opens a transaction (a barrier stage
     of its own would deal it over the slots the cluster has now)."""
     from airflow_provider_kafka2pc.spark.compute_first import prepare_window
-    from airflow_provider_kafka2pc.spark.staging import StagedFrame
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.spark.write_job import check_window_left, run_write_job
 
@@ -114,88 +113,39 @@ def export_dataframe(
         df = only_partitions(df, only_slots)
     writers = len(only_slots) if only_slots is not None else None
     stored, budget = prepare_window(df, settings, window, writers) if transactional else (None, None)
-    if record_dealing is not None and (dealing := _dealing_of(stored)) is not None:
+    # The way was chosen once, above (``spark/export_way.py``); from here every way takes the same steps.
+    way: ExportWay = stored if stored is not None else InWindow(_hashed(df, settings) if transactional else df)
+    if record_dealing is not None and (dealing := way.dealing()) is not None:
         record_dealing(dealing)
-    if transactional and stored is None:  # materialize=False: hashed in the window
-        from airflow_provider_kafka2pc.spark.digest_column import digest_of
-
-        if (hash_rows := digest_of(settings)) is not None:
-            df = hash_rows(df)
-    staged = stored if isinstance(stored, StagedFrame) else None
-    barrier = _budget_terms(stored, settings, window)
-    staged_bytes = 0
+    staged_bytes = way.staged_bytes
+    spark = df.sparkSession
     try:
-        if staged is not None:
-            df, staged_bytes = staged.write_frame(df.sparkSession), staged.disk_bytes
-        elif stored is not None:
-            df = stored.df
         rows, write_s, write_started_ms = run_write_job(
-            df, settings, budget, on_progress, progress_interval_s, abort_opened, staged, barrier
+            way, spark, settings, window, budget, on_progress, progress_interval_s, abort_opened
         )
     finally:
-        if stored is not None:
-            stored.release()
-    if staged is not None:
-        _check_staged_counts(rows, staged, abort_opened)
+        way.release()
     result = _collect(rows, settings, time.monotonic() - started)
-    result = replace(
-        result,
-        budget=budget,
-        materialize_s=stored.seconds if stored else 0.0,
-        write_s=write_s,
-        staged_bytes=staged_bytes,
-    )
-    if stored is not None and not result.retried:  # a retried task's time is not the cluster's rate
+    result = replace(result, budget=budget, materialize_s=way.seconds, write_s=write_s, staged_bytes=staged_bytes)
+    if way.shows_rate and not result.retried:  # a retried task's time is not the cluster's rate
         from airflow_provider_kafka2pc.spark.window import task_slots
         from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WriteRate
 
         sizes = [PartitionSize(int(r["slot"]), int(r["records"]), int(r["bytes"])) for r in rows]
-        shown = WriteRate.shown(sizes, write_s, task_slots(df.sparkSession), "shown by an earlier write")
+        shown = WriteRate.shown(sizes, write_s, task_slots(spark), "shown by an earlier write")
         result = replace(result, write_rate=shown)
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
     return result
 
 
-def _dealing_of(stored: Any) -> Dealing | None:
-    """How a barrier plan deals the frame; None for any other way."""
-    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan
-    from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
+def _hashed(df: Any, settings: ExportSettings) -> Any:
+    """``df`` with the digest column where the export records one, computed in the window
+    (``materialize=False``)."""
+    from airflow_provider_kafka2pc.spark.digest_column import digest_of
 
-    return Dealing(stored.slots, stored.inputs) if isinstance(stored, BarrierPlan) else None
-
-
-def _budget_terms(stored: Any, settings: ExportSettings, window: WindowSettings) -> BudgetTerms | None:
-    """What the tasks of a barrier job decide the budget with; None for any other way."""
-    from airflow_provider_kafka2pc.spark.barrier_job import BarrierPlan, BudgetTerms
-
-    if not isinstance(stored, BarrierPlan):
-        return None
-    assert settings.transaction_timeout_ms is not None
-    rate = window.rate()
-    return BudgetTerms(
-        settings.transaction_timeout_ms,
-        window.commit_headroom_ms,
-        window.handover_ms,
-        stored.slots,
-        rate.to_json() if rate is not None else None,
-    )
-
-
-def _check_staged_counts(rows: list[Any], staged: Any, abort_opened: Callable[[], bool] | None) -> None:
-    """Every staged record was written, partition by partition, or nothing of the run may stand:
-    what the write job opened is aborted at once and the prepare fails."""
-    from airflow_provider_kafka2pc.spark.write_job import abort_now
-
-    written = {int(r["slot"]): int(r["records"]) for r in rows}
-    short = {p: (f.records, written.get(p, 0)) for p, f in staged.files.items() if written.get(p, 0) != f.records}
-    if not short:
-        return
-    said = ", ".join(f"partition {p}: {wrote} of {want}" for p, (want, wrote) in sorted(short.items()))
-    raise CollectError(
-        f"the write job did not write what was staged ({said} records), and {abort_now(abort_opened, True)}: "
-        "nothing of the run is visible. Clear the DAG run to export it again."
-    )
+    hash_rows = digest_of(settings)
+    return hash_rows(df) if hash_rows is not None else df
 
 
 def _collect(rows: list[Any], settings: ExportSettings, duration_s: float) -> ExportResult:

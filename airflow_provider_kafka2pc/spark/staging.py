@@ -22,22 +22,18 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_kafka2pc.spark.export_way import ExportWay, WindowTerms, WriteTask, write_rows
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+
+if TYPE_CHECKING:
+    from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
 
 log = logging.getLogger(__name__)
-
-STORES = ("auto", "arrow", "barrier", "checkpoint")
-
-
-def validate_store(store: str) -> str:
-    """``store`` when it names a way of ``STORES``; else a ValueError naming the choices."""
-    if store not in STORES:
-        raise ValueError(f"store={store!r}: choose one of {list(STORES)}")
-    return store
 
 
 def machine_id() -> str:
@@ -228,8 +224,10 @@ class StagedPartition:
 
 
 @dataclass
-class StagedFrame:
-    """The source, computed and staged: where, how big per partition, how long it took."""
+class StagedFrame(ExportWay):
+    """The source, computed and staged: where, how big per partition, how long it took. Task ``p``
+    of the write job writes the file staged for partition ``p``, checked against what staging
+    counted."""
 
     directory: str
     partitions: int  # of the source frame: the write job runs one task for each
@@ -237,21 +235,66 @@ class StagedFrame:
     seconds: float
     machine: str  # where every partition was staged (``stage`` refuses several)
     files: dict[int, StagedPartition]
+    where: str = ""  # said once the files are staged (below)
+
+    def __post_init__(self) -> None:
+        self.where = f"{self.staged_bytes} bytes of Arrow files in {self.directory} on the executors' host"
 
     @property
-    def disk_bytes(self) -> int:
+    def staged_bytes(self) -> int:
         """What the staged files the write reads take on the local disk (the host is the driver's)."""
         return sum(os.path.getsize(os.path.join(self.directory, f.file)) for f in self.files.values() if f.file)
-
-    @property
-    def where(self) -> str:
-        return f"{self.disk_bytes} bytes of Arrow files in {self.directory} on the executors' host"
 
     def write_frame(self, spark: Any) -> Any:
         """The frame the write job maps: one row in each of ``partitions`` partitions, so that task
         ``p`` (a partition id of the source, hence its transactional id) writes the file of ``p``.
         A source with no partition still gets one task, which writes nothing."""
         return spark.range(0, self.partitions, 1, max(self.partitions, 1))
+
+    def write_task(self, settings: ExportSettings, window: WindowTerms, written: Any) -> WriteTask:
+        """Each task writes the file of its partition, not its input (the one placeholder row)."""
+        from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema
+
+        # Plain values into the tasks' closure: where the files are, which file of which partition
+        # and how many records it must yield.
+        payload, directory, machine = settings.to_json(), self.directory, self.machine
+        files = {p: (f.file, f.records) for p, f in self.files.items()}
+
+        def run(batches: Iterator[Any]) -> Iterator[Any]:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            assert ctx is not None
+            for _ in batches:  # the write frame's one placeholder row
+                pass
+            file, records = files.get(ctx.partitionId(), ("", 0))
+            staged = staged_batches(directory, ctx.partitionId(), file, records, machine)
+            yield from write_rows(payload, ctx, staged, written)
+
+        return WriteTask(run, result_schema())
+
+    def answered(
+        self,
+        rows: list[Any],
+        budget: WindowBudget | None,
+        abort_opened: Callable[[], bool] | None,
+        started_ms: int,
+        seconds: float,
+    ) -> tuple[list[Any], float, int]:
+        """Every staged record was written, partition by partition, or nothing of the run may stand:
+        what the write job opened is aborted at once and the prepare fails."""
+        from airflow_provider_kafka2pc.spark.errors import CollectError
+        from airflow_provider_kafka2pc.spark.write_job import abort_now
+
+        written = {int(r["slot"]): int(r["records"]) for r in rows}
+        short = {p: (f.records, written.get(p, 0)) for p, f in self.files.items() if written.get(p, 0) != f.records}
+        if short:
+            said = ", ".join(f"partition {p}: {wrote} of {want}" for p, (want, wrote) in sorted(short.items()))
+            raise CollectError(
+                f"the write job did not write what was staged ({said} records), and "
+                f"{abort_now(abort_opened, True)}: nothing of the run is visible. Clear the DAG run to export it again."
+            )
+        return rows, seconds, started_ms
 
     def release(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -294,7 +337,6 @@ def stage(df: Any) -> StagedFrame | str:
 __all__ = [
     "OTHER_HOSTS",
     "STAGING_UNUSABLE",
-    "STORES",
     "StagedFrame",
     "StagedPartition",
     "machine_id",
@@ -303,5 +345,4 @@ __all__ = [
     "staged_batches",
     "staging_directory",
     "staging_unavailable",
-    "validate_store",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_provider_kafka2pc.spark.column_functions import functions_for
 from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
+from airflow_provider_kafka2pc.spark.export_way import ExportWay, validate_store
 from airflow_provider_kafka2pc.txn.protocol.window import DEFAULT_HANDOVER_MS, PartitionSize, WriteRate
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ class WindowSettings:
 
     def __post_init__(self) -> None:
         # Checked when the DAG is parsed, not after hours of materializing.
-        from airflow_provider_kafka2pc.spark.staging import validate_store
-
         validate_store(self.store)
         if self.commit_headroom_ms is not None and self.commit_headroom_ms < 0:
             raise ValueError(f"commit_headroom_ms={self.commit_headroom_ms}: must be >= 0")
@@ -90,7 +89,10 @@ class WindowSettings:
 
 
 @dataclass
-class Materialized:
+class Materialized(ExportWay):
+    """The source stored before the window (a checkpoint), or found stored already (a cache, a
+    checkpoint, plain files): the write job maps it as it is."""
+
     df: Any
     sizes: list[PartitionSize] | None  # None: not counted (a frame stored already, and no rate to budget by)
     seconds: float
@@ -99,6 +101,9 @@ class Materialized:
     _cleanup_dir: str | None = None
     _spark: Any = None
     _stored_rdds: tuple[int, ...] = ()
+
+    def write_frame(self, spark: Any) -> Any:
+        return self.df
 
     def release(self) -> None:
         """Free what was stored: the local checkpoint's blocks, or the reliable checkpoint's files."""

@@ -1,6 +1,7 @@
 """The write job: the transactions' side of the window (DESIGN §3b.3).
 
-``run_write_job`` maps the (stored or staged) frame through the partition writer, watched against
+``run_write_job`` runs the write job of the export's way (``spark/export_way.py``: the frame as stored,
+staged files, a barrier stage, or computed in the window) through the partition writer, watched against
 the budget: a job that fails or overruns is stopped and what it opened is aborted at once.
 ``check_window_left`` refuses a prepare that ends too close to its broker deadline. Every message
 here says what became of the opened transactions.
@@ -11,17 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.progress import Progress, ProgressReporter
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-from airflow_provider_kafka2pc.txn.two_phase.partition_writer import result_schema, write_partition
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.spark.barrier_job import BudgetTerms
     from airflow_provider_kafka2pc.spark.export_result import ExportResult
-    from airflow_provider_kafka2pc.spark.staging import StagedFrame
+    from airflow_provider_kafka2pc.spark.export_way import ExportWay
+    from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
 
 log = logging.getLogger(__name__)
@@ -65,70 +65,42 @@ def arrow_batch_bounds(spark: Any) -> str:
 
 
 def run_write_job(
-    df: Any,
+    way: ExportWay,
+    spark: Any,
     settings: ExportSettings,
+    window: WindowSettings,
     budget: WindowBudget | None,
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
     abort_opened: Callable[[], bool] | None,
-    staged: StagedFrame | None = None,
-    barrier: BudgetTerms | None = None,
 ) -> tuple[list[Any], float, int]:
-    """The write job, watched against the budget; on failure what it opened is aborted at once.
-    With ``staged``, task ``p`` writes the Arrow file staged for partition ``p`` instead of its input
-    rows, checked against what staging counted. With ``barrier``, the job is a barrier stage whose
-    tasks compute, agree on the budget and then write (``spark/barrier_job.py``): they watch the
-    budget themselves, from the moment they open. Returns its rows, its duration and its start
-    (wall-clock ms on the driver; with ``barrier``, when the first transaction opened)."""
+    """The write job of ``way`` (``spark/export_way.py``), watched against the budget; on failure
+    what it opened is aborted at once. A barrier job's tasks compute, agree on the budget and then
+    write (``spark/barrier_job.py``): they watch the budget themselves, from the moment they open.
+    Returns the way's answer: its rows, the write's duration and its start (wall-clock ms on the
+    driver)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
-    payload = settings.to_json()
-    # Plain values into the tasks' closure: where the files are, which file of which partition and
-    # how many records it must yield.
-    directory, machine = (staged.directory, staged.machine) if staged is not None else ("", "")
-    files = {p: (f.file, f.records) for p, f in staged.files.items()} if staged is not None else {}
-    reporter = ProgressReporter(df.sparkSession, on_progress, progress_interval_s) if on_progress else None
-    written = reporter.written if reporter is not None else None
-
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        assert ctx is not None
-        if directory:
-            from airflow_provider_kafka2pc.spark.staging import staged_batches
-
-            for _ in batches:  # the write frame's one placeholder row
-                pass
-            file, records = files.get(ctx.partitionId(), ("", 0))
-            batches = staged_batches(directory, ctx.partitionId(), file, records, machine)
-        for out in write_partition(ExportSettings.from_json(payload), ctx.partitionId(), ctx.attemptNumber(), batches):
-            if written is not None:
-                written.add(sum(out.column("records").to_pylist()))
-            yield out
-
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(df.sparkSession))
+    reporter = ProgressReporter(spark, on_progress, progress_interval_s) if on_progress else None
+    task = way.write_task(settings, window, reporter.written if reporter is not None else None)
+    frame = way.write_frame(spark)
+    log.info("kafka2pc Arrow batches to the writers: %s", arrow_batch_bounds(spark))
     # A barrier job computes before it opens anything: its tasks watch the write's budget, the
     # driver's watch only holds the job's tag (to wait for its tasks after a failure).
-    watch_ms = _COMPUTING_MS if barrier is not None else budget.write_ms if budget is not None else None
-    watch = WriteWatch(df.sparkSession, watch_ms) if watch_ms is not None else None
+    watch_ms = _COMPUTING_MS if task.barrier else budget.write_ms if budget is not None else None
+    watch = WriteWatch(spark, watch_ms) if watch_ms is not None else None
     started, started_ms = time.monotonic(), int(time.time() * 1000)
     try:
         with reporter or contextlib.nullcontext(), watch or contextlib.nullcontext():
-            if barrier is not None:
-                from airflow_provider_kafka2pc.spark.barrier_job import barrier_function, barrier_schema
-
+            if task.barrier:
                 log.info("kafka2pc barrier job started: its tasks compute first, then open their transactions")
-                fn = barrier_function(payload, barrier, written)
-                rows = df.mapInArrow(fn, from_arrow_schema(barrier_schema()), barrier=True).collect()
-            else:
-                if watch is not None:
-                    log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
-                rows = df.mapInArrow(run, from_arrow_schema(result_schema())).collect()
+            elif watch is not None:
+                log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
+            rows = frame.mapInArrow(task.function, from_arrow_schema(task.schema), barrier=task.barrier).collect()
     except Exception as e:
         if watch is None:
             raise
@@ -141,7 +113,7 @@ def run_write_job(
                 f"the write phase ran past its budget: {budget.write_ms} ms of transaction.timeout.ms="
                 f"{budget.timeout_ms} (commit headroom {budget.headroom_ms} ms, hand-over {budget.handover_ms} ms). "
                 f"The job was stopped after {seconds:.1f} s and {aborted}: nothing of the run is visible. "
-                + _overrun_fix(budget)
+                + overrun_fix(budget)
             ) from e
         if is_executor_lost(e):
             raise ExecutorLostError(
@@ -151,9 +123,7 @@ def run_write_job(
                 "checkpoint_dir (HDFS, S3, a shared disk)."
             ) from e
         raise
-    if barrier is not None:
-        return _barrier_outcome(rows, budget, abort_opened, started_ms, int(time.time() * 1000))
-    return rows, time.monotonic() - started, started_ms
+    return way.answered(rows, budget, abort_opened, started_ms, time.monotonic() - started)
 
 
 # The driver's watch over a barrier job never fires: the job computes the source for as long as it
@@ -161,37 +131,7 @@ def run_write_job(
 _COMPUTING_MS = 365 * 24 * 3600 * 1000
 
 
-def _barrier_outcome(
-    rows: list[Any],
-    budget: WindowBudget | None,
-    abort_opened: Callable[[], bool] | None,
-    started_ms: int,
-    collected_ms: int,
-) -> tuple[list[Any], float, int]:
-    """A barrier job's rows, or the refusal or overrun its tasks reported (what they opened aborted)."""
-    from airflow_provider_kafka2pc.spark.barrier_job import OVERRAN, REFUSED, split_rows
-    from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
-
-    written, opened_ms, said = split_rows(rows, collected_ms)
-    refused = [s for s in said if s.startswith(REFUSED)]
-    if refused:
-        abort_now(abort_opened, True)  # nothing was opened; the failure line then says so too
-        raise WindowRefusedError(refused[0][len(REFUSED) + 2 :])
-    if any(s.startswith(OVERRAN) for s in said):
-        assert budget is not None
-        aborted = abort_now(abort_opened, True)
-        raise WindowExceededError(
-            f"the write phase ran past its budget: a task was {said[0][len(OVERRAN) + 2 :]} (transaction.timeout.ms="
-            f"{budget.timeout_ms}). The tasks stopped writing and {aborted}: nothing of the run is visible. "
-            + _overrun_fix(budget)
-        )
-    first = opened_ms if opened_ms is not None else started_ms
-    if opened_ms is not None:
-        log.info("kafka2pc write phase: transactions open from %s (the barrier passed)", iso(opened_ms))
-    return written, max(collected_ms - first, 0) / 1000, first
-
-
-def _overrun_fix(budget: WindowBudget) -> str:
+def overrun_fix(budget: WindowBudget) -> str:
     from airflow_provider_kafka2pc.txn.protocol.window import NOT_MATERIALIZED
 
     if budget.estimate is None and budget.unknown == NOT_MATERIALIZED:
@@ -241,7 +181,7 @@ def check_window_left(
         f"than the commit's headroom ({budget.headroom_ms} ms) and the hand-over ({budget.handover_ms} ms) left: the "
         "commit could not end in time. "
         f"It prepared {len(result.committables)} transaction(s) with {result.records} records, and "
-        f"{aborted}: nothing of the run is visible. " + _overrun_fix(budget)
+        f"{aborted}: nothing of the run is visible. " + overrun_fix(budget)
     )
 
 
@@ -273,5 +213,6 @@ __all__ = [
     "arrow_batch_bounds",
     "check_window_left",
     "iso",
+    "overrun_fix",
     "run_write_job",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_provider_kafka2pc.spark.export_way import validate_store
 from airflow_provider_kafka2pc.spark.staging import (
     STAGING_UNUSABLE,
     machine_id,
@@ -16,7 +17,6 @@ from airflow_provider_kafka2pc.spark.staging import (
     staged_batches,
     staging_directory,
     staging_unavailable,
-    validate_store,
 )
 from airflow_provider_kafka2pc.spark.window import WindowSettings
 
