@@ -356,8 +356,7 @@ class Kafka2PCExportOperator(BaseOperator):
         self, hook: Kafka2PCHook, session: PrepareSession, context: Context, seen: dict[str, Any]
     ) -> dict[str, Any] | None:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
-        from airflow_provider_kafka2pc.spark.job import export_dataframe
-        from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
+        from airflow_provider_kafka2pc.spark.job import export_run
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
         prefix, run = session.prefix, session.run
@@ -382,15 +381,10 @@ class Kafka2PCExportOperator(BaseOperator):
                     "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
                     "turns, or use naming_strategy='INCREMENTING'"
                 )
-        # A pass of recovery first, whatever the DAG wiring: an earlier run's decided transactions
-        # are rolled forward (and a loss reported) before this run's writers fence their ids.
-        recovered = session.recover()
-        if not recovered.done:
-            raise Kafka2PCError(
-                f"transactions of exporter {prefix!r} are still completing on the broker ({recovered.describe()}); "
-                "retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it"
-            )
-        session.claim(owner=f"{self.dag_id}.{self.task_id}")
+        session.recover_and_claim(
+            f"{self.dag_id}.{self.task_id}",
+            "retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it",
+        )
         status = session.run_status()
         if status is not None:
             self._skip_or_fail(context, prefix, run, status)
@@ -433,14 +427,10 @@ class Kafka2PCExportOperator(BaseOperator):
         window = window_with_shown_rate(self.window, context["ti"], self.task_id, prefix, self.log)
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
-            record_source_files(df, settings, session.clients.decision_log, prefix, run)
-            session.clients.close()  # idle through the write job, as above
             seen["writing"] = True
-            dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
-            result = export_dataframe(
-                df, settings, on_progress=progress, window=window, abort_opened=abort_now, formats=formats,
-                record_dealing=dealing,
-            )  # fmt: skip
+            result = export_run(
+                session, df, settings, window=window, abort_opened=abort_now, on_progress=progress, formats=formats
+            )
             self._read = self._source_tables(spark)
         except BaseException:
             if offsets_writer is not None:

@@ -70,8 +70,7 @@ def export_from_application(
     this driver attempt (default: Spark's application id and attempt id). Raises as the export task
     does: the write job's failure, a window overrun, a refused topic or ACL, each after ending what
     it opened."""
-    from airflow_provider_kafka2pc.spark.job import export_dataframe
-    from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
+    from airflow_provider_kafka2pc.spark.job import export_run
     from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
     from airflow_provider_kafka2pc.txn.protocol.handoff import Handoff, check_attempt
     from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
@@ -103,16 +102,11 @@ def export_from_application(
                 "kafka2pc: run %s already reached its decision (%s): nothing exported", run, status.status.value
             )
             return None
-        recovered = session.recover()
-        if not recovered.done:
-            raise Kafka2PCError(
-                f"transactions of exporter {prefix!r} are still completing on the broker ({recovered.describe()}); "
-                "run the application again in a few seconds"
-            )
+        # The prefix is the submit task's, as an export task's is its own.
+        session.recover_and_claim(f"{dag_id}.{task_id}", "run the application again in a few seconds")
         if session.run_status() is not None:
             log.warning("kafka2pc: run %s was rolled forward by recovery: nothing exported", run)
             return None
-        session.claim(owner=f"{dag_id}.{task_id}")  # the submit task's, as an export task's is its own
         # Where the log stood once this attempt's own recovery pass had ended what earlier ones left:
         # an ABORT of the run after it is the abort task's (``aborted_since`` below).
         started = session.clients.decision_log().read_for(prefix, run)
@@ -132,17 +126,13 @@ def export_from_application(
             writer=writer,
             repairable=repairable,
         )
-        record_source_files(df, settings, session.clients.decision_log, prefix, run)
-        session.clients.close()  # idle through the Spark job: connect afresh after it
-
         this_attempts = naming.Members(prefix, strategy, run_key, tag)
 
         def abort_now() -> bool:
             # Only what this attempt opened: another attempt's may be the one being committed.
             return recover_until_clear(lambda: session.recover(owns=this_attempts.owns))[0]
 
-        dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
-        result = export_dataframe(df, settings, window=window, abort_opened=abort_now, record_dealing=dealing)
+        result = export_run(session, df, settings, window=window, abort_opened=abort_now)
         now = session.clients.decision_log().read_for(prefix, run)
         if now.run_status(prefix, run) is not None or now.aborted_since(run, started.end_offset):
             # Decided while this attempt wrote (a second export), or aborted by the run's abort task

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_kafka2pc.spark.column_functions import functions_for
-from airflow_provider_kafka2pc.spark.export_way import WindowTerms, WriteTask, write_rows
+from airflow_provider_kafka2pc.spark.export_way import WindowTerms, WriteJobEnd, WriteTask, write_rows
 from airflow_provider_kafka2pc.spark.window import Materialized, classic_context, partition_count, task_slots
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WindowBudget, WriteRate
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -71,39 +71,33 @@ class BarrierPlan(Materialized):
         )
         return WriteTask(barrier_function(settings.to_json(), terms, written), barrier_schema(), barrier=True)
 
-    def answered(
-        self,
-        rows: list[Any],
-        budget: WindowBudget | None,
-        abort_opened: Callable[[], bool] | None,
-        started_ms: int,
-        seconds: float,
-    ) -> tuple[list[Any], float, int]:
+    def answered(self, job: WriteJobEnd) -> tuple[list[Any], float, int]:
         """The write rows, or the refusal or overrun the tasks reported (what they opened aborted).
         The write's start is when the first transaction opened, on the driver's clock."""
         from airflow_provider_kafka2pc.spark.write_job import abort_now, iso, overrun_fix
         from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError, WindowRefusedError
 
         collected_ms = int(time.time() * 1000)
-        written, opened_ms, said = split_rows(rows, collected_ms)
+        written, opened_ms, said = split_rows(job.rows, collected_ms)
         refused = [s for s in said if s.startswith(REFUSED)]
         if refused:
-            abort_now(abort_opened, True)  # nothing was opened; the failure line then says so too
+            abort_now(job.abort_opened, True)  # nothing was opened; the failure line then says so too
             raise WindowRefusedError(refused[0][len(REFUSED) + 2 :])
         if any(s.startswith(OVERRAN) for s in said):
+            budget = job.budget
             assert budget is not None
-            aborted = abort_now(abort_opened, True)
+            aborted = abort_now(job.abort_opened, True)
             raise WindowExceededError(
                 f"the write phase ran past its budget: a task was {said[0][len(OVERRAN) + 2 :]} "
                 f"(transaction.timeout.ms={budget.timeout_ms}). The tasks stopped writing and {aborted}: nothing of "
                 "the run is visible. " + overrun_fix(budget)
             )
-        first = opened_ms if opened_ms is not None else started_ms
+        first = opened_ms if opened_ms is not None else job.started_ms
         if opened_ms is not None:
             log.info("kafka2pc write phase: transactions open from %s (the barrier passed)", iso(opened_ms))
         # The stage's time before its first transaction opened computed and staged the source: the
         # export reports it as this way's time before the window, beside the write's.
-        self.seconds = max(first - started_ms, 0) / 1000
+        self.seconds = max(first - job.started_ms, 0) / 1000
         return written, max(collected_ms - first, 0) / 1000, first
 
     def dealing(self) -> Dealing | None:

@@ -61,6 +61,18 @@ class WindowTerms(Protocol):
 
 
 @dataclass(frozen=True)
+class WriteJobEnd:
+    """A write job that ended: its tasks' rows, its duration and start on the driver (wall-clock
+    ms), the budget it ran under, and what aborts what its tasks opened."""
+
+    rows: list[Any]
+    seconds: float
+    started_ms: int
+    budget: WindowBudget | None
+    abort_opened: Callable[[], bool] | None
+
+
+@dataclass(frozen=True)
 class WriteTask:
     """What each task of the write job runs: ``function`` over its Arrow batches, yielding rows of
     ``schema`` (a pyarrow schema); ``barrier`` runs all tasks at once, as one barrier stage."""
@@ -97,17 +109,10 @@ class ExportWay:
 
         return WriteTask(rows_task(settings.to_json(), written), result_schema())
 
-    def answered(
-        self,
-        rows: list[Any],
-        budget: WindowBudget | None,
-        abort_opened: Callable[[], bool] | None,
-        started_ms: int,
-        seconds: float,
-    ) -> tuple[list[Any], float, int]:
+    def answered(self, job: WriteJobEnd) -> tuple[list[Any], float, int]:
         """The write rows, the write's duration and its start (wall-clock ms on the driver), from what
         the tasks answered; raises (after aborting what they opened) where the rows prove a failure."""
-        return rows, seconds, started_ms
+        return job.rows, job.seconds, job.started_ms
 
     def dealing(self) -> Dealing | None:
         return None
@@ -160,4 +165,14 @@ def rows_task(payload: str, written: Any) -> Callable[[Iterator[Any]], Iterator[
     return run
 
 
-__all__ = ["STORES", "ExportWay", "InWindow", "WindowTerms", "WriteTask", "rows_task", "validate_store", "write_rows"]
+__all__ = [
+    "STORES",
+    "ExportWay",
+    "InWindow",
+    "WindowTerms",
+    "WriteJobEnd",
+    "WriteTask",
+    "rows_task",
+    "validate_store",
+    "write_rows",
+]

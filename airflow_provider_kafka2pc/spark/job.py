@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
     from airflow_provider_kafka2pc.spark.window import WindowSettings
     from airflow_provider_kafka2pc.txn.protocol.source_files import Dealing
+    from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,32 @@ def export_dataframe(
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
     return result
+
+
+def export_run(
+    session: PrepareSession,
+    df: Any,
+    settings: ExportSettings,
+    *,
+    window: WindowSettings | None,
+    abort_opened: Callable[[], bool],
+    on_progress: Callable[[Progress], None] | None = None,
+    formats: RecordFormats | None = None,
+) -> ExportResult:
+    """The prepare job of one run, as the export task and a Spark application run it once the
+    session holds the prefix: the source's files recorded with the run before its window (what a
+    repair reads again), a barrier's dealing recorded as it is chosen, the session's clients idle
+    (closed) through the Spark job, then ``export_dataframe``."""
+    from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
+
+    prefix, run = session.prefix, session.run
+    record_source_files(df, settings, session.clients.decision_log, prefix, run)
+    session.clients.close()  # idle through the write job: the steps after it connect afresh
+    dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
+    return export_dataframe(
+        df, settings, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,
+        record_dealing=dealing,
+    )  # fmt: skip
 
 
 def _hashed(df: Any, settings: ExportSettings) -> Any:

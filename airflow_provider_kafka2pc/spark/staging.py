@@ -22,16 +22,16 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_kafka2pc.spark.export_way import ExportWay, WindowTerms, WriteTask, write_rows
+from airflow_provider_kafka2pc.spark.export_way import ExportWay, WindowTerms, WriteJobEnd, WriteTask, write_rows
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 
 if TYPE_CHECKING:
-    from airflow_provider_kafka2pc.txn.protocol.window import WindowBudget
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -273,28 +273,22 @@ class StagedFrame(ExportWay):
 
         return WriteTask(run, result_schema())
 
-    def answered(
-        self,
-        rows: list[Any],
-        budget: WindowBudget | None,
-        abort_opened: Callable[[], bool] | None,
-        started_ms: int,
-        seconds: float,
-    ) -> tuple[list[Any], float, int]:
+    def answered(self, job: WriteJobEnd) -> tuple[list[Any], float, int]:
         """Every staged record was written, partition by partition, or nothing of the run may stand:
         what the write job opened is aborted at once and the prepare fails."""
         from airflow_provider_kafka2pc.spark.errors import CollectError
         from airflow_provider_kafka2pc.spark.write_job import abort_now
 
-        written = {int(r["slot"]): int(r["records"]) for r in rows}
+        written = {int(r["slot"]): int(r["records"]) for r in job.rows}
         short = {p: (f.records, written.get(p, 0)) for p, f in self.files.items() if written.get(p, 0) != f.records}
         if short:
             said = ", ".join(f"partition {p}: {wrote} of {want}" for p, (want, wrote) in sorted(short.items()))
             raise CollectError(
                 f"the write job did not write what was staged ({said} records), and "
-                f"{abort_now(abort_opened, True)}: nothing of the run is visible. Clear the DAG run to export it again."
+                f"{abort_now(job.abort_opened, True)}: nothing of the run is visible. Clear the DAG run to export it "
+                "again."
             )
-        return rows, seconds, started_ms
+        return job.rows, job.seconds, job.started_ms
 
     def release(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -82,6 +82,7 @@ def run_write_job(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
+    from airflow_provider_kafka2pc.spark.export_way import WriteJobEnd
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
 
@@ -123,7 +124,7 @@ def run_write_job(
                 "checkpoint_dir (HDFS, S3, a shared disk)."
             ) from e
         raise
-    return way.answered(rows, budget, abort_opened, started_ms, time.monotonic() - started)
+    return way.answered(WriteJobEnd(rows, time.monotonic() - started, started_ms, budget, abort_opened))
 
 
 # The driver's watch over a barrier job never fires: the job computes the source for as long as it

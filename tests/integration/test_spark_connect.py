@@ -28,7 +28,13 @@ CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    with connect_server(tmp_path_factory.mktemp("spark-connect")) as s:
+    # Spark's slot check of a barrier stage wider than the server: refused after one retry a second
+    # later, not after its default 40 of 15 s.
+    fast_check = {
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+    }
+    with connect_server(tmp_path_factory.mktemp("spark-connect"), conf=fast_check) as s:
         yield s
 
 
@@ -114,4 +120,28 @@ def test_a_failed_task_is_fenced_by_its_retry_through_spark_connect(spark: Any, 
     commit_prepared(result.committables, kafka.wire, _log(kafka), run="connect2")
     records = kafka.read_committed(topic)
     assert len(records) == rows and len({r.key for r in records}) == rows
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_a_barrier_stage_wider_than_the_server_is_refused_by_name_with_nothing_opened(
+    spark: Any, kafka: KafkaEnv
+) -> None:
+    """The client reads the server's slots from the splits spark.range takes: a session whose
+    spark.sql.leafNodeDefaultParallelism (4) is above the server's 2 cores makes it ask for 4. Spark's
+    slot check refuses the stage before any task runs; the export names it and the way out."""
+    from airflow_provider_kafka2pc.spark.errors import BarrierSlotsError
+
+    topic = kafka.topic(2)
+    df = spark.range(4_000, numPartitions=2).selectExpr("cast(id as string) as key", "cast(id as string) as value")
+    s = _settings(kafka, topic)
+    spark.conf.set("spark.sql.leafNodeDefaultParallelism", "4")
+    try:
+        with pytest.raises(BarrierSlotsError) as e:
+            export_dataframe(df, s)
+    finally:
+        spark.conf.unset("spark.sql.leafNodeDefaultParallelism")
+    said = str(e.value)
+    assert "Spark refused the barrier stage of 4 task(s)" in said and "store='checkpoint'" in said, said
+    assert "nothing of the run is visible" in said
+    assert kafka.read_committed(topic, timeout_s=2) == []
     assert kafka.open_transactions(s.transactional_id_prefix) == []

@@ -21,7 +21,7 @@ from airflow_provider_kafka2pc.txn.kafka.access import (
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError, KafkaAuthorizationError, acl_command
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
-from airflow_provider_kafka2pc.txn.protocol.errors import MissingTopicError
+from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, MissingTopicError
 from airflow_provider_kafka2pc.txn.protocol.records import Lease, RunRecord
 from airflow_provider_kafka2pc.txn.protocol.source_files import Splits
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
@@ -97,6 +97,19 @@ class PrepareSession:
         """End what a failed re-export of the run's repair opened, now; True when nothing is left open."""
         with self._acl_named():
             return abort_attempts(self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, actor)
+
+    def recover_and_claim(self, owner: str, retry: str) -> None:
+        """A recovery pass first, whatever the DAG wiring: an earlier run's decided transactions are
+        rolled forward (and a loss reported) before this run's writers fence their ids; then the
+        prefix claimed for ``owner``. While transactions are still completing the prepare is refused,
+        and ``retry`` says how to try again."""
+        recovered = self.recover()
+        if not recovered.done:
+            raise Kafka2PCError(
+                f"transactions of exporter {self.prefix!r} are still completing on the broker "
+                f"({recovered.describe()}); {retry}"
+            )
+        self.claim(owner)
 
     def claim(self, owner: str) -> None:
         """Register ``owner`` as the only exporter of the prefix; refuse if another owns it."""
