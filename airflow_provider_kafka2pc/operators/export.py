@@ -381,10 +381,8 @@ class Kafka2PCExportOperator(BaseOperator):
                     "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
                     "turns, or use naming_strategy='INCREMENTING'"
                 )
-        session.recover_and_claim(
-            f"{self.dag_id}.{self.task_id}",
-            "retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it",
-        )
+        session.recover_first("retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it")
+        session.claim(owner=f"{self.dag_id}.{self.task_id}")
         status = session.run_status()
         if status is not None:
             self._skip_or_fail(context, prefix, run, status)
@@ -427,10 +425,10 @@ class Kafka2PCExportOperator(BaseOperator):
         window = window_with_shown_rate(self.window, context["ti"], self.task_id, prefix, self.log)
         try:
             df = self._dataframe(spark, context, settings.producer_config, read)
-            seen["writing"] = True
             result = export_run(
-                session, df, settings, window=window, abort_opened=abort_now, on_progress=progress, formats=formats
-            )
+                session, df, settings, window=window, abort_opened=abort_now, on_progress=progress, formats=formats,
+                writing=lambda: seen.update(writing=True),
+            )  # fmt: skip
             self._read = self._source_tables(spark)
         except BaseException:
             if offsets_writer is not None:

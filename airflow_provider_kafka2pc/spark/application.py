@@ -102,11 +102,11 @@ def export_from_application(
                 "kafka2pc: run %s already reached its decision (%s): nothing exported", run, status.status.value
             )
             return None
-        # The prefix is the submit task's, as an export task's is its own.
-        session.recover_and_claim(f"{dag_id}.{task_id}", "run the application again in a few seconds")
+        session.recover_first("run the application again in a few seconds")
         if session.run_status() is not None:
             log.warning("kafka2pc: run %s was rolled forward by recovery: nothing exported", run)
             return None
+        session.claim(owner=f"{dag_id}.{task_id}")  # the submit task's, as an export task's is its own
         # Where the log stood once this attempt's own recovery pass had ended what earlier ones left:
         # an ABORT of the run after it is the abort task's (``aborted_since`` below).
         started = session.clients.decision_log().read_for(prefix, run)

@@ -105,6 +105,9 @@ class BarrierPlan(Materialized):
 
         return Dealing(self.slots, self.inputs)
 
+    def write_slots(self) -> int | None:
+        return self.slots
+
     def unsized(self) -> str:
         return "sized by the write job's own tasks: they check this budget with the sizes before any opens"
 
@@ -168,7 +171,7 @@ def plan_barrier(df: Any, why_not_staged: str, hash_rows: Callable[[Any], Any] |
     dealt = df.repartition(slots)
     stored = hash_rows(dealt) if hash_rows is not None else dealt
     inputs = partition_count(df) if sc is not None else None
-    return BarrierPlan(stored, None, 0.0, where, 0, slots=slots, inputs=inputs)
+    return BarrierPlan(stored, None, 0.0, where, slots, slots=slots, inputs=inputs)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ ones for a classic frame.
 ``pyspark.sql.functions`` picks the kind for the whole process (``SPARK_CONNECT_MODE_ENABLED``, which
 the generic builder's ``remote()`` sets), not for the frame at hand. A Connect session made with
 ``pyspark.sql.connect.session.SparkSession.builder`` leaves it unset, and a frame of it then refuses
-the classic columns ``pyspark.sql.functions`` makes ("'Column' object is not callable"); a process
-may also hold a classic session beside a Connect one (measured on the emulated cluster and in the
+the classic columns ``pyspark.sql.functions`` makes ("'Column' object is not callable"), also in a
+process that holds a classic session beside it (measured on the emulated cluster and in the
 benchmark). The export builds its columns with the module this answers for the frame's session.
+Where the generic builder set the variable, a classic frame of the same process gets Connect's
+columns from ``pyspark.sql.functions``: pyspark itself refuses to start a classic session there.
 """
 
 from __future__ import annotations

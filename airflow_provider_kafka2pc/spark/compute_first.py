@@ -144,7 +144,8 @@ def compute_first(
     plain, df = df, with_digest(df)
     why_not = staging_unavailable(df.sparkSession, window.store, window.checkpoint_dir)
     refused: BaseException | None = None
-    if window.store == "barrier" or (why_not is not None and why_not.startswith((OTHER_HOSTS, ON_CONNECT))):
+    elsewhere = why_not is not None and why_not.startswith((OTHER_HOSTS, ON_CONNECT))
+    if window.store == "barrier" or (window.store == "auto" and elsewhere):
         return _barrier_or_raise(plain, df, window, why_not or "store='barrier'", hash_rows, may_deal)
     if why_not is None:
         try:

@@ -1,5 +1,6 @@
 """The Spark glue's exceptions, in one place: a frame that breaks the contract, a session that
-would write twice, a lost executor, a collected set that is not one committable per partition.
+would write twice, a lost executor, a barrier stage wider than the cluster, a collected set that is
+not one committable per partition.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class SpeculationError(Kafka2PCError):
 
 class CollectError(Kafka2PCError):
     """The collected set is not exactly one committable per non-empty partition."""
+
+
+class BarrierSlotsError(Kafka2PCError):
+    """Spark refused the barrier stage: it asked for more task slots than the cluster has free."""
 
 
 class UnsupportedVersionError(Kafka2PCError):

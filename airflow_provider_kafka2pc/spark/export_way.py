@@ -117,6 +117,11 @@ class ExportWay:
     def dealing(self) -> Dealing | None:
         return None
 
+    def write_slots(self) -> int | None:
+        """The task slots the write ran over, where the way chose them (a barrier stage); None: the
+        session's."""
+        return None
+
     def unsized(self) -> str:
         """Why the budget has no sizes before the window, for a way that counted none."""
         return f"{self.where}, not sized before writing: only a rate you state pays a pass over the files"

@@ -118,9 +118,9 @@ def export_dataframe(
     way: ExportWay = stored if stored is not None else InWindow(_hashed(df, settings) if transactional else df)
     if record_dealing is not None and (dealing := way.dealing()) is not None:
         record_dealing(dealing)
-    staged_bytes = way.staged_bytes
     spark = df.sparkSession
     try:
+        staged_bytes = way.staged_bytes
         rows, write_s, write_started_ms = run_write_job(
             way, spark, settings, window, budget, on_progress, progress_interval_s, abort_opened
         )
@@ -133,7 +133,8 @@ def export_dataframe(
         from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize, WriteRate
 
         sizes = [PartitionSize(int(r["slot"]), int(r["records"]), int(r["bytes"])) for r in rows]
-        shown = WriteRate.shown(sizes, write_s, task_slots(spark), "shown by an earlier write")
+        slots = way.write_slots() or task_slots(spark)
+        shown = WriteRate.shown(sizes, write_s, slots, "shown by an earlier write")
         result = replace(result, write_rate=shown)
     if budget is not None:
         check_window_left(result, budget, abort_opened, write_started_ms)
@@ -149,17 +150,20 @@ def export_run(
     abort_opened: Callable[[], bool],
     on_progress: Callable[[Progress], None] | None = None,
     formats: RecordFormats | None = None,
+    writing: Callable[[], None] = lambda: None,
 ) -> ExportResult:
     """The prepare job of one run, as the export task and a Spark application run it once the
     session holds the prefix: the source's files recorded with the run before its window (what a
     repair reads again), a barrier's dealing recorded as it is chosen, the session's clients idle
-    (closed) through the Spark job, then ``export_dataframe``."""
+    (closed) through the Spark job, then ``export_dataframe`` (``writing`` is called as it begins:
+    from then on transactions may be open)."""
     from airflow_provider_kafka2pc.spark.source_listing import dealing_recorder, record_source_files
 
     prefix, run = session.prefix, session.run
     record_source_files(df, settings, session.clients.decision_log, prefix, run)
     session.clients.close()  # idle through the write job: the steps after it connect afresh
     dealing = dealing_recorder(settings, session.clients.decision_log, prefix, run, session.clients.close)
+    writing()
     return export_dataframe(
         df, settings, on_progress=on_progress, window=window, abort_opened=abort_opened, formats=formats,
         record_dealing=dealing,

@@ -24,14 +24,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_kafka2pc.spark.export_way import ExportWay, WindowTerms, WriteJobEnd, WriteTask, write_rows
 from airflow_provider_kafka2pc.txn.protocol.window import PartitionSize
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

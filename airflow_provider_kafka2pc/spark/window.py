@@ -284,7 +284,14 @@ class WriteWatch:
         while its killed tasks (and their writers) may still run: the executors' running tasks
         are what counts (read through the JVM's status tracker: PySpark does not expose it)."""
         sc = classic_context(self.spark)
-        if sc is None:  # Spark Connect: the server kills the tasks; give them the kill timeout
+        if sc is None:
+            # Spark Connect: a failure on the client's side (a lost stream) leaves the server's job
+            # running, so it is interrupted by its tag (a no-op for a job that ended); the server kills
+            # the tasks, which are given the kill timeout.
+            try:
+                self.spark.interruptTag(self.tag)
+            except Exception as e:
+                log.warning("stopping the write job on the Spark Connect server failed: %r", e)
             time.sleep(min(5.0, timeout_s))
             return True
         deadline = time.monotonic() + timeout_s

@@ -81,7 +81,7 @@ def run_write_job(
     driver)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from airflow_provider_kafka2pc.spark.errors import ExecutorLostError
+    from airflow_provider_kafka2pc.spark.errors import BarrierSlotsError, ExecutorLostError
     from airflow_provider_kafka2pc.spark.export_way import WriteJobEnd
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
@@ -116,6 +116,15 @@ def run_write_job(
                 f"The job was stopped after {seconds:.1f} s and {aborted}: nothing of the run is visible. "
                 + overrun_fix(budget)
             ) from e
+        if BARRIER_SLOTS_REFUSED in str(e):
+            raise BarrierSlotsError(
+                f"Spark refused the barrier stage of {way.write_slots()} task(s): the cluster has fewer free task "
+                f"slots now (Spark's slot check, spark.scheduler.barrier.maxConcurrentTasksCheck.*), and {aborted}: "
+                "nothing of the run is visible. Over Spark Connect the slots are the splits spark.range takes (the "
+                "server's spark.default.parallelism or spark.sql.leafNodeDefaultParallelism where set, else its "
+                "cores) over spark.task.cpus: give the server the cores they say, or export with store='checkpoint'; "
+                "on a cluster that lost executors, clear the DAG run once they are back"
+            ) from e
         if is_executor_lost(e):
             raise ExecutorLostError(
                 f"an executor holding materialized partitions was lost during the write ({seconds:.1f} s in); "
@@ -126,6 +135,9 @@ def run_write_job(
         raise
     return way.answered(WriteJobEnd(rows, time.monotonic() - started, started_ms, budget, abort_opened))
 
+
+# Spark's words when its slot check refuses a barrier stage wider than the cluster (SPARK-24819).
+BARRIER_SLOTS_REFUSED = "SPARK-24819"
 
 # The driver's watch over a barrier job never fires: the job computes the source for as long as it
 # takes (a year, in ms), and its tasks stop their own write at the budget.

@@ -98,18 +98,17 @@ class PrepareSession:
         with self._acl_named():
             return abort_attempts(self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, actor)
 
-    def recover_and_claim(self, owner: str, retry: str) -> None:
-        """A recovery pass first, whatever the DAG wiring: an earlier run's decided transactions are
-        rolled forward (and a loss reported) before this run's writers fence their ids; then the
-        prefix claimed for ``owner``. While transactions are still completing the prepare is refused,
-        and ``retry`` says how to try again."""
+    def recover_first(self, retry: str) -> None:
+        """A recovery pass before anything is written, whatever the DAG wiring: an earlier run's
+        decided transactions are rolled forward (and a loss reported) before this run's writers
+        fence their ids. While transactions are still completing the prepare is refused, and
+        ``retry`` says how to try again."""
         recovered = self.recover()
         if not recovered.done:
             raise Kafka2PCError(
                 f"transactions of exporter {self.prefix!r} are still completing on the broker "
                 f"({recovered.describe()}); {retry}"
             )
-        self.claim(owner)
 
     def claim(self, owner: str) -> None:
         """Register ``owner`` as the only exporter of the prefix; refuse if another owns it."""
