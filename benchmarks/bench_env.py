@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -167,6 +168,74 @@ class Kafka:
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# The command-line mark of the competing load's processes (``competing_load``), while it runs.
+_COMPETING: list[str] = []
+
+
+def machine_cpu_seconds() -> float:
+    """The machine's busy CPU seconds so far (``/proc/stat``: user, nice, system, irq, softirq,
+    steal), less the competing load's: on the emulated cluster, whose hosts share this kernel, the
+    difference of two readings is what every host spent, the executors and the brokers included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    busy = (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+    return busy - sum(_process_cpu(pid) for pid in _marked(_COMPETING[0])) if _COMPETING else busy
+
+
+def _process_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:13]) / _CLOCK_TICKS
+
+
+def _marked(mark: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if mark.encode() in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+# One competing process: SHA-256 over a 64 KiB block, forever. A fixed amount of work per second of
+# CPU it gets, so a run with K of them meets the same competition every time.
+_SPIN = "import hashlib, sys\nblock = b'k' * 65536\nwhile True:\n    hashlib.sha256(block).digest()"
+
+
+@contextlib.contextmanager
+def competing_load(processes: int) -> Iterator[None]:
+    """``processes`` busy processes on this machine's cores while the block runs (none for 0). They
+    are detached (``setsid -f``: no descendant of this process), so the process tree's CPU leaves
+    them out, and ``machine_cpu_seconds`` takes theirs off; they are killed on exit."""
+    if processes <= 0:
+        yield
+        return
+    mark = f"kafka2pc-bench-competing-{uuid.uuid4().hex[:8]}"
+    _COMPETING[:] = [mark]
+    try:
+        for _ in range(processes):
+            subprocess.run(["setsid", "-f", sys.executable, "-c", _SPIN, mark], check=True)
+        deadline = time.monotonic() + 10
+        while len(_marked(mark)) < processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield
+    finally:
+        for pid in _marked(mark):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        _COMPETING.clear()
+
+
 # The parts of the process tree a run's CPU is split into, by command line (``_part``).
 CPU_PARTS = ("python workers", "spark jvm", "broker", "this process")
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench_env import Kafka, Phases, cpu_between, tree_cpu_seconds
+from bench_env import Kafka, Phases, cpu_between, machine_cpu_seconds, tree_cpu_seconds
 from bench_txn import coordinator_phases
 
 LABELS: dict[str, str] = {
@@ -60,6 +60,9 @@ class Sample:
     # CPU seconds by part of the process tree (bench_env.CPU_PARTS) while the mode ran, its untimed
     # set-up included and the read_committed count excluded. Steadier than rows/s on a busy machine.
     cpu: dict[str, float] = field(default_factory=dict)
+    # The whole machine's busy CPU seconds meanwhile (bench_env.machine_cpu_seconds): on the emulated
+    # cluster every host's, the executors and brokers included; the competing load's left out.
+    machine_cpu: float = 0.0
 
     @property
     def cpu_seconds(self) -> float:
@@ -82,6 +85,10 @@ class Sample:
         return self.cpu_seconds / self.rows * 1e9
 
     @property
+    def machine_cpu_ns_per_row(self) -> float:
+        return self.machine_cpu / self.rows * 1e9
+
+    @property
     def worker_cpu_ns_per_row(self) -> float:
         """The executor's Python workers alone (the writer, librdkafka's threads, Arrow in)."""
         return self.cpu.get("python workers", 0.0) / self.rows * 1e9
@@ -92,6 +99,7 @@ class Sample:
         d["seconds"] = round(self.seconds, 4)
         d["cpu"] = {k: round(v, 4) for k, v in self.cpu.items()}
         d.update(cpu_ns_per_row=round(self.cpu_ns_per_row), worker_cpu_ns_per_row=round(self.worker_cpu_ns_per_row))
+        d.update(machine_cpu=round(self.machine_cpu, 4), machine_cpu_ns_per_row=round(self.machine_cpu_ns_per_row))
         d["phases"] = {k: round(v, 4) for k, v in self.phases.items()}
         return d
 
@@ -139,12 +147,13 @@ class Runner:
         }
         topic = self.kafka.topic(mode.replace("'", "p").replace("+", "x")) if mode != "s" else ""
         gc.collect()
-        cpu = tree_cpu_seconds()
+        cpu, machine = tree_cpu_seconds(), machine_cpu_seconds()
         phases = runs[mode](topic)
         cpu_by_part = cpu_between(cpu, tree_cpu_seconds())  # before the read_committed count below
+        machine = machine_cpu_seconds() - machine
         seconds = phases.pop("total")
         committed = self.kafka.count_committed(topic) if topic else int(phases.pop("rows"))
-        return Sample(mode, self.rows, self.payload_bytes, seconds, committed, topic, phases, cpu_by_part)
+        return Sample(mode, self.rows, self.payload_bytes, seconds, committed, topic, phases, cpu_by_part, machine)
 
     # (a) -------------------------------------------------------------------------------
     def _raw(self, topic: str) -> dict[str, float]:

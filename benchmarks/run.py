@@ -27,7 +27,7 @@ from typing import Any
 
 import bench_data
 import bench_spark
-from bench_env import REPO, Kafka, broker, kafka_local, package_dir, use_repo
+from bench_env import REPO, Kafka, broker, competing_load, kafka_local, package_dir, use_repo
 from bench_throughput import LABELS, ORDER, Runner, Sample
 from bench_txn import commit_many, read_history, recover_many
 from bench_window import render as render_window
@@ -75,6 +75,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a setting of the benchmark's SparkSession, repeatable (e.g. the user guide's "
         "spark.sql.execution.arrow.maxBytesPerBatch=2147483647); printed in the banner",
+    )
+    p.add_argument(
+        "--contention",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K competing busy processes (SHA-256 loops) on the same cores while every mode runs, warm-up "
+        "included: the same competition each time (default 0, a quiet machine)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="no warm-up: the first timed run of each mode is its first export in this process",
     )
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
     return p
@@ -126,9 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env["package_in_spark_workers"] = bench_spark.worker_package(spark)
             print(f"package: {env['package']} (Spark workers: {env.get('package_in_spark_workers', '-')})")
             if modes:
-                samples = _throughput(
-                    kafka, spark, modes, rows, args.payload, args.repeat, decisions, args.source, connect
-                )
+                with competing_load(args.contention):
+                    samples = _throughput(
+                        kafka, spark, modes, rows, args.payload, args.repeat, decisions, args.source, connect, args.cold
+                    )
             if "commit" in selected:
                 print("commit_prepared of 200 prepared transactions …", flush=True)
                 txn["commit_200"] = commit_many(kafka, decisions)
@@ -175,6 +189,7 @@ def _throughput(
     decisions: str,
     source: str = "cached",
     connect: Any = None,
+    cold: bool = False,
 ) -> list[Sample]:
     scratch = Path(tempfile.mkdtemp(prefix="kafka2pc-bench-parquet-"))
 
@@ -192,24 +207,14 @@ def _throughput(
         return Runner(kafka, n, df, keys, values, bench_data.payload_bytes(n), decisions, connect_df)
 
     try:
-        return _timed_runs(runner, modes, rows, repeat)
+        return _timed_runs(runner, modes, rows, repeat, cold)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _timed_runs(runner: Any, modes: list[str], rows: int, repeat: int) -> list[Sample]:
-
-    # Warm-up: Python workers started and importing, the JVM's Kafka producer loaded and
-    # compiled, every path proven against the broker before anything is timed.
-    print(f"warm-up with {WARMUP_ROWS:,} records: {', '.join(modes)}", flush=True)
-    warm = runner(WARMUP_ROWS)
-    for mode in modes:
-        sample = warm.run(mode)
-        if not sample.verified:
-            raise RuntimeError(_loud(f"warm-up {mode}: wrote {sample.rows}, read_committed counted {sample.committed}"))
-    if warm.df is not None:
-        warm.df.unpersist()
-    del warm
+def _timed_runs(runner: Any, modes: list[str], rows: int, repeat: int, cold: bool = False) -> list[Sample]:
+    if not cold:
+        _warm_up(runner, modes)
 
     started = time.perf_counter()
     print(f"building {rows:,} records (not timed) …", flush=True)
@@ -238,6 +243,19 @@ def _timed_runs(runner: Any, modes: list[str], rows: int, repeat: int) -> list[S
     return samples
 
 
+def _warm_up(runner: Any, modes: list[str]) -> None:
+    """Python workers started and importing, the JVM's Kafka producer loaded and compiled, every
+    path proven against the broker before anything is timed."""
+    print(f"warm-up with {WARMUP_ROWS:,} records: {', '.join(modes)}", flush=True)
+    warm = runner(WARMUP_ROWS)
+    for mode in modes:
+        sample = warm.run(mode)
+        if not sample.verified:
+            raise RuntimeError(_loud(f"warm-up {mode}: wrote {sample.rows}, read_committed counted {sample.committed}"))
+    if warm.df is not None:
+        warm.df.unpersist()
+
+
 def _table(samples: list[Sample]) -> list[dict[str, Any]]:
     by_mode: dict[str, list[Sample]] = {}
     for s in samples:
@@ -258,6 +276,11 @@ def _table(samples: list[Sample]) -> list[dict[str, Any]]:
                 "mb_per_s": runs[0].payload_bytes / seconds / 1e6,
                 "cpu_ns_per_row": statistics.median(s.cpu_ns_per_row for s in runs),
                 "worker_cpu_ns_per_row": statistics.median(s.worker_cpu_ns_per_row for s in runs),
+                "machine_cpu_ns_per_row": statistics.median(s.machine_cpu_ns_per_row for s in runs),
+                # The first timed run apart from the others: cold with --cold (the mode's first
+                # export in this process), else the first after the warm-up.
+                "first_seconds": runs[0].seconds,
+                "rest_seconds": statistics.median(s.seconds for s in runs[1:]) if len(runs) > 1 else None,
                 "phases": phases,
                 "verified": all(s.verified for s in runs),
                 "runs": len(runs),
@@ -320,7 +343,7 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
     vs_bp = "vs (b')"
     head = (
         f"{'run':<40} {'rows/s':>12} {'MB/s':>7} {'vs (c)':>7} {vs_bp:>7} {'CPU ns/rec':>10} "
-        f"{'workers':>8} {'seconds':>8}  verified"
+        f"{'workers':>8} {'all CPU':>8} {'seconds':>8} {'first':>7} {'rest':>7}  verified"
     )
     lines = [f"Throughput, {env['rows']:,} records of {env['value_bytes']} B values ({env['payload']}), median", head]
     lines.append("-" * len(head))
@@ -328,7 +351,9 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
         lines.append(
             f"{r['label']:<40} {r['rows_per_s']:>12,.0f} {r['mb_per_s']:>7.1f} {_fmt_ratio(r['x_c']):>7} "
             f"{_fmt_ratio(r['x_bp']):>7} {r['cpu_ns_per_row']:>10,.0f} {r['worker_cpu_ns_per_row']:>8,.0f} "
-            f"{r['seconds']:>8.3f}  {'yes' if r['verified'] else 'NO  <<<<<<<<'}"
+            f"{r['machine_cpu_ns_per_row']:>8,.0f} {r['seconds']:>8.3f} {r['first_seconds']:>7.3f} "
+            f"{r['rest_seconds'] if r['rest_seconds'] is not None else float('nan'):>7.3f}  "
+            f"{'yes' if r['verified'] else 'NO  <<<<<<<<'}"
         )
     for r in table:
         if r["mode"] in ("c", "n", "n+", "n0"):
@@ -351,7 +376,13 @@ def _render(table: list[dict[str, Any]], env: dict[str, Any]) -> str:
     lines.append("MB = 10^6 bytes of key + value; rows/s and MB/s are end to end for the timed part.")
     lines.append(
         "CPU ns/rec: the whole process tree (this process, Spark's JVM, its Python workers, the broker if started "
-        "here) while the mode ran; workers: Spark's Python workers alone (the writer, librdkafka's threads)."
+        "here) while the mode ran; workers: Spark's Python workers alone (the writer, librdkafka's threads); all "
+        "CPU: the whole machine's busy CPU, the competing load's taken off (on the emulated cluster every host's: "
+        "executors and brokers too)."
+    )
+    lines.append(
+        "seconds: the median of the timed runs; first: the first timed run (cold with --cold: the mode's first "
+        "export in this process), rest: the median of the others."
     )
     return "\n".join(lines)
 
@@ -436,6 +467,8 @@ def _environment(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         "spark_master": args.master,
         "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "source": args.source,
+        "contention": args.contention,
+        "cold": args.cold,
         "spark_kafka_sink": f"spark-sql-kafka-0-10_2.13 {bench_spark.SPARK_VERSION}",
     }
 
@@ -446,6 +479,8 @@ def _banner(env: dict[str, Any]) -> str:
         f"({env['payload']}), {env['cores']} cores, Python {env['python']}, pyspark {env['pyspark']}, "
         f"confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), {env['broker']}, git {env['git']}"
         + f", master {env['spark_master']}, source: {env['source']}"
+        + (f", contention: {env['contention']} busy processes" if env["contention"] else ", quiet (no competing load)")
+        + (", cold (no warm-up)" if env["cold"] else "")
         + "".join(f", {k}={v}" for k, v in env["spark_conf"].items())
     )
 
