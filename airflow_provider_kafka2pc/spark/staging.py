@@ -233,14 +233,17 @@ class StagedFrame(ExportWay):
     machine: str  # where every partition was staged (``stage`` refuses several)
     files: dict[int, StagedPartition]
     where: str = ""  # said once the files are staged (below)
+    _bytes: int = 0
 
     def __post_init__(self) -> None:
-        self.where = f"{self.staged_bytes} bytes of Arrow files in {self.directory} on the executors' host"
+        # The files are final once staged: their size is read once, for the log and the result.
+        self._bytes = sum(os.path.getsize(os.path.join(self.directory, f.file)) for f in self.files.values() if f.file)
+        self.where = f"{self._bytes} bytes of Arrow files in {self.directory} on the executors' host"
 
     @property
     def staged_bytes(self) -> int:
         """What the staged files the write reads take on the local disk (the host is the driver's)."""
-        return sum(os.path.getsize(os.path.join(self.directory, f.file)) for f in self.files.values() if f.file)
+        return self._bytes
 
     def write_frame(self, spark: Any) -> Any:
         """The frame the write job maps: one row in each of ``partitions`` partitions, so that task
