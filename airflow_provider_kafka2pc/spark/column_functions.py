@@ -33,4 +33,16 @@ def functions_for(frame_or_session: Any) -> ModuleType:
     return functions
 
 
-__all__ = ["functions_for", "is_connect"]
+def avro_functions_for(frame_or_session: Any) -> ModuleType:
+    """The ``to_avro``/``from_avro`` module whose columns ``frame_or_session`` takes
+    (``pyspark.sql.avro.functions`` too picks the kind for the whole process)."""
+    if is_connect(frame_or_session):
+        from pyspark.sql.connect.avro import functions as connect_avro
+
+        return connect_avro
+    from pyspark.sql.avro import functions as classic_avro
+
+    return classic_avro
+
+
+__all__ = ["avro_functions_for", "functions_for", "is_connect"]

@@ -23,6 +23,7 @@ from airflow_provider_kafka2pc.registry.client import RegistryClient, RegistrySe
 from airflow_provider_kafka2pc.registry.formats import ROLES, AvroFormat, RegistryFormat, default_record_name
 from airflow_provider_kafka2pc.registry.resolve import ResolvedSchema, resolve
 from airflow_provider_kafka2pc.spark import avro_schema, json_schema
+from airflow_provider_kafka2pc.spark.column_functions import avro_functions_for, functions_for
 from airflow_provider_kafka2pc.spark.errors import SchemaError
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def apply_formats(
         if fmt.version is not None:
             _check(df, fmt, schema.schema, role, schema.subject)
         resolved.append(schema)
-        encoded[role] = _framed(df[role], schema)
+        encoded[role] = _framed(df, role, schema)
     if not encoded:
         return df, ()
     out = df.select(*[encoded[name].alias(name) if name in encoded else df[name] for name in df.columns])
@@ -108,11 +109,9 @@ def apply_formats(
 def check_avro_loaded(spark: Any) -> None:
     """Refuse, before the registry is asked anything, a session whose JVM lacks spark-avro: Spark
     loads jars only when its JVM starts, and would otherwise refuse ``to_avro`` after registration."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import to_avro
-
+    F, avro = functions_for(spark), avro_functions_for(spark)
     try:
-        spark.range(0).select(to_avro(F.lit(1))).schema  # noqa: B018  (analysed, never run)
+        spark.range(0).select(avro.to_avro(F.lit(1))).schema  # noqa: B018  (analysed, never run)
     except Exception as e:
         # Spark 4 names the error; 3.5's Python wrapper prints a hint and raises a TypeError.
         if "AVRO_NOT_LOADED" not in str(e) and "'JavaPackage' object is not callable" not in str(e):
@@ -169,13 +168,11 @@ def _check_json(df: Any, schema: Any, role: str, subject: str) -> None:
             raise errors.mismatch(role, subject, problems)
 
 
-def _framed(column: Any, schema: ResolvedSchema) -> Any:
-    from pyspark.sql import functions as F
-
+def _framed(df: Any, role: str, schema: ResolvedSchema) -> Any:
+    """``df``'s ``role`` column encoded and framed, with the column functions of ``df``'s kind."""
+    F, column = functions_for(df), df[role]
     if schema.schema_type == "AVRO":
-        from pyspark.sql.avro.functions import to_avro
-
-        body = to_avro(column, schema.schema)
+        body = avro_functions_for(df).to_avro(column, schema.schema)
     else:
         # Null fields left out; timestamps in UTC with microseconds (json_schema.TO_JSON_OPTIONS).
         body = F.to_json(column, json_schema.TO_JSON_OPTIONS).cast("binary")

@@ -19,6 +19,7 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
 from tests.helpers.kafka import KafkaEnv
+from tests.helpers.registry import RegistryEnv
 from tests.helpers.spark_cluster import ConnectServer, connect_server
 
 pytestmark = pytest.mark.kafka
@@ -144,4 +145,41 @@ def test_a_barrier_stage_wider_than_the_server_is_refused_by_name_with_nothing_o
     assert "Spark refused the barrier stage of 4 task(s)" in said and "store='checkpoint'" in said, said
     assert "nothing of the run is visible" in said
     assert kafka.read_committed(topic, timeout_s=2) == []
+    assert kafka.open_transactions(s.transactional_id_prefix) == []
+
+
+def test_a_registry_format_from_a_connect_builder_session_is_exactly_once(
+    server: ConnectServer, spark: Any, kafka: KafkaEnv, schema_registry: RegistryEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session from Spark Connect's own builder leaves the process out of "Connect mode", where
+    ``pyspark.sql.functions`` makes classic columns; the registry format frames the value with
+    Connect's (classic ones were refused: "'Column' object is not callable")."""
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_kafka2pc.registry.formats import JsonSchemaFormat
+    from airflow_provider_kafka2pc.spark.record_formats import RecordFormats
+
+    rows = 600
+    monkeypatch.delenv(CONNECT_MODE, raising=False)  # as in a process that never used the generic builder
+    session = ConnectSession.builder.remote(server.url).create()
+    try:
+        df = session.range(rows, numPartitions=2).selectExpr(
+            "concat('order-', cast(id as string)) as key",
+            "named_struct('id', id, 'name', concat('n', cast(id as string))) as value",
+        )
+        topic = kafka.topic(2)
+        s = _settings(kafka, topic)
+        result = export_dataframe(df, s, formats=RecordFormats(schema_registry.settings(), value=JsonSchemaFormat()))
+        assert result.records == rows
+        assert kafka.read_committed(topic, timeout_s=2) == []
+        commit_prepared(result.committables, kafka.wire, _log(kafka), run="connect4")
+    finally:
+        session.stop()
+    records = kafka.read_committed(topic)
+    values = JSONDeserializer(None, schema_registry_client=schema_registry.confluent_client())
+    decoded = {r.key: values(r.value, SerializationContext(topic, MessageField.VALUE)) for r in records}
+    assert len(records) == rows
+    assert decoded == {f"order-{i}".encode(): {"id": i, "name": f"n{i}"} for i in range(rows)}
     assert kafka.open_transactions(s.transactional_id_prefix) == []

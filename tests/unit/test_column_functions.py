@@ -40,3 +40,30 @@ def test_a_classic_frame_gets_pyspark_sql_functions() -> None:
     import pyspark.sql.functions
 
     assert functions_for(_ClassicLike()) is pyspark.sql.functions
+
+
+class _ConnectFrame(_ConnectLike):
+    """A Spark Connect DataFrame's column lookup, without a server."""
+
+    def __getitem__(self, name: str) -> object:
+        from pyspark.sql.connect import functions as connect_functions
+
+        return connect_functions.col(name)
+
+
+_ConnectFrame.__module__ = "pyspark.sql.connect.dataframe"
+
+
+@pytest.mark.parametrize("schema_type", ["AVRO", "JSON"])
+def test_a_registry_format_frames_a_connect_frame_with_connect_columns(
+    schema_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql.connect.column import Column as ConnectColumn
+
+    from airflow_provider_kafka2pc.registry.resolve import ResolvedSchema
+    from airflow_provider_kafka2pc.spark.record_formats import _framed
+
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
+    text = '{"type": "record", "name": "v", "fields": [{"name": "id", "type": "long"}]}'
+    schema = ResolvedSchema("value", "t-value", 7, 1, text, schema_type, "registered")
+    assert isinstance(_framed(_ConnectFrame(), "value", schema), ConnectColumn)
