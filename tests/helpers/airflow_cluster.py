@@ -83,7 +83,9 @@ class RedisServer(Service):
 
 # Routes a task to a queue by its id's last part (``orders.prepare`` -> ``prepare``) when ``QUEUES``
 # names it; every other task keeps the default queue, which every worker serves.
-_POLICY = """QUEUES = {queues!r}
+_POLICY = """
+__all__ += ["task_policy"]
+QUEUES = {queues!r}
 
 
 def task_policy(task):
@@ -137,8 +139,8 @@ class CeleryAirflow(StandaloneAirflow):
             metadata_host=network.gateway,
         )
         # The result backend is the metadata database (Airflow's default derives it from sql_alchemy_conn).
-        (self.home / "config").mkdir(parents=True, exist_ok=True)
-        (self.home / "config" / "airflow_local_settings.py").write_text(_POLICY.format(queues=dict(routes)))
+        # The policy goes into the home's airflow_local_settings.py, which start() writes.
+        self.local_settings = _POLICY.format(queues=dict(routes))
         self._host_of: dict[str, str] = dict(PLACEMENT)
 
     def start(self) -> None:

@@ -161,14 +161,9 @@ class DagTester:
             "    rows = s.execute(select(AssetModel.uri, AssetEvent.source_task_id, AssetEvent.extra)\n"
             "        .join(AssetModel, AssetEvent.asset_id == AssetModel.id)\n"
             "        .where(AssetEvent.source_dag_id == sys.argv[1], AssetEvent.source_run_id == sys.argv[2]))\n"
-            "    print(json.dumps([{'uri': u, 'task_id': t, 'extra': e} for u, t, e in rows]))\n"
+            f"    print({RESULT_MARK!r} + json.dumps([{{'uri': u, 'task_id': t, 'extra': e}} for u, t, e in rows]))\n"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", code, dag_id, run_id], env=self.env({}), capture_output=True, text=True, timeout=120
-        )
-        if done.returncode != 0:
-            raise AssertionError(f"cannot read the asset events of {dag_id} {run_id}:\n{done.stderr[-3000:]}")
-        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+        return list(json.loads(self.python(code, [dag_id, run_id], f"read the asset events of {dag_id} {run_id}")))
 
     def fail_running_runs(self, dag_id: str) -> list[str]:
         """Mark the DAG's runs still "running" in the DB as failed: the scheduler's part, for a killed dag.test.
@@ -189,14 +184,47 @@ class DagTester:
             "    for dr in s.scalars(select(DagRun).where(*running)):\n"
             "        dr.state = DagRunState.FAILED\n"
             "        ids.append(dr.run_id)\n"
-            "print(json.dumps(ids))\n"
+            f"print({RESULT_MARK!r} + json.dumps(ids))\n"
         )
+        return list(json.loads(self.python(code, [dag_id], f"fail the running runs of {dag_id}")))
+
+    def python(self, code: str, args: list[str], what: str, timeout_s: float = 120) -> str:
+        """What ``python -c code *args`` printed last on a line of its own that starts with
+        ``RESULT_MARK`` (the mark taken off), with the tester's environment; its failure fails the test
+        (``what`` it could not do). A fork of a server already up (Airflow imported), if there is one;
+        else a process of its own."""
+        if os.environ.get("KAFKA2PC_TEST_DAG_FORKS", "1") != "0" and self._forks:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            log = self.logs / f"python-{time.time_ns()}.log"
+            run = next(iter(self._forks.values())).fork_python(code, args, self.env({}), log)
+            if run is not None:
+                try:
+                    code_exit = run.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    kill_group(run)
+                    raise AssertionError(f"cannot {what}: no end in {timeout_s:.0f} s; log: {log}") from None
+                output = log.read_text(errors="replace")
+                if code_exit != 0:
+                    raise AssertionError(f"cannot {what} (exit {code_exit}):\n{output[-3000:]}")
+                return _result(output, what)
         done = subprocess.run(
-            [sys.executable, "-c", code, dag_id], env=self.env({}), capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", code, *args], env=self.env({}), capture_output=True, text=True, timeout=timeout_s
         )
         if done.returncode != 0:
-            raise AssertionError(f"cannot fail the running runs of {dag_id}:\n{done.stderr[-3000:]}")
-        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+            raise AssertionError(f"cannot {what}:\n{done.stderr[-3000:]}")
+        return _result(done.stdout, what)
+
+
+# The line of DagTester.python's program that carries its result (a forked one's output is mixed
+# with the log lines Airflow writes to stderr).
+RESULT_MARK = "kafka2pc-test-result: "
+
+
+def _result(output: str, what: str) -> str:
+    lines = [line.removeprefix(RESULT_MARK) for line in output.splitlines() if line.startswith(RESULT_MARK)]
+    if not lines:
+        raise AssertionError(f"cannot {what}: no result line in\n{output[-3000:]}")
+    return lines[-1]
 
 
 def kill_group(proc: Run) -> None:

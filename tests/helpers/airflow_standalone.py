@@ -41,6 +41,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]  # no stubs in the pinned venv
 
 from tests.helpers.airflow_rest import ADMIN_USER, AirflowHarnessError, AirflowRestApi
+from tests.helpers.dag_test_forks import WARM_IMPORTS
 from tests.helpers.postgres import PostgresCluster
 from tests.helpers.service import Service, free_port
 
@@ -49,6 +50,33 @@ from tests.helpers.service import Service, free_port
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+# ``<home>/config/airflow_local_settings.py``, which every Airflow process imports at its start: in
+# the components that fork a process per task or per DAG file parse (the scheduler, whose
+# LocalExecutor workers are forked from it at its start, the dag-processor, a Celery worker, whose
+# pool processes are), the modules the tests' tasks and DAG files import are imported once; every
+# task (Airflow's supervisor forks it) and every parse then starts with them, as a fork of the
+# dag.test() server does (tests/helpers/dag_test_forks.py). Nothing is configured or run: a module
+# imported here is the one the task would import. Only ``__all__`` becomes Airflow's (its settings
+# module takes every other public name as one of its own).
+_LOCAL_SETTINGS = """import sys as _sys
+
+__all__: list[str] = []
+
+if _sys.argv[1:2] in (["scheduler"], ["dag-processor"]) or _sys.argv[1:3] == ["celery", "worker"]:
+    import importlib as _importlib
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        # As the provider's session_builder does: PySpark warns on import about pandas 3.
+        _warnings.filterwarnings(
+            "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+        )
+        for _name in {modules!r}:
+            _importlib.import_module(_name)
+"""
+# Not the in-process execution API app: only dag.test() serves one (a component's tasks use the api-server's).
+_COMPONENT_WARM_IMPORTS = tuple(m for m in WARM_IMPORTS if m != "airflow.api_fastapi.execution_api.app")
 
 
 @dataclass
@@ -125,6 +153,8 @@ class StandaloneAirflow(AirflowRestApi, Service):
         self._client: httpx.Client | None = None
         self._token: str | None = None
         self.env = self._build_env(parallelism, env or {}, config or {})
+        # Appended to the home's airflow_local_settings.py (a cluster policy, say), names in __all__.
+        self.local_settings = ""
         # Measured by start(); tests report them.
         self.timings: dict[str, float] = {}
 
@@ -171,19 +201,27 @@ class StandaloneAirflow(AirflowRestApi, Service):
             "CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:ADMIN",
             "CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "simple_auth_manager_passwords.json"),
-            # Fast loops: a test waits on each of these several times per run.
-            "SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-            "SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
-            "SCHEDULER__JOB_HEARTBEAT_SEC": "2",
+            # An idle scheduler sleeps 1 s between loops (a busy one does not sleep): a task waits up to
+            # a second more, the idle instance costs half the CPU of 0.5 s. The scheduler's and the
+            # dag-processor's heartbeats only feed their health (threshold: 30 s), so 5 s is plenty;
+            # the tasks' own heartbeats are [workers] min_heartbeat_interval, unchanged. The
+            # triggerer's stays at 2 s: a cluster's triggerer takeover (airflow_cluster.py) measures
+            # its staleness against a 15-s threshold.
+            "SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "5",
+            "SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1.0",
+            "SCHEDULER__JOB_HEARTBEAT_SEC": "5",
             "TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             # A task stuck in "queued" fails in minutes, not after the default 10.
             "SCHEDULER__TASK_QUEUED_TIMEOUT": "180",
             "SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "15",
-            "DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+            # Every DAG file of a test's instance is in its folder before start() (none is added,
+            # changed or removed while it runs), and the first listing of the folder happens at the
+            # dag-processor's start: later listings find nothing new.
+            "DAG_PROCESSOR__REFRESH_INTERVAL": "300",
+            "DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "5",
             # Each pass parses every DAG file again, and the tests' DAG files never change while an
             # instance runs: the first pass is enough, the rest is CPU the other test workers need.
-            "DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "120",
+            "DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "86400",
             "DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "DAG_PROCESSOR__PRINT_STATS_INTERVAL": "0",
             "DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "150",
@@ -204,6 +242,9 @@ class StandaloneAirflow(AirflowRestApi, Service):
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.home / "simple_auth_manager_passwords.json").write_text(json.dumps({ADMIN_USER: self._password}))
+        (self.home / "config").mkdir(exist_ok=True)
+        settings = _LOCAL_SETTINGS.format(modules=_COMPONENT_WARM_IMPORTS)
+        (self.home / "config" / "airflow_local_settings.py").write_text(settings + self.local_settings)
         deadline = time.monotonic() + self.startup_timeout
         t0 = time.monotonic()
         atexit.register(self.stop)  # a crashed test session must not leave Airflow (or PostgreSQL) running

@@ -33,8 +33,9 @@ from typing import IO, Any
 
 from tests.helpers.kafka import REPO
 
-# What a run of the tests' DAGs imports before its first task: done once, in the server.
-_WARM_IMPORTS = (
+# What a run of the tests' DAGs imports before its first task: done once, in the server (and, but
+# the execution API's app, in the forking components of the tests' Airflows: airflow_standalone.py).
+WARM_IMPORTS = (
     "airflow.sdk",
     "airflow.models",
     "airflow.sdk.execution_time.supervisor",
@@ -95,8 +96,12 @@ def _child(request: dict[str, Any], protocol_fd: int, runner: Any) -> None:
 
         if getattr(settings, "engine", None) is not None:
             settings.engine.dispose(close=False)  # the server's pooled connections are not this process's
-        result = runner.run(request["dag_file"], request["dag_id"], request["conf"])
-        print(json.dumps(result))
+        if request.get("code") is not None:  # a Python program on the metadata DB (DagTester.python)
+            sys.argv = ["-c", *request["args"]]
+            exec(compile(request["code"], "<dag_test_forks request>", "exec"), {"__name__": "__main__"})
+        else:
+            result = runner.run(request["dag_file"], request["dag_id"], request["conf"])
+            print(json.dumps(result))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -123,7 +128,7 @@ def serve() -> None:
     os.dup2(log, 2)
     import importlib
 
-    for name in _WARM_IMPORTS:
+    for name in WARM_IMPORTS:
         importlib.import_module(name)
     _prebuild_execution_api()
     runner = _load_runner()
@@ -245,13 +250,20 @@ class DagTestForks:
 
     def fork(self, dag_file: Path, dag_id: str, conf: Any, env: dict[str, str], log: Path) -> ForkedRun | None:
         """A forked run, or None when the server cannot fork one (the caller starts a process)."""
+        return self._fork({"dag_file": str(dag_file), "dag_id": dag_id, "conf": conf, "env": env}, log)
+
+    def fork_python(self, code: str, args: list[str], env: dict[str, str], log: Path) -> ForkedRun | None:
+        """``python -c code *args`` as a fork (Airflow imported), its output in ``log``; None as ``fork``."""
+        return self._fork({"code": code, "args": args, "env": env}, log)
+
+    def _fork(self, fields: dict[str, Any], log: Path) -> ForkedRun | None:
         with self.changed:
             if not self.changed.wait_for(lambda: self._ready is not None, 180) or not self._ready:
                 return None
             self._next += 1
             key = str(self._next)
             run = self._runs[key] = ForkedRun(self)
-            request = {"id": key, "dag_file": str(dag_file), "dag_id": dag_id, "conf": conf, "env": env}
+            request = {"id": key, **fields}
             try:
                 self._stdin.write((json.dumps({**request, "log": str(log)}) + "\n").encode())
                 self._stdin.flush()
