@@ -40,10 +40,12 @@ SOURCE_DAG_ID = "e2e_kafka_source"  # Kafka in, Spark, Kafka out; prefix {prefix
 DAGS = Path(__file__).parent / "dags"
 ROWS, PARTITIONS = 3000, 4
 RUN_TIMEOUT = 300.0  # generous: the shared machine may be loaded, Spark alone takes 10-20 s to start
-# A poll is two reads (the run, its task instances): about 25 ms of the api-server's and
-# PostgreSQL's CPU (measured on an idle instance, 200 reads). At 0.5 s that was 6 CPU-s a minute of
-# waiting, as much again as the idle instance itself; the waits are minutes, a poll's delay seconds.
-POLL_S = 1.0
+# A poll is one read (the task instances; the run's state only once they are all finished): about
+# 12 ms of the api-server's and PostgreSQL's CPU (two reads measured 25 ms on an idle instance). At
+# 0.5 s that was 6 CPU-s a minute of waiting, as much again as the idle instance itself; the waits
+# are minutes, a poll's delay seconds. The shortest state a test must catch at a poll is the two
+# exports' overlap (prepare_b sleeps 30 s after prepare_a failed): many polls at 2 s.
+POLL_S = 2.0
 
 
 @dataclass
@@ -132,7 +134,7 @@ def airflow(kafka: KafkaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "E2E_SOURCE_OUTPUT": source_output,
         "E2E_SOURCE_TOPIC": source.topic,
         "E2E_GROUP": f"{prefix}_group",
-        "E2E_SPARK_CONF": kafka_source_jars(),
+        "E2E_SOURCE_SPARK_CONF": kafka_source_jars(),  # the Kafka-sourced DAG's only
         **kafka2pc_connection(kafka),
         "E2E_PREFIX": prefix,
         "E2E_TOPIC": topic,
@@ -361,7 +363,7 @@ def test_backfill_of_a_pooling_exporter_waits_for_the_live_run(airflow: Instance
     while af.task_states(SCHEDULED_DAG_ID, live).get("prepare") != "running":
         assert time.monotonic() < deadline, af.task_states(SCHEDULED_DAG_ID, live)
         assert af.run_state(SCHEDULED_DAG_ID, live) not in ("success", "failed")
-        time.sleep(0.5)
+        time.sleep(1.0)
     t = airflow.phase("backfill_live_prepare_started", t)
 
     # Two backfill runs, allowed to run at once (and next to the live run: a backfill has its own limit).
@@ -376,7 +378,7 @@ def test_backfill_of_a_pooling_exporter_waits_for_the_live_run(airflow: Instance
     while len(runs) < 2:
         assert time.monotonic() < deadline, runs
         runs = af.dag_runs(SCHEDULED_DAG_ID, run_type="backfill")  # the module's only backfill
-        time.sleep(0.5)
+        time.sleep(1.0)
     assert len(runs) == 2, runs
     backfilled = sorted(str(r["dag_run_id"]) for r in runs)
     tags = sorted(f"bf{datetime.fromisoformat(r['logical_date']):%Y%m%d}" for r in runs)

@@ -174,7 +174,10 @@ class _KillAfterTheDecision(threading.Thread):
                     self.killed = self.af.kill_host(self.host)
                     self.open_at_kill = self.kafka.open_transactions(self.prefix)
                     return
-                time.sleep(0.05)
+                # Each look replays the decision log with a new consumer: once a second is enough,
+                # since the commit hangs 600 s after its decision (decided_then_hang) and a kill a
+                # second later lands in the same place (every transaction still open).
+                time.sleep(1.0)
         except BaseException as e:  # reported by the test, not lost in the thread
             self.error = e
         finally:
@@ -222,7 +225,7 @@ def _wait_task(af: CeleryAirflow, dag_id: str, run_id: str, task: str, state: st
     while af.task_states(dag_id, run_id).get(task) != state:
         assert time.monotonic() < deadline, af.task_states(dag_id, run_id)
         assert af.run_state(dag_id, run_id) not in ("success", "failed"), af.task_states(dag_id, run_id)
-        time.sleep(0.5)
+        time.sleep(1.0)
 
 
 def _commit_hosts(af: CeleryAirflow) -> list[str]:
@@ -239,7 +242,9 @@ def _paused_commit(af: CeleryAirflow, run_id: str, hosts: list[str]) -> tuple[st
                     return host, pid
         assert time.monotonic() < deadline, af.task_states(E2E_DAG, run_id)
         assert af.run_state(E2E_DAG, run_id) not in ("success", "failed"), af.task_states(E2E_DAG, run_id)
-        time.sleep(0.2)
+        # A look is an `ip netns pids` per host and a REST read; the try stays stopped until the test
+        # resumes it, so a second's delay changes nothing.
+        time.sleep(1.0)
 
 
 def _transactional_ids(af: CeleryAirflow, run_id: str) -> set[str]:
@@ -347,7 +352,7 @@ def test_the_triggerer_host_killed_while_recovery_waits_hands_the_wait_to_anothe
     deadline = time.monotonic() + 120
     while not (runs := airflow.dag_runs(SCHEDULED, run_type="backfill")):
         assert time.monotonic() < deadline
-        time.sleep(0.5)
+        time.sleep(1.0)
     backfilled = str(runs[0]["dag_run_id"])
     _wait_task(airflow, SCHEDULED, backfilled, "recover", "deferred")
     assert airflow.kill_host("trigger") > 0

@@ -159,6 +159,11 @@ def browser(ui: UI, request: pytest.FixtureRequest) -> Iterator[Callable[[str], 
         options.binary_location = str(CHROMIUM)
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
             options.add_argument(arg)
+        # Nothing a test looks at: no GPU process, extensions, background fetches (component and
+        # safe-browsing updates, sync) or first-run work; each costs CPU at every browser's start.
+        for arg in ("--disable-gpu", "--disable-extensions", "--disable-background-networking",
+                    "--disable-component-update", "--no-first-run", "--disable-sync"):  # fmt: skip
+            options.add_argument(arg)
         driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
         driver.implicitly_wait(0)
         drivers.append(driver)
@@ -186,7 +191,8 @@ def shot(driver: Any, name: str) -> Path:
     return path
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S, poll: float = 0.25) -> Any:
+    """``check()`` every ``poll`` seconds until it returns something true (returned) or ``timeout``."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -194,7 +200,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> An
             last = check()
             if last:
                 return last
-        time.sleep(0.25)
+        time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
@@ -496,6 +502,9 @@ def test_the_example_dag_triggered_in_the_ui_makes_its_topic_and_exports_exactly
     runs = wait_for("the triggered run", lambda: af.dag_runs(EXAMPLE_DAG_ID))
     assert len(runs) == 1 and runs[0]["triggered_by"] == "ui", runs  # the click's run, none of the API's
     run_id = str(runs[0]["dag_run_id"])
+    # The run takes minutes, and the DAG's page, left open, would poll the API and redraw meanwhile
+    # (the CPU of two processes); the run's page is opened anew below.
+    driver.get("about:blank")
     state = af.wait_run(EXAMPLE_DAG_ID, run_id, timeout=420)
     assert state == "success", af.task_states(EXAMPLE_DAG_ID, run_id)
     created = af.task_log(EXAMPLE_DAG_ID, run_id, "create_topic", 1)
@@ -551,7 +560,7 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
     run_id = af.trigger(DAG_ID, conf=conf)
     prepare_state = wait_for("the prepare's end", lambda: af.task_states(DAG_ID, run_id).get("prepare")
                              in ("success", "failed", "upstream_failed") and af.task_states(DAG_ID, run_id)["prepare"],
-                             timeout=300)  # fmt: skip
+                             timeout=300, poll=1.0)  # fmt: skip
     assert prepare_state == "success", af.task_log(DAG_ID, run_id, "prepare", 1)[-3000:]
     assert len(stoppable.open_transactions(ui.prefix, settle_s=0)) == partitions
     # While the run awaits its commit, the exporter's page shows its transactions as its live run's,
@@ -604,6 +613,7 @@ def test_a_failed_commit_says_the_state_and_the_next_click_and_a_clear_in_the_ui
     shot(driver, "failed-commit-clear-dialog")
     next(b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text == "Confirm").click()
     wait_for("the cleared run to start again", lambda: af.run_state(DAG_ID, run_id) != "failed")
+    driver.get("about:blank")  # not the task's page, polling, while the run ends: it is opened anew below
     assert af.wait_run(DAG_ID, run_id, timeout=300) == "success", af.task_states(DAG_ID, run_id)
     assert [(int(t["try_number"]), t["state"]) for t in af.task_tries(DAG_ID, run_id, "commit")] == [
         (1, "failed"),
@@ -657,7 +667,7 @@ def test_a_lost_run_is_repaired_from_the_exporters_page_and_a_viewer_cannot(
     run_id = af.trigger(REPAIR_DAG_ID, conf=conf)
     assert af.wait_run(REPAIR_DAG_ID, run_id, timeout=300) == "failed", af.task_states(REPAIR_DAG_ID, run_id)
     # The commit died after committing 2 of 4; the broker aborts the other 2 at their 30 s timeout.
-    wait_for("the broker's abort", lambda: not stoppable.open_transactions(prefix, settle_s=0), timeout=180)
+    wait_for("the broker's abort", lambda: not stoppable.open_transactions(prefix, settle_s=0), timeout=180, poll=1.0)
     half = [k for k in visible_keys(stoppable, ui.topic) if k.startswith(f"{tag}-")]
     assert 0 < len(half) < rows
     wire, decision_log = stoppable.new_wire(), DecisionLog(stoppable.config)

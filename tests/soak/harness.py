@@ -791,7 +791,10 @@ class Soak:
             workers = python_workers(root)
             if workers:
                 return workers
-            time.sleep(0.02)
+            # A scan reads every process's stat. The worker struck lives over a second (its task's
+            # first row sleeps 1 s, spark_actor.py; 2 s in the Airflow runs' DAG), and the kill
+            # waits 0.2-0.6 s after the scan (0.3-1.5 s in airflow_soak.py): a scan 0.1 s late is early enough.
+            time.sleep(0.1)
         return []
 
     def commit_phase(self, r: Run, plan: Plan, file: Path) -> None:
@@ -1034,9 +1037,14 @@ class Soak:
         brokers = list(range(1, self.brokers + 1))
         return judge(self.bootstrap, self.topic, PREFIX, judged, self.tool, brokers, open_checks)
 
-    def close(self) -> None:
+    def stop_spark(self) -> None:
+        """The Spark actor's session (a JVM and its Python) ended; a later Spark prepare starts another."""
         if self._spark is not None:
             self.kill(self._spark)
+            self._spark = None
+
+    def close(self) -> None:
+        self.stop_spark()
         self.kl.stop_cluster(self.dir / "kafka")
 
 
@@ -1069,6 +1077,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             protocol_runs(soak, args.runs, args.short, stop, enough(args.enough))
+            soak.stop_spark()  # the Airflow runs' Spark is their tasks' own
             if args.airflow and not stop["asked"] and not soak.first_violations:
                 soak.settle()  # a loss the protocol runs reported is acknowledged before Airflow's runs
                 run_airflow(soak, args.airflow, args.short, directory / "airflow", stop)
@@ -1123,6 +1132,8 @@ def protocol_runs(soak: Soak, runs: int, short: bool, stop: dict[str, bool], unt
         plan = SHORT_PLANS[i % len(SHORT_PLANS)] if short else Plan.draw(soak.rng)
         started = time.monotonic()
         r = soak.one_run(i, plan)
+        if short and not any(SHORT_PLANS[j % len(SHORT_PLANS)].spark for j in range(i + 1, runs)):
+            soak.stop_spark()  # no later run prepares with Spark: its idle session would only cost CPU
         soak.judge_success(r)
         soak.check_truth(f"after run {i}")  # before the next run's recovery acknowledges any loss
         print(progress(f"run {i:4d} {time.monotonic() - started:4.0f}s", r), flush=True)
