@@ -80,11 +80,12 @@ BROKER_JVM_OPTS: tuple[str, ...] = (
     "-XX:-UsePerfData",
     "-Djava.awt.headless=true",
 )
-# Tools are short-lived: C1 only and a serial GC start noticeably faster.
+# Tools are short-lived: C1 only and a serial GC start noticeably faster; no hsperfdata, as a broker.
 TOOL_JVM_OPTS: tuple[str, ...] = (
     "-Xmx256m",
     "-XX:TieredStopAtLevel=1",
     "-XX:+UseSerialGC",
+    "-XX:-UsePerfData",
     "-Djava.awt.headless=true",
 )
 
@@ -732,6 +733,19 @@ def _keep_class_archive(node: NodeState) -> None:
         path.unlink(missing_ok=True)
 
 
+def _tool_class_archive_options(state: ClusterState, main_class: str) -> tuple[list[str], Path | None]:
+    """A tool's options for the cache's class archive of its Java, jars and main class (as a node's,
+    ``_class_archive_options``), and where this run writes the archive when there is none yet."""
+    key = f"{state['java']}|{Path(state['tools_libs_dir']).resolve()}|{main_class}|{'|'.join(TOOL_JVM_OPTS)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    archive = cache_dir() / ARCHIVE_DIR_NAME / f"tool-{main_class.rsplit('.', 1)[-1]}-{digest}.jsa"
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}", *CDS_QUIET], None
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    dump = archive.with_name(f"{archive.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    return [f"-XX:ArchiveClassesAtExit={dump}", *CDS_QUIET], dump
+
+
 def _jvm_env() -> dict[str, str]:
     """This environment without a class archive named in JDK_JAVA_OPTIONS (a test run names Spark's
     there): the node names its own."""
@@ -1270,23 +1284,38 @@ def run_tool(
     log4j = Path(state["tools_log4j_config"])
     if not log4j.exists():
         log4j.write_text(TOOLS_LOG4J2)
+    # Class-data sharing, as a node's: the tools run often (judges, offsets), each a JVM that would
+    # load the same classes again. The first run of a main class writes the archive when it exits.
+    archive_options, dump = _tool_class_archive_options(state, main_class)
     command = [
         state["java"],
         *TOOL_JVM_OPTS,
+        *archive_options,
         f"-Dlog4j2.configurationFile={log4j}",
         "-cp",
         _classpath(state["tools_libs_dir"]),
         main_class,
         *args,
     ]
-    return subprocess.run(
-        command,
-        capture_output=capture,
-        input=input,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    done: subprocess.CompletedProcess[str] | None = None
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=capture,
+            input=input,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=_jvm_env(),  # not the class archive a test run names for Spark's JVMs
+        )
+    finally:
+        if dump is not None:
+            # Kept after a clean exit only (the last one wins); a failed or killed run's goes.
+            if done is not None and done.returncode == 0 and dump.is_file() and dump.stat().st_size > 0:
+                os.replace(dump, dump.with_name(dump.name.split(".jsa.", 1)[0] + ".jsa"))
+            else:
+                dump.unlink(missing_ok=True)
+    return done
 
 
 # --------------------------------------------------------------------------- CLI

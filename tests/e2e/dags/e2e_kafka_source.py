@@ -2,8 +2,8 @@
 
 From the environment: E2E_PREFIX (or E2E_SOURCE_PREFIX), E2E_TOPIC (the output, or
 E2E_SOURCE_OUTPUT), E2E_SOURCE_TOPIC, E2E_GROUP, E2E_MAX_OFFSETS (the source's cap per run,
-unset: none), E2E_SPARK_CONF (JSON; the tests give Spark's Kafka source jars there, as a user
-without Maven access would). The run's conf may give ``fault``:
+unset: none), E2E_SPARK_CONF (or E2E_SOURCE_SPARK_CONF; JSON: the tests give Spark's Kafka source
+jars there, as a user without Maven access would). The run's conf may give ``fault``:
 
 - ``commit_waits``: the commit's first try waits for the conf's ``gate`` file (the test looks at
   the broker between prepare and commit, or moves the group meanwhile);
@@ -33,8 +33,9 @@ from airflow_provider_kafka2pc.operators.export import Kafka2PCExportOperator
 from airflow_provider_kafka2pc.operators.kafka_source import KafkaSource
 from airflow_provider_kafka2pc.sensors.recovery import Kafka2PCRecoverySensor
 
-# E2E_SOURCE_PREFIX and E2E_SOURCE_OUTPUT, where set, win: a standalone Airflow that also runs
-# e2e_kafka2pc (whose E2E_PREFIX and E2E_TOPIC they are) gives this exporter its own.
+# E2E_SOURCE_PREFIX, E2E_SOURCE_OUTPUT and E2E_SOURCE_SPARK_CONF, where set, win: a standalone
+# Airflow that also runs e2e_kafka2pc (whose E2E_PREFIX, E2E_TOPIC and E2E_SPARK_CONF they are)
+# gives this exporter its own (the Kafka source's jars: e2e_kafka2pc's Spark jobs need none).
 PREFIX = os.environ.get("E2E_SOURCE_PREFIX") or os.environ.get("E2E_PREFIX", "e2e_src")
 TOPIC = os.environ.get("E2E_SOURCE_OUTPUT") or os.environ.get("E2E_TOPIC", "e2e_src_out")
 SOURCE_TOPIC = os.environ.get("E2E_SOURCE_TOPIC", "e2e_src_in")
@@ -111,7 +112,7 @@ with DAG(
         spark_conf={
             "spark.master": "local[2]",
             "spark.ui.enabled": "false",
-            **json.loads(os.environ.get("E2E_SPARK_CONF", "{}")),
+            **json.loads(os.environ.get("E2E_SOURCE_SPARK_CONF") or os.environ.get("E2E_SPARK_CONF", "{}")),
         },
     )
     commit = SourceCommitOperator(
