@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,15 +271,19 @@ def _netns_pids(netns: str) -> list[int]:
 
 
 def _kill_netns(netns: str) -> int:
+    return _kill_all(lambda: _netns_pids(netns), netns)
+
+
+def _kill_all(listed: Callable[[], list[int]], what: str) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + KILL_TIMEOUT_S
-    while pids := _netns_pids(netns):  # again: a process may have forked while we killed
+    while pids := listed():  # again: a process may have forked, or entered, while we killed
         for pid in pids:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
         if time.monotonic() > deadline:
-            raise NetnsError(f"processes {pids} of {netns} survived SIGKILL for {KILL_TIMEOUT_S:.0f}s")
+            raise NetnsError(f"processes {pids} of {what} survived SIGKILL for {KILL_TIMEOUT_S:.0f}s")
         time.sleep(0.05)
     return len(killed)
 
@@ -312,8 +316,9 @@ def destroy(prefix: str) -> None:
     for table in _run(["nft", "list", "tables", "bridge"], check=False).split():
         if table.startswith(prefix.replace("-", "_") + "_"):  # a black hole left in place
             _run(["nft", "delete", "table", "bridge", table], check=False)
-    for ns in _namespaces(prefix):
-        _kill_netns(ns)  # before deleting the name: processes would outlive it in a nameless namespace
+    # Before deleting the names, and with the processes still on their way in (``ip netns exec``
+    # before its setns): either would outlive the name in a nameless namespace.
+    _kill_all(lambda: processes(prefix), prefix)
     for ns in _namespaces(prefix):
         _run(["ip", "netns", "delete", ns], check=False)
     for link in _links(prefix):  # a veth goes with its namespace; the bridge does not

@@ -221,6 +221,10 @@ def test_host_faults_and_stop_leave_nothing_behind(tmp_path: Path) -> None:
     dead.wait()
     orphan = netns.create(prefix, ("h1",), tmp_path / "orphan", owner_pid=dead.pid)
     orphan_sleep = subprocess.Popen(orphan.command("h1", ["sleep", "600"]), start_new_session=True)
+    deadline = time.monotonic() + 30
+    while orphan_sleep.pid not in orphan.pids("h1"):  # a host's process, not one still on its way in
+        assert orphan_sleep.poll() is None and time.monotonic() < deadline, "the sleep never entered h1"
+        time.sleep(0.05)
     assert prefix in netns.reap_orphans()
     assert orphan_sleep.wait(5) == -9
     assert netns.leftovers(prefix, tmp_path / "orphan") == []
