@@ -22,7 +22,7 @@ import gc
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bench_env import Kafka, Phases, cpu_between, machine_cpu_seconds, tree_cpu_seconds
@@ -208,15 +208,20 @@ class Runner:
         from airflow_provider_kafka2pc.spark.write_job import ARROW_BYTES_UNCHECKED, ARROW_MAX_BYTES_PER_BATCH
         from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
         from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+        from airflow_provider_kafka2pc.txn.protocol import naming
         from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+        from airflow_provider_kafka2pc.txn.two_phase.export_try import begin_try
 
         settings = ExportSettings(_prefix(), self.kafka.config, topic, writer=writer)
         decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
         decision_log.ensure_topic()
         phases = Phases()
         with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
+            # As the export task does: the try's number, which every writer checks before it takes its id.
+            members = naming.Members(settings.transactional_id_prefix, settings.naming_strategy)
+            settings = replace(settings, export_try=begin_try(wire, members).as_tuple())
             df = self.df if df is None else df
             conf = df.sparkSession.conf
             before = conf.get(ARROW_MAX_BYTES_PER_BATCH, None)  # a --spark-conf value stays the session's

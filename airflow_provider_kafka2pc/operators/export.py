@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from airflow_provider_kafka2pc.txn.protocol.committable import Committable
     from airflow_provider_kafka2pc.txn.protocol.records import RunRecord
     from airflow_provider_kafka2pc.txn.protocol.source_range import SourceRange
+    from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
     from airflow_provider_kafka2pc.txn.two_phase.prepare_session import PrepareSession
 
 SourceCallable = Callable[[Any, "Context"], Any]  # (SparkSession, context) -> DataFrame
@@ -246,14 +247,18 @@ class Kafka2PCExportOperator(BaseOperator):
         session.abort(committables)
         self._skip_or_fail(context, session.prefix, session.run, status)
 
-    def _abort_opened(self, session: PrepareSession) -> bool:
+    def _abort_opened(self, session: PrepareSession, settings: ExportSettings) -> bool:
         """The write job failed or overran: end what it opened now (ABORT decided first, as recovery
         does), instead of leaving it open, stalling read_committed readers, until the abort task.
-        True when nothing of the exporter is left open."""
-        from airflow_provider_kafka2pc.txn.two_phase.recovery import recover_until_clear
+        True when nothing of the exporter is left open. A try that a newer one superseded leaves the
+        ids to it: its pass would abort the newer try's prepared transactions."""
+        from airflow_provider_kafka2pc.txn.protocol.errors import SupersededExportError
 
         try:
-            done, result = recover_until_clear(session.recover)
+            done, result = session.abort_opened(settings)
+        except SupersededExportError as e:
+            self.log.warning("kafka2pc left the write job's transactions to the newer try: %s", e)
+            return False
         except Exception as e:  # best effort: the abort task (and the next recovery) remain
             self.log.warning(
                 "kafka2pc could not abort the write job's transactions now (%s: %s); the abort task will",
@@ -386,6 +391,9 @@ class Kafka2PCExportOperator(BaseOperator):
         status = session.run_status()
         if status is not None:
             self._skip_or_fail(context, prefix, run, status)
+        # Last of the checks: from here a newer try or run supersedes this one, and its writers stand down.
+        members = naming.Members(prefix, self.naming_strategy, session.run_key)
+        taken = session.begin_try(members) if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE else None
         settings = ExportSettings(
             transactional_id_prefix=prefix,
             producer_config=hook.producer_config(self.producer_config),
@@ -396,6 +404,7 @@ class Kafka2PCExportOperator(BaseOperator):
             transaction_timeout_ms=self.transaction_timeout_ms,
             writer=self.writer,
             repairable=self.repairable,
+            export_try=taken.as_tuple() if taken is not None else None,
         )
         self.log.info(
             "prepare %s: %s, %s ids, producer config %s",
@@ -419,7 +428,7 @@ class Kafka2PCExportOperator(BaseOperator):
             self.log.info("%s", p.describe())
 
         def abort_now() -> bool:
-            seen["aborted"] = self._abort_opened(session)
+            seen["aborted"] = self._abort_opened(session, settings)
             return bool(seen["aborted"])
 
         window = window_with_shown_rate(self.window, context["ti"], self.task_id, prefix, self.log)

@@ -135,8 +135,10 @@ def open_offsets_writer(
         return None
     from airflow_provider_kafka2pc.txn.kafka.offsets_writer import OffsetsWriter
     from airflow_provider_kafka2pc.txn.protocol import naming
+    from airflow_provider_kafka2pc.txn.two_phase.export_try import check_try_current
 
     tid = settings.transactional_id(naming.OFFSETS_SLOT)
+    check_try_current(settings)  # a paused try must not fence a newer one's offsets participant
     return OffsetsWriter(
         settings.producer_config, tid, transaction_timeout_ms, id_prefix=settings.transactional_id_prefix
     ).open()

@@ -85,6 +85,7 @@ def run_write_job(
     from airflow_provider_kafka2pc.spark.export_way import WriteJobEnd
     from airflow_provider_kafka2pc.spark.window import WriteWatch, is_executor_lost
     from airflow_provider_kafka2pc.txn.protocol.errors import WindowExceededError
+    from airflow_provider_kafka2pc.txn.two_phase.export_try import superseded_error
 
     reporter = ProgressReporter(spark, on_progress, progress_interval_s) if on_progress else None
     task = way.write_task(settings, window, reporter.written if reporter is not None else None)
@@ -103,6 +104,9 @@ def run_write_job(
                 log.info("kafka2pc write phase started: transactions open from %s", iso(watch.started_ms))
             rows = frame.mapInArrow(task.function, from_arrow_schema(task.schema), barrier=task.barrier).collect()
     except Exception as e:
+        if (superseded := superseded_error(settings)) is not None:
+            # Its writers stood down, and what it may have opened is the newer try's to end: no abort here.
+            raise superseded from e
         if watch is None:
             raise
         seconds = time.monotonic() - started

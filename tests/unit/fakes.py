@@ -279,6 +279,24 @@ class FakeBroker(WireClient):
                     return code
             return self._end_txn_rules(node_id, transactional_id, producer_id, producer_epoch, commit)
 
+    def init_producer_id(self, node_id: int, transactional_id: str, timeout_ms: int) -> tuple[int, int, int]:
+        """A new id gets producer id 1000 + n at epoch 0; a known one keeps its producer id at epoch + 1,
+        its open transaction aborted."""
+        with self._lock:
+            self.events.append(f"init_producer_id {transactional_id}")
+            if node_id != self.coordinator_of(transactional_id):
+                return NOT_COORDINATOR, -1, -1
+            s = self.states.get(transactional_id)
+            if s is None:
+                producer_id, epoch = 1000 + len(self.states), 0
+                self.add(txn_state(transactional_id, "Empty", producer_id, epoch, timeout_ms=timeout_ms))
+            else:
+                if s.state == "Ongoing":
+                    self.set_state(transactional_id, "CompleteAbort")
+                producer_id, epoch = s.producer_id, s.producer_epoch + 1
+                self.set_state(transactional_id, "Empty", producer_epoch=epoch)
+            return NONE, producer_id, epoch
+
     def _end_txn_rules(self, node_id: int, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
         """What a coordinator answers under transaction version 1 (EndTxn <= v4)."""
         if node_id != self.coordinator_of(tid):

@@ -248,6 +248,24 @@ class WireClient:
 
         return int(self._run(go))
 
+    def init_producer_id(self, node_id: int, transactional_id: str, timeout_ms: int) -> tuple[int, int, int]:
+        """InitProducerId of ``transactional_id`` at its coordinator ``node_id``, below the 2PC version
+        (KIP-939): ``(error code, producer id, epoch)``, the epoch the broker gave this request alone."""
+        from kafka.protocol.producer.transaction import InitProducerIdRequest
+
+        async def go() -> tuple[int, int, int]:
+            request = InitProducerIdRequest(
+                transactional_id=transactional_id,
+                transaction_timeout_ms=timeout_ms,
+                producer_id=-1,
+                producer_epoch=-1,
+                max_version=_KIP939_INIT_PRODUCER_ID_VERSION - 1,
+            )
+            response = await self._send(request, node_id)
+            return int(response.error_code), int(response.producer_id), int(response.producer_epoch)
+
+        return self._run(go)  # type: ignore[no-any-return]
+
     def txn_offset_commit(
         self,
         transactional_id: str,

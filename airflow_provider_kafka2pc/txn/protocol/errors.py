@@ -79,6 +79,20 @@ class DeliveryError(Kafka2PCError):
         self.first_error = first_error
 
 
+class SupersededExportError(Kafka2PCError):
+    """An export try that a newer try or run of its exporter replaced while it was paused or cut off
+    (DESIGN §15): it stood down before it took a transactional id, and wrote nothing."""
+
+    def __init__(self, prefix: str, what: str) -> None:
+        super().__init__(
+            f"this export try of exporter {prefix!r} was replaced by a newer try or run while it was paused or "
+            f"cut off ({what}). It stood down before taking a transactional id: it wrote nothing, and the newer "
+            "one's transactions are untouched. Nothing to do here: the newer try's outcome stands (its task, or "
+            "its run's commit, says what it is)"
+        )
+        self.prefix = prefix
+
+
 class CoordinatorError(Kafka2PCError):
     """The transaction coordinator could not be reached or kept answering retriable errors."""
 

@@ -31,6 +31,10 @@ _ATTEMPT_TAG_RE = re.compile(r"a[0-9a-f]{10}", re.ASCII)
 # is -1 wherever slots are numbers (XCom columns, sorting), so it sorts before every partition.
 OFFSETS_SLOT = -1
 OFFSETS_NAME = "offsets"
+# The id whose producer epoch numbers an exporter's export tries (``txn/two_phase/export_try.py``):
+# ``{prefix}-try`` or ``{prefix}-{run_key}-try``. It never holds a transaction, and it is not a
+# slot, so nothing that lists an exporter's transactions takes it for one.
+TRY_NAME = "try"
 
 
 class NamingStrategy(StrEnum):
@@ -105,6 +109,15 @@ def transactional_id(
     if len(tid) > _MAX_ID_LENGTH:
         raise InvalidPrefixError(f"transactional id {tid!r} is too long")
     return tid
+
+
+def try_id(members: Members) -> str:
+    """The id whose producer epoch numbers the export tries of ``members`` (their exporter, and
+    their run for INCREMENTING ids): a newer try's InitProducerId of it supersedes every older one."""
+    if members.strategy is None:
+        raise ValueError("an export try's id needs the naming strategy of its transactional ids")
+    first = transactional_id(members.prefix, 0, members.strategy, members.run_key, members.attempt)
+    return first.rsplit(DELIMITER, 1)[0] + DELIMITER + TRY_NAME
 
 
 def parse_transactional_id(tid: str) -> ParsedId | None:

@@ -43,6 +43,10 @@ class ExportSettings:
     repairable: bool = True
     # Which digest (``txn/protocol/record_digest.py``): a repair computes the one its run recorded.
     digest_scheme: str = SPARK_SCHEME
+    # The export try's number (``txn/two_phase/export_try.py``, ``ExportTry.as_tuple``): each writer
+    # checks it is still current before it takes its id. None: no check (an application attempt's
+    # ids are its own; a repair holds a lease).
+    export_try: tuple[str, str, int, int] | None = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -54,8 +58,9 @@ class ExportSettings:
         d = json.loads(text)
         d["naming_strategy"] = naming.NamingStrategy(d["naming_strategy"])
         d["delivery_guarantee"] = DeliveryGuarantee(d["delivery_guarantee"])
-        if d.get("fail_first_attempt") is not None:
-            d["fail_first_attempt"] = tuple(d["fail_first_attempt"])
+        for name in ("fail_first_attempt", "export_try"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
 
         return cls(**d)
 

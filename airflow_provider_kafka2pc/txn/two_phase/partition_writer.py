@@ -110,6 +110,10 @@ def _tell_once(native_path: bool, why: str) -> None:
 def _open_writer(settings: ExportSettings, slot: int, native_path: bool = False) -> DeliveryWriter:
     from airflow_provider_kafka2pc.txn.kafka.writer import DeliveryWriter, TransactionalWriter
 
+    if settings.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+        from airflow_provider_kafka2pc.txn.two_phase.export_try import check_try_current
+
+        check_try_current(settings)
     if native_path:
         from airflow_provider_kafka2pc.txn.kafka.native_writer import NativeDeliveryWriter, NativeTransactionalWriter
 

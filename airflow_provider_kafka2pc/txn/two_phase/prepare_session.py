@@ -20,12 +20,15 @@ from airflow_provider_kafka2pc.txn.kafka.access import (
 )
 from airflow_provider_kafka2pc.txn.kafka.clients import KafkaClients
 from airflow_provider_kafka2pc.txn.kafka.errors import DecisionLogError, KafkaAuthorizationError, acl_command
+from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.errors import Kafka2PCError, MissingTopicError
 from airflow_provider_kafka2pc.txn.protocol.records import Lease, RunRecord
 from airflow_provider_kafka2pc.txn.protocol.source_files import Splits
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
-from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover
+from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+from airflow_provider_kafka2pc.txn.two_phase.export_try import ExportTry, begin_try, check_try_current
+from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover, recover_until_clear
 from airflow_provider_kafka2pc.txn.two_phase.repair import RepairReport, abort_attempts, repair_lost_run
 from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
 from airflow_provider_kafka2pc.txn.two_phase.ruling import CommitReport, ref_of
@@ -109,6 +112,20 @@ class PrepareSession:
                 f"transactions of exporter {self.prefix!r} are still completing on the broker "
                 f"({recovered.describe()}); {retry}"
             )
+
+    def begin_try(self, members: naming.Members) -> ExportTry:
+        """This try's number on the broker, taken once the try's checks and recovery pass are done:
+        its writers check it before they take their ids (``txn/two_phase/export_try.py``)."""
+        with self._acl_named():
+            return begin_try(self.clients.wire(), members)
+
+    def abort_opened(self, settings: ExportSettings) -> tuple[bool, RecoveryResult]:
+        """The write job failed or overran: recovery passes until nothing of the run is open (ABORT
+        decided first); (nothing left open, the last pass). A try that a newer one superseded raises
+        ``SupersededExportError`` and touches nothing: its pass would abort the newer try's prepared
+        transactions, and the ids are the newer try's to end."""
+        check_try_current(settings)
+        return recover_until_clear(self.recover)
 
     def claim(self, owner: str) -> None:
         """Register ``owner`` as the only exporter of the prefix; refuse if another owns it."""
