@@ -379,3 +379,28 @@ def test_a_same_value_commit_after_the_resend_is_said_with_the_reset_commands_an
     assert consumer_groups_tool(kafka, group) == {(topic, 0): 22, (topic, 1): 8}
     assert not snapshot_source(kafka.config, spec, previous=last).moves
     assert main(["list", *common]) == 0
+
+
+def test_a_commit_that_comes_back_after_later_runs_moved_the_group_on_says_nothing_of_moving_it_back(
+    kafka: KafkaEnv, source: tuple[str, Any]
+) -> None:
+    """DESIGN §15: a commit paused between its EndTxns and its look at the group comes back after a
+    later run committed and moved the group past the run's ends. That group is not behind the run;
+    before, the commit raised OffsetsNotMovedError with commands that moved it back to the run's
+    ends, and following them made the next run export the later run's records again."""
+    from airflow_provider_kafka2pc.txn.two_phase.source_guard import SourceGuard
+
+    topic, _ = source
+    out = kafka.topic(partitions=1)
+    group, prefix = f"g{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    read, committables = _sourced_run(kafka, topic, group, prefix, out)
+    guard = SourceGuard(kafka.config, [(read, committables[1])])
+    report = commit_prepared(committables, kafka.wire, _log(kafka), run="r2", guard=guard, sources={prefix: read})
+    assert [x.outcome for x in report.resolutions] == [Verdict.COMMITTED, Verdict.COMMITTED]
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 22, (topic, 1): 8}
+    _write(_producer(kafka, f"more-{uuid.uuid4().hex[:6]}"), topic, 0, range(200, 204), "commit")
+    later = _commit_a_run(kafka, topic, group, prefix, 100, "r3")
+    assert [(p.start, p.end) for p in later.partitions if p.partition == 0] == [(22, 27)]
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 27, (topic, 1): 8}
+    guard.after_commit("r2", [committables[1].transactional_id])  # r2's commit, resumed: nothing to say
+    assert consumer_groups_tool(kafka, group) == {(topic, 0): 27, (topic, 1): 8}

@@ -16,6 +16,8 @@ the decision:
 2. ``after_commit`` reads the group once its commit has settled: a regular commit in the remaining
    moment (between that resend and the EndTxn) leaves the output visible and the group behind, and
    ``OffsetsNotMovedError`` says exactly that, with the commands that move the group to the run's end.
+   A group past the run's ends is never called behind: a commit that resumes after a pause finds it
+   there once later runs committed.
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ class SourceGuard:
 
     def after_commit(self, run: str, committed: Iterable[str]) -> None:
         """Raise ``OffsetsNotMovedError`` for each source whose offsets participant committed
-        (``committed``: transactional ids) while its group is not at the run's ends. The run is
+        (``committed``: transactional ids) while its group is behind the run's ends. The run is
         committed whatever this finds: a group that cannot be read is logged, not raised as a failure
-        of the commit."""
+        of the commit. A group past the ends is not behind this run: later runs moved it on (this
+        commit resumed after a pause, DESIGN §15), and moving it back, as the commands would, makes
+        the next run export theirs again; a group someone else moved past them, the next run's
+        snapshot names."""
         done = set(committed)
         for source, c in self.sources:
             if c.transactional_id not in done:
@@ -109,7 +114,9 @@ class SourceGuard:
                 )
                 continue
             behind = [(p, now.get((p.topic, p.partition))) for p in source.partitions]
-            self._raise_if_behind(run, source, [(p, offset) for p, offset in behind if offset != p.end])
+            self._raise_if_behind(
+                run, source, [(p, offset) for p, offset in behind if offset is None or offset < p.end]
+            )
 
     def still_behind(self, run: str) -> None:
         """For a commit that finds its run already final: raise ``OffsetsNotMovedError`` while a
