@@ -167,15 +167,28 @@ def pause_after_decision(log: DecisionLog) -> None:
     """Make this process stop itself (SIGSTOP, a real pause: a VM or GC freeze, a black-holed host)
     right after its decision is read back, before its first EndTxn; the test resumes it with SIGCONT
     once other actors have moved on. "paused" on stderr says it is about to stop."""
-    decide = log.decide
+    _pause_after(log, "decide")
 
-    def decide_then_pause(*args: Any, **kwargs: Any) -> Any:
-        state = decide(*args, **kwargs)
-        print("paused", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        return state
 
-    log.decide = decide_then_pause  # type: ignore[method-assign]
+def pause_after_read(log: DecisionLog) -> None:
+    """As ``pause_after_decision``, right after the process's first read of the log (a commit: before
+    it looks at its transactions), the pause holding what it read."""
+    _pause_after(log, "read", once=True)
+
+
+def _pause_after(log: DecisionLog, method: str, once: bool = False) -> None:
+    call = getattr(log, method)
+    paused: list[bool] = []
+
+    def call_then_pause(*args: Any, **kwargs: Any) -> Any:
+        answer = call(*args, **kwargs)
+        if not (once and paused):
+            paused.append(True)
+            print("paused", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return answer
+
+    setattr(log, method, call_then_pause)
 
 
 def await_file(log: DecisionLog, path: str) -> None:
@@ -204,6 +217,7 @@ def main() -> int:
     ap.add_argument("--stall-after-ends", type=int, default=None)
     ap.add_argument("--hold-before-decision-ms", type=int, default=0)
     ap.add_argument("--pause-after-decision", action="store_true")
+    ap.add_argument("--pause-after-read", action="store_true")
     ap.add_argument("--hold-after-decision-ms", type=int, default=0)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--end-txn-timeout", type=float, default=60.0)
@@ -221,6 +235,8 @@ def main() -> int:
     try:
         if args.pause_after_decision:  # a commit, an abort or a recovery that decides
             pause_after_decision(log)
+        if args.pause_after_read:
+            pause_after_read(log)
         if args.hold_after_decision_ms:  # "decided", then a hold: a black hole lands before the first EndTxn
             hold_after_decision(log, args.hold_after_decision_ms)
         if args.action == "recover":

@@ -111,6 +111,43 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
+def test_a_commit_paused_before_its_decision_answers_from_the_twin_that_committed_meanwhile(
+    kafka: KafkaEnv, tmp_path: Path
+) -> None:
+    """A commit frozen right after it read the log, before it looked at its transactions; its retry
+    commits the run meanwhile. Back, it finds them committed, which its old reading calls doomed: it
+    must answer from the log read again (committed, by another process), never append an ABORT and
+    say that nothing of the run is visible."""
+    prefix, topic, log_topic = _new("zr"), kafka.topic(), _new("decisions_")
+    log = DecisionLog(kafka.config, topic=log_topic)
+    log.ensure_topic()
+    first = prepare(kafka, prefix, 2, topic, records=500, tag="run1")
+    path = write_committables(tmp_path, first)
+    args = ("--run", "run-1", "--committables", path, "--decision-topic", log_topic, "--pause-after-read")
+    zombie, err = spawn(kafka, tmp_path, "commit", *args)
+    try:
+        wait_for_line(zombie, err, "paused")
+        while not stopped(zombie.pid):  # the line comes just before its SIGSTOP
+            assert zombie.poll() is None, err.read_text()[-3000:]
+            time.sleep(0.001)
+        assert commit_prepared(first, kafka.wire, log, "run-1").committed  # the retry, elsewhere
+        os.killpg(zombie.pid, signal.SIGCONT)
+        out, _ = zombie.communicate(timeout=180)
+    finally:
+        if zombie.poll() is None:
+            sigkill(zombie)
+    said = err.read_text()
+    assert zombie.returncode == 0, said[-3000:]
+    assert "was decided by another process since this commit read the log" in said, said[-3000:]
+    assert "already committed" in out or '"resolutions": 2' in out, out
+    assert "nothing of it is visible" not in said and "RunAborted" not in said
+    keys = [r.key for r in kafka.read_committed(topic)]
+    assert len(keys) == 1000 and len(set(keys)) == 1000
+    state = DecisionLog(kafka.config, topic=log_topic).read()
+    assert state.runs[(prefix, "run-1")].status is RunStatus.COMMITTED
+    assert kafka.open_transactions(prefix) == []
+
+
 def _history_keys(config: dict[str, str], topic: str) -> list[bytes]:
     """Every key partition 1 (the history) holds now, raw, in offset order."""
     return [e.key for e in DecisionLog(config, topic=topic).scan(None, 1)]

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
-from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
+from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog, KeepRun
 from airflow_provider_kafka2pc.txn.kafka.transactions import OPEN_STATES
 from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
@@ -153,8 +153,11 @@ def decide_commit(
     progress: CommitProgress | None = None,
     guard: SourceGuard | None = None,
     sources: Mapping[str, SourceRange] | None = None,
+    look_again: bool = True,
 ) -> Decided | CommitReport:
-    """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not."""
+    """Steps 1-3 of ``commit_prepared``: a COMMIT in force for the run, or the report of why not.
+    ``look_again``: transactions found doomed send it back to step 1 once if the log, read afresh,
+    holds the run's decision (a twin decided it while this one was paused)."""
     refs = [ref_of(c) for c in committables]
     check_unique(refs)
     exporters = _members(prefixes)
@@ -204,6 +207,15 @@ def decide_commit(
         moved, group_moved = guard.before_decision(wire) if guard is not None and not doomed else ({}, False)
         if guard is not None and not doomed and not moved:
             doomed = doomed_of(refs, observed, headroom)  # the guard's own time counts against the deadline
+        if (doomed or moved) and look_again and _decided_since(decision_log, keep, run_prefixes, run, refs):
+            # Not doomed: a twin of this task (a retry, while this one was paused) decided the run, and
+            # may have committed it, since this one read the log. Its decision is the answer.
+            log.info("run %s was decided by another process since this commit read the log: following it", run)
+            return decide_commit(
+                committables, wire, decision_log, run, max_workers=max_workers, prefixes=prefixes,
+                end_txn_timeout_s=end_txn_timeout_s, headroom_ms=headroom_ms, progress=progress, guard=guard,
+                sources=sources, look_again=False,
+            )  # fmt: skip
         if doomed or moved:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed or moved))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.
@@ -235,6 +247,15 @@ def decide_commit(
         _log_decision(mine, committables, state, "appended by an earlier try")
     resolver.committed_in_log = committed_in(state)
     return Decided(state, mine, resolver)
+
+
+def _decided_since(
+    decision_log: DecisionLog, keep: KeepRun, run_prefixes: Sequence[str], run: str, refs: Sequence[TxnRef]
+) -> bool:
+    """Whether the log read afresh holds a decision of this run: a run record, or a COMMIT of these
+    transactions in force."""
+    state = decision_log.read(keep_run=keep, history={run_key(p, run) for p in run_prefixes})
+    return any(state.runs.get((p, run)) is not None for p in run_prefixes) or state.commit_of_run(run, refs) is not None
 
 
 def _prefixes(d: DecisionRecord) -> list[str]:
