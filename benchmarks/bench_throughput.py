@@ -221,7 +221,7 @@ class Runner:
         with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
             # As the export task does: the try's number, which every writer checks before it takes its id.
             members = naming.Members(settings.transactional_id_prefix, settings.naming_strategy)
-            settings = replace(settings, export_try=begin_try(wire, members).as_tuple())
+            settings = replace(settings, export_try=begin_try(wire, members, settings.producer_config).as_tuple())
             df = self.df if df is None else df
             conf = df.sparkSession.conf
             before = conf.get(ARROW_MAX_BYTES_PER_BATCH, None)  # a --spark-conf value stays the session's

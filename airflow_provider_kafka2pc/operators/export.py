@@ -393,10 +393,11 @@ class Kafka2PCExportOperator(BaseOperator):
             self._skip_or_fail(context, prefix, run, status)
         # Last of the checks: from here a newer try or run supersedes this one, and its writers stand down.
         members = naming.Members(prefix, self.naming_strategy, session.run_key)
-        taken = session.begin_try(members) if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE else None
+        producer_config = hook.producer_config(self.producer_config)
+        taken = session.begin_try(members, producer_config) if exactly_once else None
         settings = ExportSettings(
             transactional_id_prefix=prefix,
-            producer_config=hook.producer_config(self.producer_config),
+            producer_config=producer_config,
             topic=self.topic,
             naming_strategy=self.naming_strategy,
             run_key=session.run_key,

@@ -2,10 +2,10 @@
 (``Kafka2PCExportOperator._prepare``): the recovery pass, the prefix claim, the run's status, the
 try's number (``PrepareSession.begin_try``), then ``export_run`` with the session's at-once abort.
 
-``--gate``: the frame is computed before any transaction opens, and its first row waits for that
-file, so the test can pause the try (SIGSTOP) after it took its number and before its writers take
-their ids. Prints each committable as a JSON line and exits 0; a superseded try says
-``SupersededExportError: ...`` on stderr and exits 20.
+``--gate``: the frame is computed before any transaction opens (``materialize``, said here though
+it is the default), and its first row waits for that file, so the test can pause the try (SIGSTOP)
+after it took its number and before its writers take their ids. Prints each committable as a JSON
+line and exits 0; a superseded try says ``SupersededExportError: ...`` on stderr and exits 20.
 """
 
 from __future__ import annotations
@@ -81,7 +81,11 @@ def main() -> int:
                 args.prefix, config, args.topic, strategy, args.run_key, export_try=taken.as_tuple()
             )
             result = export_run(
-                session, df, settings, window=WindowSettings(), abort_opened=lambda: session.abort_opened(settings)[0]
+                session,
+                df,
+                settings,
+                window=WindowSettings(materialize=True),
+                abort_opened=lambda: session.abort_opened(settings)[0],
             )
     except SupersededExportError as e:
         print(f"SupersededExportError: {e}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -40,10 +41,13 @@ def _export(kafka: KafkaEnv, prefix: str, topic: str, run: str, run_key: str | N
     return spawn_actor(argv, tmp, tag)
 
 
-def _pause(proc: subprocess.Popen[str], err: Path) -> None:
-    os.killpg(proc.pid, signal.SIGSTOP)
+def _stopped(proc: subprocess.Popen[str], err: Path) -> None:
+    """Until the kernel shows the process stopped (a SIGSTOP sent by the test, or by itself)."""
+    deadline = time.monotonic() + 120
     while not stopped(proc.pid):
         assert proc.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the process never stopped"
+        time.sleep(0.001)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +71,8 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
     commit: subprocess.Popen[str] | None = None
     try:
         wait_for_line(old, old_err, f"holds {prefix}-", timeout_s=300)  # its number taken, its frame computing
-        _pause(old, old_err)
+        os.killpg(old.pid, signal.SIGSTOP)
+        _stopped(old, old_err)
         gate.touch()  # once it runs again, nothing holds it back
         new, new_err = _export(kafka, prefix, topic, new_run, run_key, "new", tmp_path)
         out, _ = new.communicate(timeout=600)
@@ -79,8 +84,7 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
             commit, commit_err = spawn(kafka, tmp_path, "commit", "--run", new_run, "--committables", path,
                                        "--pause-after-decision")  # fmt: skip
             wait_for_line(commit, commit_err, "paused")
-            while not stopped(commit.pid):  # the line comes just before its SIGSTOP
-                assert commit.poll() is None, commit_err.read_text()[-3000:]
+            _stopped(commit, commit_err)  # the line comes just before its SIGSTOP
         os.killpg(old.pid, signal.SIGCONT)
         old.communicate(timeout=600)
         said = old_err.read_text()

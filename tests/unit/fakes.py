@@ -45,6 +45,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
     new_decision,
 )
 
+INVALID_TRANSACTION_TIMEOUT = 50  # a timeout above the broker's transaction.max.timeout.ms
 TOPIC = "events"
 DEFAULT_TIMEOUT_MS = 900_000  # the broker's default transaction.max.timeout.ms
 
@@ -157,6 +158,7 @@ class FakeBroker(WireClient):
         self.list_errors: list[int] = []  # whole-response codes of the next ListTransactions, in order
         self.upcoming_states: dict[str, list[TxnState]] = defaultdict(list)  # shown by later describes
         self.supports_pattern = True
+        self.max_transaction_timeout_ms = 900_000  # the broker's transaction.max.timeout.ms
         self.end_txn_barrier: threading.Barrier | None = None
         self.events: list[str] = events if events is not None else []
         self.end_txn_calls: list[EndTxnCall] = []
@@ -286,6 +288,8 @@ class FakeBroker(WireClient):
             self.events.append(f"init_producer_id {transactional_id}")
             if node_id != self.coordinator_of(transactional_id):
                 return NOT_COORDINATOR, -1, -1
+            if timeout_ms > self.max_transaction_timeout_ms:
+                return INVALID_TRANSACTION_TIMEOUT, -1, -1
             s = self.states.get(transactional_id)
             if s is None:
                 producer_id, epoch = 1000 + len(self.states), 0

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_kafka2pc.txn.kafka.decision_log import Position
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
+from airflow_provider_kafka2pc.txn.protocol.decisions import LogState
 from airflow_provider_kafka2pc.txn.protocol.errors import DecisionConflictError, TransactionLostError
 from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 from airflow_provider_kafka2pc.txn.protocol.records import (
@@ -25,7 +26,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import (
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import covered, now_ms
-from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable
+from tests.unit.fakes import FakeBroker, FakeClock, MemoryDecisionLog, committable, txn_state
 
 TIDS = ("orders-0", "orders-1", "orders-2")
 
@@ -373,3 +374,43 @@ def test_incrementing_recovery_leaves_another_live_runs_undecided_transactions_a
     assert [r.transactional_id for r in result.plan.abort] == [mine[0].transactional_id]
     assert broker.aborts_sent() == ["orders-run1-0"]
     assert broker.state_of(other[0].transactional_id) == "Ongoing"
+
+
+# --- a commit that comes back with an old reading (DESIGN §15) ---------------------------------
+
+
+class PausedAfterRead(HookedLog):
+    """The commit reads the log, then pauses: ``meanwhile`` runs once, right after that first read."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.meanwhile: Callable[[], object] | None = None
+        super().__init__(events)
+
+    def read(self, *args: object, **kwargs: object) -> LogState:
+        state = super().read(*args, **kwargs)  # type: ignore[arg-type]
+        if self.meanwhile is not None:
+            act, self.meanwhile = self.meanwhile, None
+            act()
+        return state
+
+
+@pytest.mark.parametrize("then", ["committed", "ids taken anew by another producer"])
+def test_a_commit_paused_after_its_read_answers_from_the_twin_that_committed_meanwhile(
+    broker: FakeBroker, events: list[str], then: str
+) -> None:
+    log = PausedAfterRead(events)
+    cs = prepared(broker, *TIDS)
+
+    def twin() -> None:
+        assert commit_prepared(cs, broker, log.sibling(), run="dag/run-1").committed
+        if then != "committed":  # the ids expired and were taken by a new producer, writing now
+            for tid in TIDS:
+                broker.add(txn_state(tid, "Ongoing", producer_id=5000))
+
+    log.meanwhile = twin
+    report = commit_prepared(cs, broker, log, run="dag/run-1")
+    assert report.committed and "already committed" in report.note
+    assert broker.aborts_sent() == [] and sorted(broker.commits_sent()) == sorted(TIDS)
+    assert Kind.ABORT not in log.decisions("orders-0")
+    rec = log.read().run_status("orders", "dag/run-1")
+    assert rec is not None and rec.status is RunStatus.COMMITTED

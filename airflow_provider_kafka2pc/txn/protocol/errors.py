@@ -80,15 +80,16 @@ class DeliveryError(Kafka2PCError):
 
 
 class SupersededExportError(Kafka2PCError):
-    """An export try that a newer try or run of its exporter replaced while it was paused or cut off
-    (DESIGN §15): it stood down before it took a transactional id, and wrote nothing."""
+    """An export try that another try of its exporter superseded (DESIGN §15): mostly a newer try or
+    run while this one was paused or cut off. It stood down before it took a transactional id."""
 
     def __init__(self, prefix: str, what: str) -> None:
         super().__init__(
-            f"this export try of exporter {prefix!r} was replaced by a newer try or run while it was paused or "
-            f"cut off ({what}). It stood down before taking a transactional id: it wrote nothing, and the newer "
-            "one's transactions are untouched. Nothing to do here: the newer try's outcome stands (its task, or "
-            "its run's commit, says what it is)"
+            f"this export try of exporter {prefix!r} was superseded by another try or run of the exporter, most "
+            f"likely while it was paused or cut off ({what}). It stood down before taking a transactional id: it "
+            "wrote nothing and ended nothing of the other's. If another try or run of this exporter is running, "
+            "its outcome stands (its task, or its run's commit, says what it is); if none is, clear this task "
+            "to export again"
         )
         self.prefix = prefix
 

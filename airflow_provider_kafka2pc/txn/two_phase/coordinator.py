@@ -195,7 +195,26 @@ def decide_commit(
         observed = resolver.observe_all(refs)
         if progress is not None:
             progress.saw_deadlines(deadline_of(s) for _, s in observed.values())
-        check_current_producers(refs, observed, run_prefixes)
+
+        def followed() -> Decided | CommitReport | None:
+            """What this reading makes of the transactions (doomed, another producer's) is not the
+            answer if a twin of this task (a retry, while this one was paused) decided the run, and
+            may have committed it, since this one read the log: then its decision is."""
+            if not (look_again and _decided_since(decision_log, keep, run_prefixes, run, refs)):
+                return None
+            log.info("run %s was decided by another process since this commit read the log: following it", run)
+            return decide_commit(
+                committables, wire, decision_log, run, max_workers=max_workers, prefixes=prefixes,
+                end_txn_timeout_s=end_txn_timeout_s, headroom_ms=headroom_ms, progress=progress, guard=guard,
+                sources=sources, look_again=False,
+            )  # fmt: skip
+
+        try:
+            check_current_producers(refs, observed, run_prefixes)
+        except StaleCommittableError:
+            if (answer := followed()) is not None:  # its ids taken anew since the twin committed them
+                return answer
+            raise
         decided = [st for p in run_prefixes if (st := state.run_status(p, run)) is not None]
         if decided:  # the run is decided with other transactions: these are a second export of it
             _abort_run(decision_log, resolver, refs, observed, run, by_tid)
@@ -207,15 +226,8 @@ def decide_commit(
         moved, group_moved = guard.before_decision(wire) if guard is not None and not doomed else ({}, False)
         if guard is not None and not doomed and not moved:
             doomed = doomed_of(refs, observed, headroom)  # the guard's own time counts against the deadline
-        if (doomed or moved) and look_again and _decided_since(decision_log, keep, run_prefixes, run, refs):
-            # Not doomed: a twin of this task (a retry, while this one was paused) decided the run, and
-            # may have committed it, since this one read the log. Its decision is the answer.
-            log.info("run %s was decided by another process since this commit read the log: following it", run)
-            return decide_commit(
-                committables, wire, decision_log, run, max_workers=max_workers, prefixes=prefixes,
-                end_txn_timeout_s=end_txn_timeout_s, headroom_ms=headroom_ms, progress=progress, guard=guard,
-                sources=sources, look_again=False,
-            )  # fmt: skip
+        if (doomed or moved) and (answer := followed()) is not None:
+            return answer
         if doomed or moved:
             log.error("run %s cannot commit atomically (%d doomed); aborting all of it", run, len(doomed or moved))
             # Recovery may have decided ABORT and ended them since the log was read: then it won.

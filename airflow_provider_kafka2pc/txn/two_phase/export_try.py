@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_kafka2pc.txn.kafka.config import kafka_python_settings
+from airflow_provider_kafka2pc.txn.kafka.errors import UnmappableConfigError
 from airflow_provider_kafka2pc.txn.kafka.retries import retry
 from airflow_provider_kafka2pc.txn.kafka.transactions import (
-    OPEN_STATES,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TransactionInspector,
     coordinator_error,
@@ -38,8 +39,9 @@ from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettin
 
 log = logging.getLogger(__name__)
 
-# The try id never holds a transaction; a timeout is required by InitProducerId all the same.
-_TRY_TIMEOUT_MS = 60_000
+# The try id never holds a transaction, but InitProducerId needs a timeout, and the broker refuses
+# one above its transaction.max.timeout.ms (some services cap it at 30 s or less).
+_TRY_TIMEOUT_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,19 @@ class ExportTry:
         return cls(str(prefix), str(try_id), int(producer_id), int(producer_epoch))
 
 
-def begin_try(wire: WireClient, members: naming.Members, timeout_s: float = 60.0) -> ExportTry:
-    """Take the try's number, then check that none of ``members``' ids is open: the caller's recovery
-    pass has just ended what was, so an open one is a newer try's or run's, already writing."""
+def begin_try(
+    wire: WireClient, members: naming.Members, writer_config: Mapping[str, Any], timeout_s: float = 60.0
+) -> ExportTry:
+    """Take the try's number, with a look before and after for transactions of ``members`` already
+    open: the caller's recovery pass has just ended what was, so an open one belongs to another try
+    of the exporter that is writing now. Found before, the try stands down without taking a number
+    (it would supersede that try); found after, it stands down too (the other took its number first).
+    ``writer_config`` is what the writers check the number with: refused now, naming the setting,
+    if the commit side's client cannot connect with it."""
+    check_writer_config(writer_config)
     inspector = TransactionInspector(wire, timeout_s)
     tid = naming.try_id(members)
+    _stand_down_if_open(inspector, members, "before this try took its number")
 
     def init() -> tuple[int, int]:
         node = inspector.coordinators([tid])[tid]
@@ -76,17 +86,35 @@ def begin_try(wire: WireClient, members: naming.Members, timeout_s: float = 60.0
         return producer_id, epoch
 
     producer_id, epoch = retry(f"InitProducerId({tid!r})", init, timeout_s)
-    taken = ExportTry(members.prefix, tid, producer_id, epoch)
-    open_now = [s for s in inspector.describe_prefix(members.prefix, OPEN_STATES) if members.owns(s.transactional_id)]
+    _stand_down_if_open(inspector, members, f"when this try took its number (epoch {epoch} of {tid!r})")
+    log.info("kafka2pc: export try of %s holds %s at producer %d epoch %d", members.prefix, tid, producer_id, epoch)
+    return ExportTry(members.prefix, tid, producer_id, epoch)
+
+
+def _stand_down_if_open(inspector: TransactionInspector, members: naming.Members, when: str) -> None:
+    """Ongoing only: a transaction still ending (its markers being written) is no writer's."""
+    open_now = [s for s in inspector.describe_prefix(members.prefix, ("Ongoing",)) if members.owns(s.transactional_id)]
     if open_now:
         first = open_now[0]
         raise SupersededExportError(
             members.prefix,
-            f"{len(open_now)} of its transactions were opened after this try's recovery pass, "
+            f"{len(open_now)} of its transaction(s) were open {when}, after its recovery pass, "
             f"{first.transactional_id!r} by producer {first.producer_id} epoch {first.producer_epoch}",
         )
-    log.info("kafka2pc: export try of %s holds %s at producer %d epoch %d", members.prefix, tid, producer_id, epoch)
-    return taken
+
+
+def check_writer_config(config: Mapping[str, Any]) -> None:
+    """The writers describe the try id with the commit side's client (kafka-python): a connection
+    setting in the export's ``producer_config`` it cannot honour is refused on the driver, by name."""
+    try:
+        kafka_python_settings(config)
+    except UnmappableConfigError as e:
+        raise UnmappableConfigError(
+            e.key,
+            f"{str(e).split(': ', 1)[-1]}. The export's writers check their export try with kafka2pc's commit-side "
+            "client, which cannot honour it: set how to connect on the connection, and only producer tuning in "
+            "producer_config",
+        ) from e
 
 
 def check_still_current(config: Mapping[str, Any], taken: ExportTry, timeout_s: float = 30.0) -> None:
@@ -138,4 +166,12 @@ def check_try_current(settings: ExportSettings) -> None:
         check_still_current(settings.producer_config, ExportTry.from_tuple(settings.export_try))
 
 
-__all__ = ["ExportTry", "begin_try", "check_held", "check_still_current", "check_try_current", "superseded_error"]
+__all__ = [
+    "ExportTry",
+    "begin_try",
+    "check_held",
+    "check_still_current",
+    "check_try_current",
+    "check_writer_config",
+    "superseded_error",
+]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from airflow_provider_kafka2pc.txn.kafka.access import (
     DECISION_TOPIC_OPERATIONS,
@@ -113,11 +114,11 @@ class PrepareSession:
                 f"({recovered.describe()}); {retry}"
             )
 
-    def begin_try(self, members: naming.Members) -> ExportTry:
+    def begin_try(self, members: naming.Members, writer_config: Mapping[str, Any]) -> ExportTry:
         """This try's number on the broker, taken once the try's checks and recovery pass are done:
-        its writers check it before they take their ids (``txn/two_phase/export_try.py``)."""
+        its writers check it with ``writer_config`` before they take their ids (``txn/two_phase/export_try.py``)."""
         with self._acl_named():
-            return begin_try(self.clients.wire(), members)
+            return begin_try(self.clients.wire(), members, writer_config)
 
     def abort_opened(self, settings: ExportSettings) -> tuple[bool, RecoveryResult]:
         """The write job failed or overran: recovery passes until nothing of the run is open (ABORT
