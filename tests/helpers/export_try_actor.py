@@ -76,7 +76,7 @@ def main() -> int:
             if session.run_status() is not None:
                 print("the run is decided: nothing exported", file=sys.stderr, flush=True)
                 return 0
-            taken = session.begin_try(Members(args.prefix, strategy, args.run_key))
+            taken = session.begin_try(Members(args.prefix, strategy, args.run_key), config)
             settings = ExportSettings(
                 args.prefix, config, args.topic, strategy, args.run_key, export_try=taken.as_tuple()
             )

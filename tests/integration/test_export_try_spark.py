@@ -89,7 +89,7 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
         old.communicate(timeout=600)
         said = old_err.read_text()
         assert old.returncode == SUPERSEDED_EXIT, said[-3000:]
-        assert f"SupersededExportError: this export try of exporter {prefix!r} was replaced" in said
+        assert f"SupersededExportError: this export try of exporter {prefix!r} was superseded by another try" in said
         assert f"{prefix}-{run_key + '-' if run_key else ''}try' is held by producer" in said, said[-3000:]
         if commit is None:
             commit, commit_err = spawn(kafka, tmp_path, "commit", "--run", new_run, "--committables", path)
