@@ -67,6 +67,16 @@ def sigkill(proc: subprocess.Popen[str]) -> None:
     proc.wait(30)
 
 
+def wait_until_stopped(proc: subprocess.Popen[str], err: Path, timeout_s: float = 120) -> None:
+    """Until the kernel shows the actor stopped: a SIGSTOP the test sent, or the one it sends itself
+    just after it says "paused"."""
+    deadline = time.monotonic() + timeout_s
+    while not stopped(proc.pid):
+        assert proc.poll() is None, f"actor exited {proc.returncode} before it stopped: {err.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"actor not stopped after {timeout_s} s: {err.read_text()[-3000:]}"
+        time.sleep(0.001)
+
+
 def stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP), by its state in /proc; False once it is gone."""
     try:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from airflow_provider_kafka2pc.txn.kafka.decision_log import DecisionLog
 from airflow_provider_kafka2pc.txn.protocol.committable import Committable
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from tests.helpers.actors import spawn as spawn_actor
-from tests.helpers.actors import stopped, wait_for_line
+from tests.helpers.actors import wait_for_line, wait_until_stopped
 from tests.helpers.export_try_actor import SUPERSEDED_EXIT
 from tests.helpers.kafka import KafkaEnv
 from tests.integration.test_decisions_broker import spawn, write_committables
@@ -39,15 +38,6 @@ def _export(kafka: KafkaEnv, prefix: str, topic: str, run: str, run_key: str | N
     argv += ["--run-key", run_key] if run_key else []
     argv += ["--gate", str(gate)] if gate else []
     return spawn_actor(argv, tmp, tag)
-
-
-def _stopped(proc: subprocess.Popen[str], err: Path) -> None:
-    """Until the kernel shows the process stopped (a SIGSTOP sent by the test, or by itself)."""
-    deadline = time.monotonic() + 120
-    while not stopped(proc.pid):
-        assert proc.poll() is None, err.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the process never stopped"
-        time.sleep(0.001)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +62,7 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
     try:
         wait_for_line(old, old_err, f"holds {prefix}-", timeout_s=300)  # its number taken, its frame computing
         os.killpg(old.pid, signal.SIGSTOP)
-        _stopped(old, old_err)
+        wait_until_stopped(old, old_err)
         gate.touch()  # once it runs again, nothing holds it back
         new, new_err = _export(kafka, prefix, topic, new_run, run_key, "new", tmp_path)
         out, _ = new.communicate(timeout=600)
@@ -84,7 +74,7 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
             commit, commit_err = spawn(kafka, tmp_path, "commit", "--run", new_run, "--committables", path,
                                        "--pause-after-decision")  # fmt: skip
             wait_for_line(commit, commit_err, "paused")
-            _stopped(commit, commit_err)  # the line comes just before its SIGSTOP
+            wait_until_stopped(commit, commit_err)  # the line comes just before its SIGSTOP
         os.killpg(old.pid, signal.SIGCONT)
         old.communicate(timeout=600)
         said = old_err.read_text()

@@ -24,7 +24,7 @@ from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
 from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.handoff import Acceptance, accept
-from tests.helpers.actors import stopped, wait_for_line
+from tests.helpers.actors import wait_for_line, wait_until_stopped
 from tests.helpers.kafka import REPO, KafkaEnv
 from tests.integration.test_decisions_broker import spawn, write_committables
 
@@ -211,9 +211,7 @@ def test_a_live_earlier_attempt_resumed_between_the_decision_and_the_end_changes
         path = write_committables(tmp_path, accepted)
         commit, err = spawn(kafka, tmp_path, "commit", "--run", run, "--committables", path, "--pause-after-decision")
         wait_for_line(commit, err, "paused")
-        while not stopped(commit.pid):  # the line comes just before its SIGSTOP
-            assert commit.poll() is None, err.read_text()[-3000:]
-            time.sleep(0.001)
+        wait_until_stopped(commit, err)  # the line comes just before its SIGSTOP
         (tmp_path / "gate-1").touch()
         os.killpg(first.pid, signal.SIGCONT)
         out, _ = first.communicate(timeout=600)

@@ -21,7 +21,7 @@ from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared, commit_prepared
 from airflow_provider_kafka2pc.txn.two_phase.recovery import recover
 from airflow_provider_kafka2pc.txn.two_phase.ruling import ref_of
-from tests.helpers.actors import sigkill, stopped, wait_for_line
+from tests.helpers.actors import sigkill, wait_for_line, wait_until_stopped
 from tests.helpers.kafka import REPO, KafkaEnv
 from tests.integration.test_decisions_broker import prepare, settle, spawn, write_committables
 
@@ -71,9 +71,7 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     zombie, err = spawn(kafka, tmp_path, "commit", *args)
     try:
         wait_for_line(zombie, err, "paused")
-        while not stopped(zombie.pid):  # the line comes just before its SIGSTOP: the next event is the stop
-            assert zombie.poll() is None, err.read_text()[-3000:]
-            time.sleep(0.001)
+        wait_until_stopped(zombie, err)  # the line comes just before its SIGSTOP: the next event is the stop
         # The retry on another worker commits the run; the paused try holds its old reading.
         assert commit_prepared(first, kafka.wire, log, "run-1").committed
         if resumed != "before the next run":
@@ -127,9 +125,7 @@ def test_a_commit_paused_before_its_decision_answers_from_the_twin_that_committe
     zombie, err = spawn(kafka, tmp_path, "commit", *args)
     try:
         wait_for_line(zombie, err, "paused")
-        while not stopped(zombie.pid):  # the line comes just before its SIGSTOP
-            assert zombie.poll() is None, err.read_text()[-3000:]
-            time.sleep(0.001)
+        wait_until_stopped(zombie, err)  # the line comes just before its SIGSTOP
         assert commit_prepared(first, kafka.wire, log, "run-1").committed  # the retry, elsewhere
         os.killpg(zombie.pid, signal.SIGCONT)
         out, _ = zombie.communicate(timeout=180)
