@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,8 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
     first = prepare(kafka, prefix, 2, topic, records=4000, tag="run1")
     path = write_committables(tmp_path, first)
     args = ("--run", "run-1", "--committables", path, "--decision-topic", log_topic, "--pause-after-decision")
-    zombie, err = spawn(kafka, tmp_path, "commit", *args)
-    try:
-        wait_for_line(zombie, err, "paused")
-        wait_until_stopped(zombie, err)  # the line comes just before its SIGSTOP: the next event is the stop
+
+    def meanwhile() -> None:
         # The retry on another worker commits the run; the paused try holds its old reading.
         assert commit_prepared(first, kafka.wire, log, "run-1").committed
         if resumed != "before the next run":
@@ -83,13 +82,8 @@ def test_a_commit_paused_after_its_decision_changes_nothing_when_it_comes_back(
                 for c in first
                 for s in [kafka.describe(c.transactional_id)[c.transactional_id]]
             )
-        os.killpg(zombie.pid, signal.SIGCONT)
-        out, _ = zombie.communicate(timeout=180)
-    finally:
-        if zombie.poll() is None:
-            sigkill(zombie)
-    said = err.read_text()
-    assert zombie.returncode == 0, said[-3000:]
+
+    out, said = _comes_back(kafka, tmp_path, args, meanwhile)
     assert "TransactionLost" not in said and "lost" not in out
     expected = 8000 if resumed == "before the next run" else 16000
     keys = [r.key for r in kafka.read_committed(topic)]
@@ -122,18 +116,8 @@ def test_a_commit_paused_before_its_decision_answers_from_the_twin_that_committe
     first = prepare(kafka, prefix, 2, topic, records=500, tag="run1")
     path = write_committables(tmp_path, first)
     args = ("--run", "run-1", "--committables", path, "--decision-topic", log_topic, "--pause-after-read")
-    zombie, err = spawn(kafka, tmp_path, "commit", *args)
-    try:
-        wait_for_line(zombie, err, "paused")
-        wait_until_stopped(zombie, err)  # the line comes just before its SIGSTOP
-        assert commit_prepared(first, kafka.wire, log, "run-1").committed  # the retry, elsewhere
-        os.killpg(zombie.pid, signal.SIGCONT)
-        out, _ = zombie.communicate(timeout=180)
-    finally:
-        if zombie.poll() is None:
-            sigkill(zombie)
-    said = err.read_text()
-    assert zombie.returncode == 0, said[-3000:]
+    # The retry, elsewhere, commits the run while the first try is stopped.
+    out, said = _comes_back(kafka, tmp_path, args, lambda: commit_prepared(first, kafka.wire, log, "run-1"))
     assert "was decided by another process since this commit read the log" in said, said[-3000:]
     assert "already committed" in out or '"resolutions": 2' in out, out
     assert "nothing of it is visible" not in said and "RunAborted" not in said
@@ -142,6 +126,26 @@ def test_a_commit_paused_before_its_decision_answers_from_the_twin_that_committe
     state = DecisionLog(kafka.config, topic=log_topic).read()
     assert state.runs[(prefix, "run-1")].status is RunStatus.COMMITTED
     assert kafka.open_transactions(prefix) == []
+
+
+def _comes_back(
+    kafka: KafkaEnv, tmp_path: Path, args: Sequence[str], meanwhile: Callable[[], object]
+) -> tuple[str, str]:
+    """A commit actor that stops itself (SIGSTOP, at the pause ``args`` name), ``meanwhile`` done while
+    it is stopped, then SIGCONT: its (stdout, stderr), once it exited 0."""
+    zombie, err = spawn(kafka, tmp_path, "commit", *args)
+    try:
+        wait_for_line(zombie, err, "paused")
+        wait_until_stopped(zombie, err)  # the line comes just before its SIGSTOP: the next event is the stop
+        meanwhile()
+        os.killpg(zombie.pid, signal.SIGCONT)
+        out, _ = zombie.communicate(timeout=180)
+    finally:
+        if zombie.poll() is None:
+            sigkill(zombie)
+    said = err.read_text()
+    assert zombie.returncode == 0, said[-3000:]
+    return out, said
 
 
 def _history_keys(config: dict[str, str], topic: str) -> list[bytes]:
