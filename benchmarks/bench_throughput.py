@@ -212,7 +212,7 @@ class Runner:
         from airflow_provider_kafka2pc.txn.protocol.outcome import Verdict
         from airflow_provider_kafka2pc.txn.two_phase.coordinator import commit_prepared
         from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-        from airflow_provider_kafka2pc.txn.two_phase.export_try import begin_try
+        from airflow_provider_kafka2pc.txn.two_phase.export_try import begin_try, see_try
 
         settings = ExportSettings(_prefix(), self.kafka.config, topic, writer=writer)
         decision_log = DecisionLog(self.kafka.config, topic=self.decision_topic)
@@ -221,7 +221,8 @@ class Runner:
         with WireClient(self.kafka.config) as wire, coordinator_phases(phases):
             # As the export task does: the try's number, which every writer checks before it takes its id.
             members = naming.Members(settings.transactional_id_prefix, settings.naming_strategy)
-            settings = replace(settings, export_try=begin_try(wire, members, settings.producer_config).as_tuple())
+            taken = begin_try(wire, see_try(wire, members), settings.producer_config)
+            settings = replace(settings, export_try=taken.as_tuple())
             df = self.df if df is None else df
             conf = df.sparkSession.conf
             before = conf.get(ARROW_MAX_BYTES_PER_BATCH, None)  # a --spark-conf value stays the session's

@@ -362,19 +362,21 @@ class Kafka2PCExportOperator(BaseOperator):
     ) -> dict[str, Any] | None:
         from airflow_provider_kafka2pc.hooks.kafka2pc import take_turn
         from airflow_provider_kafka2pc.spark.job import export_run
-        from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
+        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
+        from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee, ExportSettings
 
         prefix, run = session.prefix, session.run
         # Fail in seconds on the driver, before anything is written, not after every task's
         # delivery timeout or with transactions left open: the topic, then every ACL we can ask about.
         session.check_export_access(self.topic)
+        exactly_once = self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+        # The try id first, before every check: a try that is paused after it and comes back once
+        # another try took a number ends nothing and takes no number (txn/two_phase/export_try.py).
+        members = naming.Members(prefix, self.naming_strategy, session.run_key)
+        try_seen = session.see_try(members) if exactly_once else None
         # A clear of a run that already reached its decision: say so first, and touch nothing; or
         # repair it, if it lost transactions after its COMMIT.
-        from airflow_provider_kafka2pc.txn.protocol.records import RunStatus
-        from airflow_provider_kafka2pc.txn.two_phase.export_settings import DeliveryGuarantee
-
         status = session.run_status()
-        exactly_once = self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
         if status is not None and status.status is RunStatus.LOST and self.repair_lost and exactly_once:
             return self._repair(hook, session, context, seen)
         self._skip_if_decided(session, context, status)
@@ -386,15 +388,14 @@ class Kafka2PCExportOperator(BaseOperator):
                     "them; put a Kafka2PCRecoverySensor before this task (kafka2pc_export_group does) so runs take "
                     "turns, or use naming_strategy='INCREMENTING'"
                 )
-        session.recover_first("retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it")
+        session.recover_first("retry this task in a few seconds, or put a Kafka2PCRecoverySensor before it", try_seen)
         session.claim(owner=f"{self.dag_id}.{self.task_id}")
         status = session.run_status()
         if status is not None:
             self._skip_or_fail(context, prefix, run, status)
         # Last of the checks: from here a newer try or run supersedes this one, and its writers stand down.
-        members = naming.Members(prefix, self.naming_strategy, session.run_key)
         producer_config = hook.producer_config(self.producer_config)
-        taken = session.begin_try(members, producer_config) if exactly_once else None
+        taken = session.begin_try(try_seen, producer_config) if try_seen is not None else None
         settings = ExportSettings(
             transactional_id_prefix=prefix,
             producer_config=producer_config,

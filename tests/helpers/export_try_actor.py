@@ -1,6 +1,7 @@
 """Run in a subprocess: one export try of a Spark frame, by the export task's steps without Airflow
-(``Kafka2PCExportOperator._prepare``): the recovery pass, the prefix claim, the run's status, the
-try's number (``PrepareSession.begin_try``), then ``export_run`` with the session's at-once abort.
+(``Kafka2PCExportOperator._prepare``): the try id read first, the recovery pass, the prefix claim,
+the run's status, the try's number (``PrepareSession.begin_try``), then ``export_run`` with the
+session's at-once abort. ``--pause-after-seen``: it stops itself right after reading the try id.
 
 ``--gate``: the frame is computed before any transaction opens (``materialize``, said here though
 it is the default), and its first row waits for that file, so the test can pause the try (SIGSTOP)
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--tag", required=True, help="the records' key prefix")
     ap.add_argument("--gate", default="")
+    ap.add_argument("--pause-after-seen", action="store_true", help="stop itself (SIGSTOP) after it read the try id")
     args = ap.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("airflow_provider_kafka2pc").setLevel(logging.INFO)
@@ -71,12 +74,16 @@ def main() -> int:
     clients = KafkaClients(config, args.decision_topic, timeout_s=30.0)
     try:
         with PrepareSession(clients, args.prefix, args.run, args.run_key) as session:
-            session.recover_first("run the actor again")
+            seen = session.see_try(Members(args.prefix, strategy, args.run_key))
+            if args.pause_after_seen:  # stopped before its recovery pass, holding what it saw
+                print("paused", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            session.recover_first("run the actor again", seen)
             session.claim(owner="export_try_actor")
             if session.run_status() is not None:
                 print("the run is decided: nothing exported", file=sys.stderr, flush=True)
                 return 0
-            taken = session.begin_try(Members(args.prefix, strategy, args.run_key), config)
+            taken = session.begin_try(seen, config)
             settings = ExportSettings(
                 args.prefix, config, args.topic, strategy, args.run_key, export_try=taken.as_tuple()
             )

@@ -31,37 +31,43 @@ ROWS, PARTITIONS = 400, 4
 
 
 def _export(kafka: KafkaEnv, prefix: str, topic: str, run: str, run_key: str | None, tag: str, tmp: Path,
-            gate: Path | None = None) -> tuple[subprocess.Popen[str], Path]:  # fmt: skip
+            *more: str) -> tuple[subprocess.Popen[str], Path]:  # fmt: skip
     argv = [sys.executable, "-m", "tests.helpers.export_try_actor", "--bootstrap", kafka.bootstrap,
             "--decision-topic", DECISIONS, "--prefix", prefix, "--topic", topic, "--run", run, "--tag", tag,
-            "--rows", str(ROWS), "--partitions", str(PARTITIONS)]  # fmt: skip
+            "--rows", str(ROWS), "--partitions", str(PARTITIONS), *more]  # fmt: skip
     argv += ["--run-key", run_key] if run_key else []
-    argv += ["--gate", str(gate)] if gate else []
     return spawn_actor(argv, tmp, tag)
 
 
 @pytest.mark.parametrize(
-    "newer",
+    ("newer", "paused"),
     [
         # POOLING: the next run takes the same ids; the old try comes back after its COMMIT, before its EndTxns.
-        "next_run_decided",
+        ("next_run_decided", "before its writers"),
         # INCREMENTING: the task's retry takes the run's ids; the old try comes back before its decision.
-        "retry_prepared",
+        ("retry_prepared", "before its writers"),
+        # The same, the old try stopped before its recovery pass, which would abort the retry's transactions.
+        ("retry_prepared", "before its recovery pass"),
     ],
 )
 def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
-    kafka: KafkaEnv, tmp_path: Path, newer: str
+    kafka: KafkaEnv, tmp_path: Path, newer: str, paused: str
 ) -> None:
     prefix, topic = f"try{uuid.uuid4().hex[:8]}", kafka.topic(partitions=3)
     pooling = newer == "next_run_decided"
     old_run, new_run = ("run-1", "run-2") if pooling else ("run-1", "run-1")
     run_key = None if pooling else "run_1"
     gate = tmp_path / "gate"
-    old, old_err = _export(kafka, prefix, topic, old_run, run_key, "old", tmp_path, gate)
+    writers = paused == "before its writers"
+    how = ("--gate", str(gate)) if writers else ("--pause-after-seen",)
+    old, old_err = _export(kafka, prefix, topic, old_run, run_key, "old", tmp_path, *how)
     commit: subprocess.Popen[str] | None = None
     try:
-        wait_for_line(old, old_err, f"holds {prefix}-", timeout_s=300)  # its number taken, its frame computing
-        os.killpg(old.pid, signal.SIGSTOP)
+        if writers:
+            wait_for_line(old, old_err, f"holds {prefix}-", timeout_s=300)  # its number taken, its frame computing
+            os.killpg(old.pid, signal.SIGSTOP)
+        else:
+            wait_for_line(old, old_err, "paused", timeout_s=300)  # it read the try id and stops itself
         wait_until_stopped(old, old_err)
         gate.touch()  # once it runs again, nothing holds it back
         new, new_err = _export(kafka, prefix, topic, new_run, run_key, "new", tmp_path)
@@ -80,7 +86,9 @@ def test_a_paused_export_try_that_comes_back_fences_nothing_of_the_newer_one(
         said = old_err.read_text()
         assert old.returncode == SUPERSEDED_EXIT, said[-3000:]
         assert f"SupersededExportError: this export try of exporter {prefix!r} was superseded by another try" in said
-        assert f"{prefix}-{run_key + '-' if run_key else ''}try' is held by producer" in said, said[-3000:]
+        try_id = f"{prefix}-{run_key + '-' if run_key else ''}try"
+        named = f"{try_id}' is held by producer" if writers else "another try took a number since this one began"
+        assert named in said, said[-3000:]
         if commit is None:
             commit, commit_err = spawn(kafka, tmp_path, "commit", "--run", new_run, "--committables", path)
         else:

@@ -32,7 +32,7 @@ from airflow_provider_kafka2pc.txn.kafka.transactions import (
     coordinator_error,
     not_allowed,
 )
-from airflow_provider_kafka2pc.txn.kafka.wire import WireClient
+from airflow_provider_kafka2pc.txn.kafka.wire import TxnState, WireClient
 from airflow_provider_kafka2pc.txn.protocol import naming
 from airflow_provider_kafka2pc.txn.protocol.errors import BrokerUnavailableError, SupersededExportError
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
@@ -62,18 +62,54 @@ class ExportTry:
         return cls(str(prefix), str(try_id), int(producer_id), int(producer_epoch))
 
 
-def begin_try(
-    wire: WireClient, members: naming.Members, writer_config: Mapping[str, Any], timeout_s: float = 60.0
-) -> ExportTry:
-    """Take the try's number, with a look before and after for transactions of ``members`` already
-    open: the caller's recovery pass has just ended what was, so an open one belongs to another try
-    of the exporter that is writing now. Found before, the try stands down without taking a number
-    (it would supersede that try); found after, it stands down too (the other took its number first).
-    ``writer_config`` is what the writers check the number with: refused now, naming the setting,
-    if the commit side's client cannot connect with it."""
+@dataclass(frozen=True)
+class SeenTry:
+    """The try id as a try found it when it began, before its checks: the producer and epoch of the
+    latest number, or None where the broker did not know the id yet."""
+
+    members: naming.Members
+    try_id: str
+    producer_id: int | None
+    producer_epoch: int | None
+
+    def moved(self, now: TxnState | None) -> str | None:
+        """Why ``now`` (the try id described again) shows another try's number since, or None."""
+        if now is None and self.producer_id is None:
+            return None
+        if now is not None and (now.producer_id, now.producer_epoch) == (self.producer_id, self.producer_epoch):
+            return None
+        was = "unknown" if self.producer_id is None else f"producer {self.producer_id} epoch {self.producer_epoch}"
+        held = "unknown" if now is None else f"producer {now.producer_id} epoch {now.producer_epoch}"
+        return f"{self.try_id!r} was {was} when this try began, and is {held} now"
+
+
+def see_try(wire: WireClient, members: naming.Members, timeout_s: float = 60.0) -> SeenTry:
+    """The try id as it stands now: read first, before the try's checks and its recovery pass."""
+    tid = naming.try_id(members)
+    now = TransactionInspector(wire, timeout_s).describe([tid]).get(tid)
+    return SeenTry(members, tid, *((now.producer_id, now.producer_epoch) if now is not None else (None, None)))
+
+
+def check_unmoved(wire: WireClient, seen: SeenTry, timeout_s: float = 60.0) -> None:
+    """Raise ``SupersededExportError`` if another try took a number since ``seen``: then an open
+    transaction of the exporter may be that try's, writing now, and this one must end nothing."""
+    why = seen.moved(TransactionInspector(wire, timeout_s).describe([seen.try_id]).get(seen.try_id))
+    if why is not None:
+        raise SupersededExportError(seen.members.prefix, f"another try took a number since this one began: {why}")
+
+
+def begin_try(wire: WireClient, seen: SeenTry, writer_config: Mapping[str, Any], timeout_s: float = 60.0) -> ExportTry:
+    """Take the try's number, the next one after ``seen``, with a look before and after for
+    transactions of its ids already open: the caller's recovery pass has just ended what was, so an
+    open one belongs to another try of the exporter that is writing now. A number taken since
+    ``seen``, or an open transaction found before, and the try stands down without taking one (it
+    would supersede that try); a number not the next one, or an open transaction found after, and it
+    stands down too (the other got in first). ``writer_config`` is what the writers check the number
+    with: refused now, naming the setting, if the commit side's client cannot connect with it."""
     check_writer_config(writer_config)
     inspector = TransactionInspector(wire, timeout_s)
-    tid = naming.try_id(members)
+    members, tid = seen.members, seen.try_id
+    check_unmoved(wire, seen, timeout_s)
     _stand_down_if_open(inspector, members, "before this try took its number")
 
     def init() -> tuple[int, int]:
@@ -86,6 +122,16 @@ def begin_try(
         return producer_id, epoch
 
     producer_id, epoch = retry(f"InitProducerId({tid!r})", init, timeout_s)
+    # The next number after the one seen: the same producer one epoch on, or a new producer at epoch 0
+    # (a new id, or the epochs of the old producer used up).
+    if not (producer_id == seen.producer_id and epoch == (seen.producer_epoch or 0) + 1) and not (
+        producer_id != seen.producer_id and epoch == 0
+    ):
+        raise SupersededExportError(
+            members.prefix,
+            f"another try took a number between this one's look and its own: {tid!r} was "
+            f"{seen.producer_id} epoch {seen.producer_epoch}, this try got producer {producer_id} epoch {epoch}",
+        )
     _stand_down_if_open(inspector, members, f"when this try took its number (epoch {epoch} of {tid!r})")
     log.info("kafka2pc: export try of %s holds %s at producer %d epoch %d", members.prefix, tid, producer_id, epoch)
     return ExportTry(members.prefix, tid, producer_id, epoch)
@@ -168,10 +214,13 @@ def check_try_current(settings: ExportSettings) -> None:
 
 __all__ = [
     "ExportTry",
+    "SeenTry",
     "begin_try",
     "check_held",
     "check_still_current",
     "check_try_current",
+    "check_unmoved",
     "check_writer_config",
+    "see_try",
     "superseded_error",
 ]

@@ -28,7 +28,14 @@ from airflow_provider_kafka2pc.txn.protocol.records import Lease, RunRecord
 from airflow_provider_kafka2pc.txn.protocol.source_files import Splits
 from airflow_provider_kafka2pc.txn.two_phase.coordinator import abort_prepared
 from airflow_provider_kafka2pc.txn.two_phase.export_settings import ExportSettings
-from airflow_provider_kafka2pc.txn.two_phase.export_try import ExportTry, begin_try, check_try_current
+from airflow_provider_kafka2pc.txn.two_phase.export_try import (
+    ExportTry,
+    SeenTry,
+    begin_try,
+    check_try_current,
+    check_unmoved,
+    see_try,
+)
 from airflow_provider_kafka2pc.txn.two_phase.recovery import RecoveryResult, recover, recover_until_clear
 from airflow_provider_kafka2pc.txn.two_phase.repair import RepairReport, abort_attempts, repair_lost_run
 from airflow_provider_kafka2pc.txn.two_phase.repair_plan import RepairPlan
@@ -69,7 +76,12 @@ class PrepareSession:
         with self._acl_named():
             return self.clients.decision_log().take_turn(lease, is_live)
 
-    def recover(self, spare_own_loss: bool = False, owns: Callable[[str], bool] | None = None) -> RecoveryResult:
+    def recover(
+        self,
+        spare_own_loss: bool = False,
+        owns: Callable[[str], bool] | None = None,
+        before_abort: Callable[[], None] | None = None,
+    ) -> RecoveryResult:
         """One recovery pass over the exporter's open transactions (DESIGN §3.1). ``spare_own_loss``:
         a loss of this run does not fail it (its export task repairs it). ``owns``: abort only the
         undecided transactions whose id it accepts (default: the run's)."""
@@ -82,6 +94,7 @@ class PrepareSession:
                 run_key=self.run_key,
                 owns=owns,
                 spare=self.run if spare_own_loss else None,
+                before_abort=before_abort,
             )
 
     def repair(
@@ -102,23 +115,31 @@ class PrepareSession:
         with self._acl_named():
             return abort_attempts(self.clients.wire(), self.clients.decision_log(), self.prefix, self.run, actor)
 
-    def recover_first(self, retry: str) -> None:
+    def see_try(self, members: naming.Members) -> SeenTry:
+        """The try id as this try finds it, read before its checks (``txn/two_phase/export_try.py``)."""
+        with self._acl_named():
+            return see_try(self.clients.wire(), members)
+
+    def recover_first(self, retry: str, seen: SeenTry | None = None) -> None:
         """A recovery pass before anything is written, whatever the DAG wiring: an earlier run's
         decided transactions are rolled forward (and a loss reported) before this run's writers
         fence their ids. While transactions are still completing the prepare is refused, and
-        ``retry`` says how to try again."""
-        recovered = self.recover()
+        ``retry`` says how to try again. With ``seen``, undecided transactions are aborted only while
+        no other try took a number since this one began (``SupersededExportError`` otherwise)."""
+        wire = self.clients.wire()
+        recovered = self.recover(before_abort=(lambda: check_unmoved(wire, seen)) if seen is not None else None)
         if not recovered.done:
             raise Kafka2PCError(
                 f"transactions of exporter {self.prefix!r} are still completing on the broker "
                 f"({recovered.describe()}); {retry}"
             )
 
-    def begin_try(self, members: naming.Members, writer_config: Mapping[str, Any]) -> ExportTry:
-        """This try's number on the broker, taken once the try's checks and recovery pass are done:
-        its writers check it with ``writer_config`` before they take their ids (``txn/two_phase/export_try.py``)."""
+    def begin_try(self, seen: SeenTry, writer_config: Mapping[str, Any]) -> ExportTry:
+        """This try's number on the broker, the next after ``seen``, taken once the try's checks and
+        recovery pass are done: its writers check it with ``writer_config`` before they take their ids
+        (``txn/two_phase/export_try.py``)."""
         with self._acl_named():
-            return begin_try(self.clients.wire(), members, writer_config)
+            return begin_try(self.clients.wire(), seen, writer_config)
 
     def abort_opened(self, settings: ExportSettings) -> tuple[bool, RecoveryResult]:
         """The write job failed or overran: recovery passes until nothing of the run is open (ABORT

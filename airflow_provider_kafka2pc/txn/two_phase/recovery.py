@@ -110,13 +110,16 @@ def recover(
     owns: Callable[[str], bool] | None = None,
     spare: str | None = None,
     honour_leases: bool = True,
+    before_abort: Callable[[], None] | None = None,
 ) -> RecoveryResult:
     """One recovery pass. ``run_key`` (INCREMENTING): abort only this run's undecided transactions;
     another run's may belong to a run that is still live (decisions in force are obeyed for all).
     ``owns`` instead: abort only the undecided transactions whose id it accepts (a repair's).
     ``spare``: a loss of that run does not fail the pass (a cleared run whose export repairs it);
     it is reported in ``spared``. ``honour_leases`` False: the caller is the repair that holds
-    the lease (it aborts what its own failed re-export opened)."""
+    the lease (it aborts what its own failed re-export opened). ``before_abort`` is called before an
+    ABORT is decided for undecided transactions, and may raise to end nothing (an export try that
+    another try superseded since it began: ``txn/two_phase/export_try.py``)."""
     naming.validate_prefix(prefix)
     mine = owns if owns is not None else (lambda tid: _of_run(tid, run_key))
     inspector = TransactionInspector(wire)
@@ -158,6 +161,8 @@ def recover(
             len(plan.wait),
         )
     if undecided:
+        if before_abort is not None:
+            before_abort()
         decision = new_decision(Kind.ABORT, (covered_state(s) for s in undecided), run, actor, (), now_ms())
         state = decision_log.decide(decision, keep_run=decision_log.keep_for(prefix))
         # Whatever came first rules: a COMMIT appended before ours turns an abort into a roll-forward.
