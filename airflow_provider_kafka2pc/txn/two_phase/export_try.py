@@ -6,14 +6,16 @@ fences a stale *initialiser*. An export try that pauses before its writers take 
 host, a long GC), is retried elsewhere, and resumes would abort the retry's or the next run's
 transactions, even after their COMMIT: the run would become LOST (DESIGN §15).
 
-So every try first takes ``{prefix}-try`` (``naming.try_id``) with an InitProducerId of its own. The
-epoch the broker gives it is the try's number, and a newer try's InitProducerId moves it. Then the
-try checks that nothing of its ids is open (its recovery pass has just ended what was). Every writer,
-on any Spark attempt, and the Kafka source's offsets writer describe ``{prefix}-try`` just before
-their own InitProducerId. If the epoch is no longer the try's, the writer stands down without
-touching its id (``SupersededExportError``).
+So every try reads ``{prefix}-try`` (``naming.try_id``) first, before its checks, and after them
+takes it with an InitProducerId of its own. The epoch the broker gives it is the try's number, and
+a newer try's InitProducerId moves it. A try whose recovery pass finds undecided transactions
+aborts them only while nobody took a number since it began, and it takes only the next number
+after the one it read, checking just before and after that nothing of its ids is open. Every
+writer, on any Spark attempt, and the Kafka source's offsets writer describe ``{prefix}-try`` just
+before their own InitProducerId. If the epoch is no longer the try's, the writer stands down
+without touching its id (``SupersededExportError``).
 
-What this does not close: the moment between that describe and the InitProducerId.
+What this does not close: the moments between a look at the try id and the InitProducerId after it.
 """
 
 from __future__ import annotations
